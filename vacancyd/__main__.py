@@ -1,0 +1,3 @@
+from vacancyd.cli import main
+
+raise SystemExit(main())

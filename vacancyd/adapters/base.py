@@ -1,0 +1,90 @@
+"""The adapter seam: what vacancyd knows about one kind of inference server.
+
+An adapter is data plus two small functions: its route table (pure, in ``vacancyd.core``
+terms), how to read the request facts (the model name) from a work request's body, and
+optionally how to observe the server (for residency proofs). Adding a server kind means
+adding one module and registering it in ``vacancyd.adapters.ADAPTERS``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from vacancyd.core.classify import Route, RouteTable
+from vacancyd.core.snapshot import RequestFacts, ServerState
+
+Observe = Callable[[aiohttp.ClientSession, URL], Awaitable[ServerState]]
+
+
+class BadRequest(Exception):
+    """A work request's body could not be read the way the upstream reads it.
+
+    ``code`` is a short machine-readable string for the JSON error.
+    """
+
+    def __init__(self, message: str, code: str = "invalid_request_body") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_json_body(body: bytes, content_type: str) -> dict[str, Any] | None:
+    """Parse a JSON object body, or return None for an empty or non-JSON body.
+
+    Raises :class:`BadRequest` when the body claims (or looks like) JSON and is not a JSON
+    object.
+    """
+    if not body.strip():
+        return None
+    is_json = content_type in ("", "application/json") or content_type.endswith("+json")
+    if not is_json:
+        return None
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise BadRequest("request body must be a JSON object")
+    return payload
+
+
+def model_from(payload: dict[str, Any] | None, route: Route) -> str | None:
+    """The model name at ``route.model_key``; raises BadRequest when it is not a string."""
+    if payload is None or route.model_key is None:
+        return None
+    value = payload.get(route.model_key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadRequest(f"{route.model_key!r} must be a string", "invalid_model")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """One kind of upstream server. ``observe`` is None when it has nothing to observe."""
+
+    name: str
+    table: RouteTable
+    observe: Observe | None = None
+    needs_model_observation: bool = False
+
+    def read_facts(self, route: Route, body: bytes, content_type: str) -> RequestFacts:
+        """Read the request facts from a buffered work body. Raises :class:`BadRequest`."""
+        payload = parse_json_body(body, content_type)
+        if (
+            payload is not None
+            and payload.get("background") is True
+            and route.pattern.endswith("/responses")
+        ):
+            raise BadRequest(
+                "background Responses are not lent: their work outlives the reply that would "
+                "release the reservation",
+                "background_unsupported",
+            )
+        return RequestFacts(model=model_from(payload, route))

@@ -1,0 +1,1 @@
+"""The API listener: health, readiness, status, metrics and admin switches."""

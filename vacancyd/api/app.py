@@ -1,0 +1,109 @@
+"""The API listener (spec "API and metrics"; product map O1, O2).
+
+Public: ``GET /healthz`` (liveness), ``GET /readyz`` (200/503, no detail). Read scope:
+``GET /status``, ``GET /metrics``. Admin scope: ``PUT /admin/lending`` and
+``PUT /admin/resources/{name}`` with body ``{"enabled": true|false}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from vacancyd.api.auth import Authenticator
+from vacancyd.api.metrics import Metrics
+from vacancyd.api.status import render_status
+from vacancyd.core.refusal import error_body
+from vacancyd.state import SharedState
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _bad_request(message: str) -> web.Response:
+    return web.json_response(
+        error_body(message, "invalid_request_error", "invalid_body"), status=400
+    )
+
+
+async def _read_enabled(request: web.Request) -> bool | web.Response:
+    try:
+        payload = json.loads(await request.read() or b"null")
+    except ValueError as exc:
+        return _bad_request(f"body is not valid JSON: {exc}")
+    if not isinstance(payload, dict) or set(payload) != {"enabled"}:
+        return _bad_request('body must be exactly {"enabled": true|false}')
+    enabled = payload["enabled"]
+    if not isinstance(enabled, bool):
+        return _bad_request('"enabled" must be true or false')
+    return enabled
+
+
+def make_api(
+    state: SharedState, auth: Authenticator, metrics: Metrics, *, started_at: float
+) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024)
+
+    def scoped(scope: str, handler: Handler) -> Handler:
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            denied = auth.check(request, scope)
+            return denied if denied is not None else await handler(request)
+
+        return wrapped
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        ready, _why = state.ready(state.clock())
+        return web.json_response(
+            {"status": "ready" if ready else "not ready"}, status=200 if ready else 503
+        )
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(render_status(state, started_at))
+
+    async def metrics_view(_: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        resp = web.Response(body=body)
+        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return resp
+
+    async def put_lending(request: web.Request) -> web.Response:
+        enabled = await _read_enabled(request)
+        if isinstance(enabled, web.Response):
+            return enabled
+        changed = state.set_lending(enabled)
+        log.info("admin set lending %s (from %s)", enabled, request.remote)
+        return web.json_response({"lending_enabled": enabled, "changed": changed})
+
+    async def put_resource(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        enabled = await _read_enabled(request)
+        if isinstance(enabled, web.Response):
+            return enabled
+        try:
+            changed = state.set_resource_switch(name, enabled)
+        except KeyError:
+            return web.json_response(
+                error_body(
+                    f"no resource named {name!r} (declared: {', '.join(sorted(state.switches))})",
+                    "not_found_error",
+                    "unknown_resource",
+                ),
+                status=404,
+            )
+        log.info("admin set resource %s enabled=%s (from %s)", name, enabled, request.remote)
+        return web.json_response({"resource": name, "enabled": enabled, "changed": changed})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/status", scoped("read", status))
+    app.router.add_get("/metrics", scoped("read", metrics_view))
+    app.router.add_put("/admin/lending", scoped("admin", put_lending))
+    app.router.add_put("/admin/resources/{name}", scoped("admin", put_resource))
+    return app

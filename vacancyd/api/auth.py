@@ -1,0 +1,92 @@
+"""Scoped bearer authentication (spec "Proxy" and "API and metrics"; product map P11).
+
+Scopes: ``borrow`` (proxy work and pass-through routes), ``read`` (/status, /metrics),
+``admin`` (runtime switches; implies ``read``). With ``trust_loopback`` a client connecting
+from a loopback address is the owner and holds every scope. Every decision is counted in
+``vacancyd_auth_total{scope,outcome}``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from vacancyd.api.metrics import Metrics
+from vacancyd.core.refusal import error_body
+
+IMPLIED = {"admin": {"read"}}
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    name: str
+    secret: str
+    scopes: frozenset[str]
+
+    def grants(self, scope: str) -> bool:
+        return scope in self.scopes or any(scope in IMPLIED.get(s, ()) for s in self.scopes)
+
+
+def is_loopback_peer(request: web.Request) -> bool:
+    peer = request.remote
+    if not peer:
+        return False
+    try:
+        return ipaddress.ip_address(peer.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+class Authenticator:
+    def __init__(self, tokens: list[Token], *, trust_loopback: bool, metrics: Metrics) -> None:
+        self._tokens = tokens
+        self._trust_loopback = trust_loopback
+        self._metrics = metrics
+
+    def check(self, request: web.Request, scope: str) -> web.Response | None:
+        """None when ``request`` holds ``scope``; else the 401/403 JSON response to send."""
+        if self._trust_loopback and is_loopback_peer(request):
+            self._metrics.auth(scope, "allowed")
+            return None
+        header = request.headers.get("Authorization", "")
+        kind, _, presented = header.partition(" ")
+        if kind.lower() != "bearer" or not presented.strip():
+            self._metrics.auth(scope, "missing")
+            return web.json_response(
+                error_body(
+                    "authentication required: send Authorization: Bearer <token>",
+                    "authentication_error",
+                    "missing_token",
+                ),
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="vacancyd"'},
+            )
+        presented = presented.strip()
+        match = None
+        for token in self._tokens:
+            if hmac.compare_digest(token.secret.encode(), presented.encode()):
+                match = token
+        if match is None:
+            self._metrics.auth(scope, "invalid")
+            return web.json_response(
+                error_body(
+                    "the bearer token is not valid", "authentication_error", "invalid_token"
+                ),
+                status=401,
+                headers={"WWW-Authenticate": 'Bearer realm="vacancyd", error="invalid_token"'},
+            )
+        if not match.grants(scope):
+            self._metrics.auth(scope, "forbidden")
+            return web.json_response(
+                error_body(
+                    f"token {match.name!r} lacks the {scope!r} scope",
+                    "permission_error",
+                    "insufficient_scope",
+                ),
+                status=403,
+            )
+        self._metrics.auth(scope, "allowed")
+        return None

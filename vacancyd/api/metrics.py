@@ -1,0 +1,174 @@
+"""Prometheus metrics (spec "API and metrics"; product map O3).
+
+Gauges are rendered from one state snapshot per scrape by a custom collector on a private
+registry (no global registry: tests stay independent). Counters are incremented by the proxy
+and the authenticator. Names follow Prometheus conventions: base units in the name (bytes,
+seconds), 0–1 ratios named ``_ratio``. CPU has no byte capacity, so it has no ``_bytes``
+series (not a collector failure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from vacancyd.core.ledger import Phase
+from vacancyd.core.observations import Quality
+
+if TYPE_CHECKING:
+    from vacancyd.state import SharedState
+
+MIB = 1024 * 1024
+
+
+class StateCollector(Collector):
+    """Renders every gauge the gate consults from one snapshot."""
+
+    def __init__(self, state: SharedState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = self._state
+        now = state.clock()
+        snap = state.snapshot(now)
+
+        yield GaugeMetricFamily(
+            "vacancyd_lending_enabled",
+            "Global lending switch (1 on, 0 off).",
+            value=1.0 if snap.lending_enabled else 0.0,
+        )
+        presence = snap.presence
+        g = GaugeMetricFamily(
+            "vacancyd_presence_sampled",
+            "1 once owner presence has been sampled.",
+            labels=["source"],
+        )
+        g.add_metric([presence.source], 1.0 if presence.sampled else 0.0)
+        yield g
+        age = presence.age_s(now)
+        if age is not None:
+            yield GaugeMetricFamily(
+                "vacancyd_presence_age_seconds", "Age of the newest presence reading.", value=age
+            )
+        yield GaugeMetricFamily(
+            "vacancyd_owner_veto_active",
+            "Host policy veto engaged (1) or released (0).",
+            value=1.0 if presence.veto_active else 0.0,
+        )
+
+        enabled = GaugeMetricFamily(
+            "vacancyd_resource_enabled", "Runtime switch per resource.", labels=["resource"]
+        )
+        quality = GaugeMetricFamily(
+            "vacancyd_resource_quality",
+            "Capacity observation quality (1 for the current one).",
+            labels=["resource", "quality"],
+        )
+        age_g = GaugeMetricFamily(
+            "vacancyd_resource_observation_age_seconds",
+            "Age of the newest good capacity sample.",
+            labels=["resource"],
+        )
+        free = GaugeMetricFamily(
+            "vacancyd_resource_free_bytes", "Free (available) bytes.", labels=["resource"]
+        )
+        total = GaugeMetricFamily(
+            "vacancyd_resource_total_bytes", "Total bytes.", labels=["resource"]
+        )
+        util = GaugeMetricFamily(
+            "vacancyd_resource_utilization_ratio", "Utilization, 0-1.", labels=["resource"]
+        )
+        lendable = GaugeMetricFamily(
+            "vacancyd_resource_lendable",
+            "1 when the resource passes its switch, quality and probe policy checks.",
+            labels=["resource"],
+        )
+        for name, view in sorted(snap.resources.items()):
+            enabled.add_metric([name], 1.0 if view.switch_on else 0.0)
+            q = view.quality(now)
+            for each in Quality:
+                quality.add_metric([name, each.value], 1.0 if each is q else 0.0)
+            obs_age = view.capacity.age_s(now)
+            if obs_age is not None:
+                age_g.add_metric([name], obs_age)
+            reading = view.capacity.value
+            ok = view.switch_on and q is Quality.READY
+            if reading is not None:
+                if view.policy.has_bytes and reading.free_mib is not None:
+                    free.add_metric([name], reading.free_mib * MIB)
+                if view.policy.has_bytes and reading.total_mib is not None:
+                    total.add_metric([name], reading.total_mib * MIB)
+                if reading.utilization is not None:
+                    util.add_metric([name], reading.utilization)
+                ok = ok and view.policy.evaluate(reading) is None
+            lendable.add_metric([name], 1.0 if ok else 0.0)
+        yield from (enabled, quality, age_g, free, total, util, lendable)
+
+        active = GaugeMetricFamily(
+            "vacancyd_active_work",
+            "Admission-ledger entries per upstream and phase.",
+            labels=["upstream", "phase"],
+        )
+        counts = state.ledger.counts()
+        for upstream in sorted(state.upstreams):
+            for phase in Phase:
+                active.add_metric([upstream, phase.value], float(counts.get((upstream, phase), 0)))
+        yield active
+
+        listener = GaugeMetricFamily(
+            "vacancyd_listener_up",
+            "1 while the upstream's proxy listener is bound.",
+            labels=["upstream"],
+        )
+        for upstream, ls in sorted(state.listeners.items()):
+            listener.add_metric([upstream], 1.0 if ls.bound else 0.0)
+        yield listener
+
+        ready, _ = state.ready(now)
+        yield GaugeMetricFamily("vacancyd_ready", "1 when /readyz answers 200.", value=float(ready))
+
+
+class Metrics:
+    """The daemon's private registry and its counters."""
+
+    def __init__(self) -> None:
+        # ``*_created`` series only add cardinality for our always-running counters.
+        disable_created_metrics()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.decisions = Counter(
+            "vacancyd_admission_decisions",
+            "Gate and ledger decisions on borrowed work, by outcome and reason.",
+            ["upstream", "outcome", "reason"],
+            registry=self.registry,
+        )
+        self.auth_decisions = Counter(
+            "vacancyd_auth",
+            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
+            ["scope", "outcome"],
+            registry=self.registry,
+        )
+        self.proxied = Counter(
+            "vacancyd_proxy_requests",
+            "Requests answered by a proxy listener, by route class and status code.",
+            ["upstream", "route_class", "code"],
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "vacancyd_upstream_errors",
+            "Forwarded requests that failed to reach the upstream or broke mid-response.",
+            ["upstream", "stage"],
+            registry=self.registry,
+        )
+
+    def attach(self, state: SharedState) -> None:
+        self.registry.register(StateCollector(state))
+
+    def auth(self, scope: str, outcome: str) -> None:
+        self.auth_decisions.labels(scope, outcome).inc()
+
+    def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
+        self.decisions.labels(upstream, outcome, reason).inc()

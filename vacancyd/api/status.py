@@ -1,0 +1,139 @@
+"""The /status document: what vacancyd sees and why it decides what it decides.
+
+Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
+
+    {"version", "uptime_s", "ready", "not_ready": [str],
+     "lending_enabled": bool,
+     "presence": {"source", "sampled", "age_s", "evidence_complete", "refuses",
+                  "veto": {"active", "release_in_s"}, "detail", "exempt_upstreams": [str]},
+     "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
+                          "utilization_ratio", "lendable", "why_not", "error",
+                          "held_by": {"job", "upstream", "phase"} | null}},
+     "upstreams": {NAME: {"adapter", "target", "resource", "also_requires", "owner_scope",
+                          "listener": {"address", "bound", "error"},
+                          "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
+                          "server": {"quality", "age_s", "idle", "error"} | null,
+                          "active_work": [{"job", "phase", "model", "age_s"}]}}}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vacancyd import __version__
+from vacancyd.core import gate
+from vacancyd.core.observations import Quality
+from vacancyd.core.policy import OwnerScope
+from vacancyd.core.reasons import Admit
+from vacancyd.core.snapshot import RequestFacts
+from vacancyd.state import SharedState
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
+    now = state.clock()
+    snap = state.snapshot(now)
+    ready, not_ready = state.ready(now)
+    presence = snap.presence
+    reading = state.presence.reading.value
+    doc: dict[str, Any] = {
+        "version": __version__,
+        "uptime_s": _round(now - started_at),
+        "ready": ready,
+        "not_ready": not_ready,
+        "lending_enabled": snap.lending_enabled,
+        "presence": {
+            "source": presence.source,
+            "sampled": presence.sampled,
+            "age_s": _round(presence.age_s(now)),
+            "evidence_complete": presence.evidence_complete,
+            "refuses": presence.refuses,
+            "veto": {
+                "active": presence.veto_active,
+                "release_in_s": _round(state.veto.release_in_s(now)),
+            },
+            "detail": presence.detail,
+            "sessions": [dict(s) for s in reading.sessions] if reading else [],
+            "exempt_upstreams": sorted(
+                n for n, u in state.upstreams.items() if u.owner_scope is OwnerScope.RESOURCE
+            ),
+        },
+        "resources": {},
+        "upstreams": {},
+    }
+    for name, view in snap.resources.items():
+        q = view.quality(now)
+        value = view.capacity.value
+        why_not = None
+        if not view.switch_on:
+            why_not = "switched off"
+        elif q is not Quality.READY:
+            why_not = f"capacity {q}"
+        elif value is not None:
+            why_not = view.policy.evaluate(value)
+        holder = state.ledger.holder(name)
+        doc["resources"][name] = {
+            "kind": view.policy.kind.value,
+            "enabled": view.switch_on,
+            "quality": q.value,
+            "age_s": _round(view.capacity.age_s(now)),
+            "free_mib": _round(value.free_mib) if value else None,
+            "total_mib": _round(value.total_mib) if value else None,
+            "utilization_ratio": _round(value.utilization, 3) if value else None,
+            "lendable": why_not is None,
+            "why_not": why_not,
+            "error": view.capacity.error if q is Quality.UNKNOWN else None,
+            "held_by": None
+            if holder is None
+            else {"job": holder.id, "upstream": holder.upstream, "phase": holder.phase.value},
+        }
+    for name, policy in state.upstreams.items():
+        decision = gate.decide(RequestFacts(), snap, policy)
+        refusal = None
+        if not isinstance(decision, Admit):
+            refusal = {
+                "reason": decision.reason.value,
+                "retry_after_s": decision.retry_after_s,
+                "detail": decision.detail,
+            }
+        listener = state.listeners.get(name)
+        server = snap.servers.get(name)
+        server_doc = None
+        if policy.needs_model_observation or server is not None:
+            sq = (
+                server.quality(now, policy.model_observation_max_age_s)
+                if server is not None
+                else Quality.UNKNOWN
+            )
+            server_doc = {
+                "quality": sq.value,
+                "age_s": _round(server.age_s(now)) if server else None,
+                "idle": server.value.idle if server and server.value else None,
+                "error": server.error if server and sq is Quality.UNKNOWN else None,
+            }
+        doc["upstreams"][name] = {
+            "adapter": policy.adapter,
+            "resource": policy.resource,
+            "also_requires": list(policy.also_requires),
+            "owner_scope": policy.owner_scope.value,
+            "listener": None
+            if listener is None
+            else {"address": listener.address, "bound": listener.bound, "error": listener.error},
+            "lendable": refusal is None,
+            "refusal": refusal,
+            "server": server_doc,
+            "active_work": [
+                {
+                    "job": job.id,
+                    "phase": job.phase.value,
+                    "model": job.model,
+                    "age_s": _round(now - job.admitted_at),
+                }
+                for job in state.ledger.jobs()
+                if job.upstream == name
+            ],
+        }
+    return doc

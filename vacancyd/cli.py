@@ -1,0 +1,206 @@
+"""Command line: ``vacancyd run | check-config | status | --version``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from vacancyd import __version__
+from vacancyd.config import ConfigError, Settings, load_config, load_default_config
+
+DEFAULT_URL = "http://127.0.0.1:9470"
+
+
+def _load(path: Path | None) -> Settings:
+    return load_default_config() if path is None else load_config(path)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from vacancyd.runtime import logging as vlogging
+    from vacancyd.runtime.daemon import run_daemon
+
+    try:
+        vlogging.configure(args.log_level, args.log_format)
+    except ValueError as exc:
+        print(f"vacancyd: {exc}", file=sys.stderr)
+        return 2
+    try:
+        settings = _load(args.config)
+    except ConfigError as exc:
+        print(f"vacancyd: {exc}", file=sys.stderr)
+        return 2
+    if args.config is None:
+        print(
+            "vacancyd: no --config given; using the embedded default configuration", file=sys.stderr
+        )
+    return asyncio.run(run_daemon(settings))
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        settings = load_config(args.file)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(
+        f"{args.file}: OK ({len(settings.resource)} resource(s), "
+        f"{len(settings.upstream)} upstream(s); API on {settings.server.listen})"
+    )
+    return 0
+
+
+def _fetch_status(url: str, token: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
+    request = urllib.request.Request(url.rstrip("/") + "/status")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    # The daemon is a local service: never route this through an HTTP proxy.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=timeout_s) as resp:
+        data = json.load(resp)
+    if not isinstance(data, dict):
+        raise ValueError("/status did not return a JSON object")
+    return data
+
+
+def _yes(flag: object) -> str:
+    return "yes" if flag else "no"
+
+
+def format_status(doc: dict[str, Any]) -> str:
+    """Render a /status document for a person (see vacancyd.api.status for its shape)."""
+    lines = [
+        f"vacancyd {doc.get('version', '?')}, up {doc.get('uptime_s', 0):.0f} s, "
+        f"{'ready' if doc.get('ready') else 'NOT READY: ' + '; '.join(doc.get('not_ready', []))}",
+        f"lending: {'on' if doc.get('lending_enabled') else 'OFF'}",
+    ]
+    p = doc.get("presence", {})
+    veto = p.get("veto", {})
+    age = p.get("age_s")
+    lines.append(
+        f"presence: source={p.get('source')} sampled={_yes(p.get('sampled'))} "
+        f"age={'-' if age is None else f'{age:.1f}s'} "
+        f"evidence_complete={_yes(p.get('evidence_complete'))} "
+        f"veto={'ACTIVE' if veto.get('active') else 'released'}"
+        + (f" (releases in {veto['release_in_s']:.0f}s)" if veto.get("release_in_s") else "")
+    )
+    if p.get("detail"):
+        lines.append(f"  {p['detail']}")
+    lines.append("resources:")
+    for name, r in doc.get("resources", {}).items():
+        cap = ""
+        if r.get("free_mib") is not None:
+            cap = f" free={r['free_mib']:.0f}/{r.get('total_mib') or 0:.0f} MiB"
+        if r.get("utilization_ratio") is not None:
+            cap += f" util={r['utilization_ratio']:.0%}"
+        state = "lendable" if r.get("lendable") else f"not lendable ({r.get('why_not')})"
+        age = r.get("age_s")
+        lines.append(
+            f"  {name} [{r.get('kind')}] {'on' if r.get('enabled') else 'OFF'} "
+            f"{r.get('quality')}{'' if age is None else f' {age:.1f}s old'}{cap}: {state}"
+        )
+        if r.get("error"):
+            lines.append(f"    error: {r['error']}")
+        if r.get("held_by"):
+            h = r["held_by"]
+            lines.append(f"    held by job {h['job']} ({h['upstream']}, {h['phase']})")
+    lines.append("upstreams:")
+    for name, u in doc.get("upstreams", {}).items():
+        listener = u.get("listener") or {}
+        verdict = (
+            "lendable"
+            if u.get("lendable")
+            else (
+                f"refusing {u['refusal']['reason']} ({u['refusal']['detail']})"
+                if u.get("refusal")
+                else "?"
+            )
+        )
+        lines.append(
+            f"  {name} [{u.get('adapter')}] on {listener.get('address', '?')} "
+            f"{'bound' if listener.get('bound') else 'NOT BOUND'} -> resource {u.get('resource')}"
+            f"{' + ' + ', '.join(u['also_requires']) if u.get('also_requires') else ''}: {verdict}"
+        )
+        server = u.get("server")
+        if server:
+            lines.append(
+                f"    server: {server.get('quality')} idle={_yes(server.get('idle'))}"
+                + (f" error: {server['error']}" if server.get("error") else "")
+            )
+        work = u.get("active_work", [])
+        lines.append(
+            f"    active work: {len(work)}"
+            + "".join(
+                f"\n      job {w['job']} {w['phase']} model={w.get('model')} {w['age_s']:.0f}s"
+                for w in work
+            )
+        )
+        if u.get("unseen_gpu_work"):
+            lines.append(f"    unseen GPU work: {u['unseen_gpu_work']}")
+    return "\n".join(lines)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    url = args.url
+    if url is None and args.config is not None:
+        try:
+            url = "http://" + load_config(args.config).server.listen
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+    url = url or DEFAULT_URL
+    try:
+        doc = _fetch_status(url, args.token)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")[:300]
+        print(f"vacancyd status: {url} answered {exc.code}: {detail}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"vacancyd status: cannot read {url}/status: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_status(doc))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vacancyd", description="Lend an idle GPU without costing its owner."
+    )
+    parser.add_argument("--version", action="version", version=f"vacancyd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", type=Path, help="TOML config (default: the embedded default)")
+    run.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    run.add_argument("--log-format", default="plain", choices=["plain", "json"])
+    run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check-config", help="validate a config file and exit")
+    check.add_argument("file", type=Path)
+    check.set_defaults(func=cmd_check_config)
+
+    status = sub.add_parser("status", help="show a running daemon's state")
+    status.add_argument("--url", help=f"API base URL (default: from --config, else {DEFAULT_URL})")
+    status.add_argument("--token", help="bearer token with the read scope")
+    status.add_argument("--config", type=Path, help="take the API address from this config")
+    status.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    status.set_defaults(func=cmd_status)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Collectors: independent sampling loops writing timestamped observations into state."""

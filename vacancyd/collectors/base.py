@@ -1,0 +1,105 @@
+"""Probe loops: each collector samples on its own cadence, off the event loop, with a deadline.
+
+A synchronous probe (psutil, pynvml) runs in the collector's own single-thread executor under
+``asyncio.timeout``. If it overruns, the sample is recorded as failed (unknown quality) and
+the stuck call is left to finish in its thread: the loop skips samples until it does, so one
+slow probe can never stall another collector or the presence loop (spec "Collectors").
+Samples are stamped with the loop time at which the probe *started*, so a sample is never
+credited as newer than it is (the ledger's post-completion rule, product map L3, relies on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class ProbeError(Exception):
+    """A probe could not measure; the message says what failed, for /status and logs."""
+
+
+async def _wait(wake: asyncio.Event | None, interval_s: float) -> None:
+    if wake is None:
+        await asyncio.sleep(interval_s)
+        return
+    try:
+        async with asyncio.timeout(interval_s):
+            await wake.wait()
+    except TimeoutError:
+        pass
+    wake.clear()
+
+
+async def run_probe_loop(
+    name: str,
+    probe: Callable[[], T],
+    *,
+    interval_s: float,
+    timeout_s: float,
+    on_sample: Callable[[T, float], None],
+    on_error: Callable[[str, float], None],
+    wake: asyncio.Event | None = None,
+) -> None:
+    """Sample ``probe`` forever in a dedicated thread. Never returns; cancel to stop."""
+    loop = asyncio.get_running_loop()
+    executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"probe-{name}")
+    stuck: asyncio.Future[T] | None = None
+    try:
+        while True:
+            started = loop.time()
+            if stuck is not None and not stuck.done():
+                on_error(f"previous probe still running past its {timeout_s:g} s deadline", started)
+            else:
+                stuck = None
+                future = loop.run_in_executor(executor, probe)
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        value = await asyncio.shield(future)
+                except TimeoutError:
+                    stuck = future
+                    on_error(f"probe exceeded its {timeout_s:g} s deadline", started)
+                except ProbeError as exc:
+                    on_error(str(exc), started)
+                except Exception as exc:  # a probe bug must not kill the collector
+                    log.exception("probe %s failed unexpectedly", name)
+                    on_error(f"probe failed: {exc!r}", started)
+                else:
+                    on_sample(value, started)
+            await _wait(wake, interval_s)
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def run_async_probe_loop(
+    name: str,
+    probe: Callable[[], Awaitable[T]],
+    *,
+    interval_s: float,
+    timeout_s: float,
+    on_sample: Callable[[T, float], None],
+    on_error: Callable[[str, float], None],
+    wake: asyncio.Event | None = None,
+) -> None:
+    """Like :func:`run_probe_loop` for an async probe (an HTTP call to an upstream)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        try:
+            async with asyncio.timeout(timeout_s):
+                value = await probe()
+        except TimeoutError:
+            on_error(f"probe exceeded its {timeout_s:g} s deadline", started)
+        except ProbeError as exc:
+            on_error(str(exc), started)
+        except Exception as exc:
+            log.exception("probe %s failed unexpectedly", name)
+            on_error(f"probe failed: {exc!r}", started)
+        else:
+            on_sample(value, started)
+        await _wait(wake, interval_s)

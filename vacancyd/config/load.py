@@ -1,0 +1,77 @@
+"""Read TOML into :class:`Settings`, with errors that name the file, the key and the reason."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from vacancyd.config.model import Settings
+
+DEFAULT_CONFIG_RESOURCE = "default.toml"
+
+
+class ConfigError(Exception):
+    """The configuration could not be read or is invalid. ``str()`` is a full report."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"invalid configuration in {source}:\n{lines}")
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + part
+    return out or "(top level)"
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = _key_path(tuple(err["loc"]))
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return f"{loc}: unknown key"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if kind not in ("value_error", "missing") and "input" in err:
+        value = err["input"]
+        if not isinstance(value, dict | list):
+            msg += f" (got {value!r})"
+    return f"{loc}: {msg}"
+
+
+def parse_config(text: str, source: str = "<string>") -> Settings:
+    """Parse TOML text into Settings. Raises :class:`ConfigError`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, [f"not valid TOML: {exc}"]) from exc
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from exc  # type: ignore[arg-type]
+
+
+def load_config(path: Path) -> Settings:
+    """Read and validate a config file. Raises :class:`ConfigError` (also for I/O errors)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), [f"cannot read the file: {exc}"]) from exc
+    return parse_config(text, str(path))
+
+
+def default_config_text() -> str:
+    """The embedded default configuration shipped inside the package."""
+    return resources.files("vacancyd").joinpath(DEFAULT_CONFIG_RESOURCE).read_text("utf-8")
+
+
+def load_default_config() -> Settings:
+    return parse_config(default_config_text(), "<embedded default>")

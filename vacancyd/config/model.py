@@ -1,0 +1,280 @@
+"""Pydantic models, one per TOML table. Every key and its unit is documented in
+docs/configuration.md; ``vacancyd.example.toml`` is a commented instance validated by a test.
+
+Unknown keys are errors (``extra="forbid"``) and the models are frozen.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+Scope = Literal["borrow", "read", "admin"]
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def split_listen(value: str) -> tuple[str, int]:
+    """Parse ``host:port`` or ``[v6]:port`` into (host, port); raises ValueError."""
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"port {port_s!r} is not a number") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is out of range 1-65535")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    """True for loopback addresses and the name ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_listen(value: str) -> str:
+    host, _ = split_listen(value)
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"listen host {host!r} must be an IP address or localhost") from None
+    return value
+
+
+class TokenSettings(_Model):
+    """A bearer token and the scopes it grants. Exactly one of ``token``/``token_file``."""
+
+    name: str = "token"
+    token: SecretStr | None = None
+    token_file: Path | None = None
+    scopes: list[Scope] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TokenSettings:
+        if (self.token is None) == (self.token_file is None):
+            raise ValueError("set exactly one of token or token_file")
+        if self.token is not None and len(self.token.get_secret_value()) < 16:
+            raise ValueError("token must be at least 16 characters")
+        return self
+
+    def secret(self) -> str:
+        """The token value; reads ``token_file`` (stripped). Raises OSError if unreadable."""
+        if self.token is not None:
+            return self.token.get_secret_value()
+        assert self.token_file is not None
+        return self.token_file.read_text(encoding="utf-8").strip()
+
+
+class LimitsSettings(_Model):
+    """Per-listener protections (spec "Proxy"; product map P4, P9). Sizes MiB, times seconds."""
+
+    max_request_body_mib: int = Field(64, ge=1, le=4096)
+    max_buffered_body_mib: int | None = Field(None, ge=1, le=65536)
+    header_read_timeout_s: float = Field(15.0, gt=0, le=3600)
+    max_connections: int = Field(256, ge=1, le=100_000)
+    body_read_timeout_s: float = Field(120.0, gt=0, le=86400)
+    body_idle_timeout_s: float = Field(30.0, gt=0, le=3600)
+    write_stall_timeout_s: float = Field(60.0, gt=0, le=3600)
+    upstream_connect_timeout_s: float = Field(10.0, gt=0, le=600)
+
+    @property
+    def buffered_budget_mib(self) -> int:
+        """Per-proxy body budget: the configured value, else max(256, max_request_body_mib)."""
+        if self.max_buffered_body_mib is not None:
+            return self.max_buffered_body_mib
+        return max(256, self.max_request_body_mib)
+
+
+class ServerSettings(_Model):
+    """The API listener and authentication (spec "API and metrics"; product map P11)."""
+
+    listen: str = "127.0.0.1:9470"
+    tokens: list[TokenSettings] = []
+    trust_loopback: bool = False
+    allow_unauthenticated_remote: bool = False
+    limits: LimitsSettings = LimitsSettings()
+
+    _listen = field_validator("listen")(_check_listen)
+
+
+class OwnerSettings(_Model):
+    """Owner presence (spec "Collectors"). ``presence`` unset: an unknown reading that refuses.
+
+    ``release_after_s``: consecutive clear seconds before the host policy veto releases.
+    """
+
+    presence: Literal["headless"] | None = None
+    release_after_s: float = Field(60.0, ge=0, le=86400)
+
+
+class CollectorSettings(_Model):
+    """Sampling cadence. ``poll_s`` is the general poll; probes past ``probe_timeout_s`` fail."""
+
+    poll_s: float = Field(3.0, ge=0.1, le=300)
+    probe_timeout_s: float = Field(2.0, gt=0, le=60)
+
+
+class ResourceSettings(_Model):
+    """A declared resource (spec "The resource model").
+
+    ``device`` selects the GPU by NVML index (gpu only). ``min_free_mib``: MiB that must stay
+    free. ``max_utilization``: 0–1 ratio above which the resource is not lendable.
+    ``stale_after_s``: default 3 × the general poll, at least 5 s.
+    """
+
+    name: Name
+    kind: Literal["gpu", "memory", "cpu"]
+    enabled: bool = True
+    device: int | None = Field(None, ge=0)
+    min_free_mib: int = Field(0, ge=0)
+    max_utilization: float | None = Field(None, ge=0, le=1)
+    stale_after_s: float | None = Field(None, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> ResourceSettings:
+        if self.kind == "cpu" and self.min_free_mib:
+            raise ValueError("min_free_mib does not apply to a cpu resource (no byte capacity)")
+        if self.kind != "gpu" and self.device is not None:
+            raise ValueError("device applies only to kind = 'gpu'")
+        return self
+
+
+class ModelsSettings(_Model):
+    """Per-model load requirements in MiB, charged against the upstream's primary resource."""
+
+    default_mib: int = Field(0, ge=0)
+    footprint_mib: dict[str, Annotated[int, Field(ge=0)]] = {}
+
+
+class UpstreamSettings(_Model):
+    """One gated listener in front of one inference server (spec "Proxy")."""
+
+    name: Name
+    adapter: Literal["openai", "llamacpp"]
+    listen: str
+    target: AnyHttpUrl
+    resource: Name
+    also_requires: list[Name] = []
+    models: ModelsSettings = ModelsSettings()
+    resident_min_free_mib: int = Field(0, ge=0)
+    owner_scope: Literal["host", "resource"] = "host"
+    management: Literal["deny", "allow"] = "deny"
+    forward_authorization: bool = False
+    credential: SecretStr | None = None
+    credential_file: Path | None = None
+    refusal_status: Literal[503, 429] = 503
+
+    _listen = field_validator("listen")(_check_listen)
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: AnyHttpUrl) -> AnyHttpUrl:
+        if value.scheme != "http":
+            raise ValueError("target must be an http:// URL (a local inference server)")
+        if value.path not in (None, "", "/") or value.query or value.fragment:
+            raise ValueError("target must be scheme://host:port with no path or query")
+        return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> UpstreamSettings:
+        if self.credential is not None and self.credential_file is not None:
+            raise ValueError("set at most one of credential or credential_file")
+        if self.forward_authorization and (self.credential or self.credential_file):
+            raise ValueError("forward_authorization and an upstream credential exclude each other")
+        if self.resource in self.also_requires:
+            raise ValueError("also_requires repeats the primary resource")
+        if len(set(self.also_requires)) != len(self.also_requires):
+            raise ValueError("also_requires lists a resource twice")
+        return self
+
+    def upstream_credential(self) -> str | None:
+        """The credential sent to the upstream as a bearer token, if any."""
+        if self.credential is not None:
+            return self.credential.get_secret_value()
+        if self.credential_file is not None:
+            return self.credential_file.read_text(encoding="utf-8").strip()
+        return None
+
+
+class Settings(_Model):
+    """The whole configuration file."""
+
+    server: ServerSettings = ServerSettings()
+    owner: OwnerSettings = OwnerSettings()
+    collectors: CollectorSettings = CollectorSettings()
+    resource: list[ResourceSettings] = []
+    upstream: list[UpstreamSettings] = []
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Settings:
+        names = [r.name for r in self.resource]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"resource names must be unique; repeated: {', '.join(dupes)}")
+        unames = [u.name for u in self.upstream]
+        dupes = sorted({n for n in unames if unames.count(n) > 1})
+        if dupes:
+            raise ValueError(f"upstream names must be unique; repeated: {', '.join(dupes)}")
+        listens = [self.server.listen, *(u.listen for u in self.upstream)]
+        dupes = sorted({n for n in listens if listens.count(n) > 1})
+        if dupes:
+            raise ValueError(f"listen addresses must be unique; repeated: {', '.join(dupes)}")
+        gpus = [r.device for r in self.resource if r.kind == "gpu"]
+        if len(set(gpus)) != len(gpus):
+            raise ValueError("two gpu resources select the same device")
+        for i, up in enumerate(self.upstream):
+            for dep in (up.resource, *up.also_requires):
+                if dep not in names:
+                    raise ValueError(
+                        f"upstream[{i}] ({up.name}) names resource {dep!r}, which no "
+                        f"[[resource]] declares (declared: {', '.join(names) or 'none'})"
+                    )
+        if not self.server.tokens and not self.server.allow_unauthenticated_remote:
+            remote = [
+                f"server.listen = {self.server.listen!r}"
+                for _ in [0]
+                if not is_loopback(split_listen(self.server.listen)[0])
+            ] + [
+                f"upstream {u.name!r} listen = {u.listen!r}"
+                for u in self.upstream
+                if not is_loopback(split_listen(u.listen)[0])
+            ]
+            if remote:
+                raise ValueError(
+                    "a non-loopback listener needs [[server.tokens]] (or the conspicuous "
+                    "server.allow_unauthenticated_remote = true): " + "; ".join(remote)
+                )
+        return self
+
+    @property
+    def stale_after_default_s(self) -> float:
+        return max(5.0, 3 * self.collectors.poll_s)
+
+    @property
+    def presence_max_age_s(self) -> float:
+        """Presence older than four general polls, at least 15 s, is stale (spec "Gate" 2)."""
+        return max(15.0, 4 * self.collectors.poll_s)

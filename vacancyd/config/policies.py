@@ -1,0 +1,34 @@
+"""Derive the pure core's frozen policies from validated settings."""
+
+from __future__ import annotations
+
+from vacancyd.config.model import ResourceSettings, Settings, UpstreamSettings
+from vacancyd.core.policy import OwnerScope, ResourceKind, ResourcePolicy, UpstreamPolicy
+
+
+def resource_policy(settings: Settings, res: ResourceSettings) -> ResourcePolicy:
+    return ResourcePolicy(
+        name=res.name,
+        kind=ResourceKind(res.kind),
+        enabled=res.enabled,
+        min_free_mib=res.min_free_mib,
+        max_utilization=res.max_utilization,
+        stale_after_s=res.stale_after_s or settings.stale_after_default_s,
+    )
+
+
+def upstream_policy(
+    settings: Settings, up: UpstreamSettings, *, needs_model_observation: bool
+) -> UpstreamPolicy:
+    return UpstreamPolicy(
+        name=up.name,
+        adapter=up.adapter,
+        resource=up.resource,
+        also_requires=tuple(up.also_requires),
+        owner_scope=OwnerScope(up.owner_scope),
+        default_mib=up.models.default_mib,
+        footprint_mib=dict(up.models.footprint_mib),
+        resident_min_free_mib=up.resident_min_free_mib,
+        needs_model_observation=needs_model_observation,
+        model_observation_max_age_s=settings.stale_after_default_s,
+    )

@@ -1,0 +1,229 @@
+"""The admission gate: a pure function from (request facts, snapshot, upstream) to a decision.
+
+The order of checks is the spec's "Gate" section, steps 1–6, with product-map rows A1–A8:
+
+1. global lending switch                         -> lending_disabled      300 s
+2. presence never sampled / stale (host scope)   -> owner_active            5 s
+3. incomplete session evidence (host scope)      -> owner_active           30 s
+4. host policy veto (host scope)                 -> owner_active          120 s
+5. per resource (primary, then also_requires):
+   switch off                                    -> resource_disabled     300 s
+   capacity unknown or stale                     -> resource_unmeasured    30 s
+   no sample since the ledger's last release     -> resource_busy           2 s  (L3)
+   probe policy not lendable                     -> insufficient_capacity  30 s
+   pressure unknown/stale/uncalibrated           -> resource_unmeasured    30 s
+   pressure engaged                              -> resource_pressured     30 s
+   (adapters that need it) server not observed   -> resource_unmeasured    30 s
+6. per-model footprint vs live free memory       -> insufficient_capacity  30 s
+   with a residency credit charging resident_min_free_mib on proof.
+
+It never raises and never reads a clock: ``snap.now`` is the time.
+"""
+
+from __future__ import annotations
+
+from vacancyd.core.observations import Quality
+from vacancyd.core.policy import OwnerScope, UpstreamPolicy
+from vacancyd.core.reasons import Admit, Credit, Decision, Reason, Refuse
+from vacancyd.core.snapshot import RequestFacts, ResourceView, Snapshot
+
+#: A residency proof must be at most this old (seconds; spec "Gate", product map M4).
+RESIDENCY_PROOF_MAX_AGE_S = 4.0
+
+
+def decide_before_body(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
+    """Steps 1–5: everything that does not depend on the request body.
+
+    The proxy runs this before buffering a body, so a refusal that the model name could not
+    change costs the borrower no upload. Returns None when the request may proceed to step 6.
+    """
+    now = snap.now
+    if not snap.lending_enabled:
+        return Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
+
+    refusal = _decide_owner(snap, upstream)
+    if refusal is not None:
+        return refusal
+
+    for name in upstream.resources:
+        refusal = _decide_resource(snap.resources.get(name), name, now)
+        if refusal is not None:
+            return refusal
+
+    if upstream.needs_model_observation:
+        server = snap.servers.get(upstream.name)
+        quality = (
+            Quality.UNKNOWN
+            if server is None
+            else server.quality(now, upstream.model_observation_max_age_s)
+        )
+        if quality is not Quality.READY:
+            error = f" ({server.error})" if server is not None and server.error else ""
+            return Refuse.of(
+                Reason.RESOURCE_UNMEASURED,
+                f"upstream {upstream.name!r} has no fresh observation of its server "
+                f"({quality}){error}",
+                extra={"refresh": "server"},
+            )
+    return None
+
+
+def decide(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy) -> Decision:
+    """Decide whether a borrowed work request on ``upstream`` may be forwarded now."""
+    refusal = decide_before_body(snap, upstream)
+    if refusal is not None:
+        return refusal
+    return _decide_model(facts, snap, upstream)
+
+
+def _decide_owner(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
+    presence = snap.presence
+    if not presence.refuses:
+        return None
+    if not presence.sampled:
+        return Refuse.of(
+            Reason.OWNER_ACTIVE,
+            "owner presence has not been sampled since vacancyd started",
+            retry_after_s=5,
+        )
+    if upstream.owner_scope is OwnerScope.RESOURCE:
+        return None
+    age = presence.age_s(snap.now)
+    if age is None or age > presence.max_age_s:
+        return Refuse.of(
+            Reason.OWNER_ACTIVE,
+            f"the newest owner presence reading is {age or 0:.0f} s old "
+            f"(limit {presence.max_age_s:.0f} s)",
+            retry_after_s=5,
+        )
+    if not presence.evidence_complete:
+        return Refuse.of(
+            Reason.OWNER_ACTIVE,
+            "a session on this host could not be read clearly; it counts as the owner"
+            + (f": {presence.detail}" if presence.detail else ""),
+            retry_after_s=30,
+        )
+    if presence.veto_active:
+        return Refuse.of(
+            Reason.OWNER_ACTIVE,
+            "the owner is using this machine" + (f": {presence.detail}" if presence.detail else ""),
+            retry_after_s=120,
+        )
+    return None
+
+
+def _decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse | None:
+    if view is None:
+        return Refuse.of(Reason.RESOURCE_UNMEASURED, f"resource {name!r} is not declared")
+    if not view.switch_on:
+        return Refuse.of(
+            Reason.RESOURCE_DISABLED, f"resource {name!r} is switched off", resource=name
+        )
+    quality = view.quality(now)
+    if quality is not Quality.READY:
+        error = f": {view.capacity.error}" if view.capacity.error else ""
+        return Refuse.of(
+            Reason.RESOURCE_UNMEASURED,
+            f"capacity of {name!r} is {quality}{error}",
+            resource=name,
+        )
+    observed_at = view.capacity.observed_at
+    assert observed_at is not None and view.capacity.value is not None  # READY implies both
+    if view.released_at is not None and observed_at <= view.released_at:
+        return Refuse.of(
+            Reason.RESOURCE_BUSY,
+            f"waiting for a fresh capacity sample of {name!r} after the previous job",
+            resource=name,
+            extra={"refresh": "capacity"},
+        )
+    why = view.policy.evaluate(view.capacity.value)
+    if why is not None:
+        return Refuse.of(Reason.INSUFFICIENT_CAPACITY, why, resource=name)
+    pressure = view.pressure
+    if pressure is not None:
+        if pressure.quality is not Quality.READY or not pressure.calibrated:
+            state = pressure.quality if pressure.calibrated else "uncalibrated"
+            return Refuse.of(
+                Reason.RESOURCE_UNMEASURED,
+                f"GPU pressure on {name!r} is {state}"
+                + (f": {pressure.detail}" if pressure.detail else ""),
+                resource=name,
+            )
+        if pressure.engaged:
+            return Refuse.of(
+                Reason.RESOURCE_PRESSURED,
+                f"the owner's GPU work is pressing {name!r}"
+                + (f": {pressure.detail}" if pressure.detail else ""),
+                resource=name,
+            )
+    return None
+
+
+def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy) -> Credit:
+    """Try to prove the requested model is resident on ``upstream`` (product map A7, M2, M4).
+
+    The proof is the adapter's server observation: ready, at most 4 s old, taken after the
+    ledger's last release on every dependency, showing the model loaded and the server idle.
+    """
+    server = snap.servers.get(upstream.name)
+    if server is None:
+        return Credit(False, f"adapter {upstream.adapter!r} has no residency proof")
+    state = server.value
+    if state is None or server.observed_at is None:
+        return Credit(False, "the server has not been observed")
+    if server.failed_at is not None and server.failed_at >= server.observed_at:
+        return Credit(False, f"the newest server observation failed: {server.error}")
+    if state.resident_models is not None and (
+        facts.model is None or facts.model not in state.resident_models
+    ):
+        return Credit(False, f"model {facts.model!r} is not resident")
+    if not state.idle:
+        return Credit(False, "the server is processing other work")
+    for name in upstream.resources:
+        view = snap.resources.get(name)
+        if (
+            view is not None
+            and view.released_at is not None
+            and server.observed_at <= view.released_at
+        ):
+            return Credit(
+                False,
+                f"the server observation predates the last job on {name!r}",
+                failed_only_for_age=True,
+            )
+    age = snap.now - server.observed_at
+    if age > RESIDENCY_PROOF_MAX_AGE_S:
+        return Credit(
+            False,
+            f"the server observation is {age:.1f} s old (a proof must be at most "
+            f"{RESIDENCY_PROOF_MAX_AGE_S:.0f} s old)",
+            failed_only_for_age=True,
+        )
+    return Credit(True, "the server reports the model loaded and idle")
+
+
+def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy) -> Decision:
+    primary = snap.resources[upstream.resource]
+    if not primary.policy.has_bytes:
+        return Admit(resources=upstream.resources)
+    need, source = upstream.footprint_for(facts.model)
+    credit = prove_residency(facts, snap, upstream)
+    charge = min(upstream.resident_min_free_mib, need) if credit.applied else need
+    reading = primary.capacity.value
+    assert reading is not None and reading.free_mib is not None  # checked in step 5
+    available = reading.free_mib - primary.policy.min_free_mib
+    if available < charge:
+        what = (
+            f"{charge} MiB (resident_min_free_mib; {credit.why})"
+            if credit.applied
+            else f"{charge} MiB ({source} footprint for model {facts.model!r}; no residency "
+            f"credit: {credit.why})"
+        )
+        return Refuse.of(
+            Reason.INSUFFICIENT_CAPACITY,
+            f"{primary.name!r} has {available:.0f} MiB to lend, the request needs {what}",
+            resource=primary.name,
+            credit=credit,
+            extra={"refresh": "server"} if credit.failed_only_for_age else {},
+        )
+    return Admit(resources=upstream.resources, charged_mib=charge, credit=credit)

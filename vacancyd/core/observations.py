@@ -1,0 +1,70 @@
+"""Timestamped observations with explicit quality (spec "Shared state").
+
+Every measured input carries the monotonic time (seconds, event-loop clock) of its last good
+sample and of its last failed attempt. Quality is derived, never stored, so it cannot go stale
+itself: a reading older than its bound is ``stale``; a reading that never arrived, or whose
+newest attempt failed, is ``unknown``. There is no plausible default anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Quality(StrEnum):
+    UNKNOWN = "unknown"
+    READY = "ready"
+    STALE = "stale"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation(Generic[T]):
+    """One input's latest reading.
+
+    ``observed_at`` / ``failed_at`` are monotonic seconds (None when never). ``error`` is the
+    last failure's message, kept for /status even after a later success.
+    """
+
+    value: T | None = None
+    observed_at: float | None = None
+    failed_at: float | None = None
+    error: str | None = None
+
+    def succeeded(self, value: T, now: float) -> Observation[T]:
+        return Observation(value=value, observed_at=now, failed_at=self.failed_at, error=self.error)
+
+    def failed(self, error: str, now: float) -> Observation[T]:
+        return Observation(
+            value=self.value, observed_at=self.observed_at, failed_at=now, error=error
+        )
+
+    def age_s(self, now: float) -> float | None:
+        """Seconds since the last good sample, or None if there never was one."""
+        return None if self.observed_at is None else max(0.0, now - self.observed_at)
+
+    def quality(self, now: float, max_age_s: float) -> Quality:
+        """``ready``: a good sample exists, is the newest attempt, and is <= ``max_age_s`` old."""
+        if self.value is None or self.observed_at is None:
+            return Quality.UNKNOWN
+        if self.failed_at is not None and self.failed_at >= self.observed_at:
+            return Quality.UNKNOWN
+        if now - self.observed_at > max_age_s:
+            return Quality.STALE
+        return Quality.READY
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityReading:
+    """What a capacity probe measured for one resource.
+
+    ``free_mib``/``total_mib`` are MiB (None for CPU, which has no byte capacity);
+    ``utilization`` is a 0–1 ratio (None when the probe cannot read it).
+    """
+
+    free_mib: float | None
+    total_mib: float | None
+    utilization: float | None = None

@@ -1,0 +1,95 @@
+"""Refusal reasons, their Retry-After hints, and the gate's decision values.
+
+The reason codes and retry hints are the wire contract of the spec's "Gate" section
+(../shared/seeds/vacancyd-architecture.md); their string values appear verbatim in the
+JSON refusal body (``error.code``), in metrics labels and in logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why a borrowed request was refused. Values are the exact wire strings."""
+
+    LENDING_DISABLED = "lending_disabled"
+    OWNER_ACTIVE = "owner_active"
+    RESOURCE_DISABLED = "resource_disabled"
+    RESOURCE_UNMEASURED = "resource_unmeasured"
+    INSUFFICIENT_CAPACITY = "insufficient_capacity"
+    RESOURCE_PRESSURED = "resource_pressured"
+    RESOURCE_BUSY = "resource_busy"
+    BODY_BUDGET_EXHAUSTED = "body_budget_exhausted"
+    RECLAIMED = "reclaimed"
+
+
+#: Default Retry-After (seconds) per reason. Gate steps that share a reason but differ in
+#: urgency (``owner_active`` is 5, 30 or 120 s) pass their own value instead.
+RETRY_AFTER_S: dict[Reason, int] = {
+    Reason.LENDING_DISABLED: 300,
+    Reason.OWNER_ACTIVE: 120,
+    Reason.RESOURCE_DISABLED: 300,
+    Reason.RESOURCE_UNMEASURED: 30,
+    Reason.INSUFFICIENT_CAPACITY: 30,
+    Reason.RESOURCE_PRESSURED: 30,
+    Reason.RESOURCE_BUSY: 2,
+    Reason.BODY_BUDGET_EXHAUSTED: 2,
+    Reason.RECLAIMED: 30,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """Outcome of a residency proof (spec "Gate" step 6).
+
+    ``applied`` is True when the model was proved resident and the smaller
+    ``resident_min_free_mib`` was charged. ``why`` says why a credit did or did not apply;
+    ``failed_only_for_age`` marks a proof that would have passed with a fresher observation,
+    which lets the proxy take one fresh observation and decide again (product map A8).
+    """
+
+    applied: bool
+    why: str
+    failed_only_for_age: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """The gate admits the request.
+
+    ``resources`` lists the resources the ledger must reserve (primary first).
+    ``charged_mib`` is what the per-model step charged against the primary resource, or
+    None when it has no byte capacity.
+    """
+
+    resources: tuple[str, ...]
+    charged_mib: int | None = None
+    credit: Credit | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """The gate (or ledger) refuses the request.
+
+    ``retry_after_s`` is whole seconds for the Retry-After header. ``detail`` is a sentence
+    for a person; ``resource`` names the resource a per-resource step refused on.
+    """
+
+    reason: Reason
+    retry_after_s: int
+    detail: str
+    resource: str | None = None
+    credit: Credit | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, reason: Reason, detail: str, **kw: object) -> Refuse:
+        """Build a refusal with the reason's default Retry-After."""
+        retry = kw.pop("retry_after_s", RETRY_AFTER_S[reason])
+        assert isinstance(retry, int)
+        return cls(reason=reason, retry_after_s=retry, detail=detail, **kw)  # type: ignore[arg-type]
+
+
+Decision = Admit | Refuse

@@ -1,0 +1,100 @@
+"""The frozen view of shared state that the gate decides on.
+
+``vacancyd.state.SharedState.snapshot(now)`` builds one per request; tests build them
+directly. All times are monotonic seconds on the daemon's event-loop clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vacancyd.core.observations import CapacityReading, Observation, Quality
+from vacancyd.core.policy import ResourcePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceView:
+    """Owner presence as the gate sees it (spec "Gate" steps 2–4).
+
+    ``sampled``: a presence reading has arrived since start.
+    ``observed_at``: monotonic time of the newest reading (None when never sampled).
+    ``evidence_complete``: every session vacancyd sees could be read clearly.
+    ``veto_active``: the host policy veto is engaged (owner present, locked screen excepted…).
+    ``refuses``: False only for platforms without a backend (product map C7), whose unknown
+    reading must not refuse.
+    """
+
+    source: str
+    sampled: bool
+    observed_at: float | None
+    evidence_complete: bool
+    veto_active: bool
+    max_age_s: float
+    refuses: bool = True
+    detail: str = ""
+
+    def age_s(self, now: float) -> float | None:
+        return None if self.observed_at is None else max(0.0, now - self.observed_at)
+
+
+@dataclass(frozen=True, slots=True)
+class PressureView:
+    """Per-resource owner GPU pressure (product map R1–R5); None on resources without it."""
+
+    quality: Quality
+    calibrated: bool
+    engaged: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceView:
+    """One declared resource: its policy, runtime switch, capacity and ledger timestamps.
+
+    ``released_at``: when the ledger last released a job on it (monotonic s); the gate admits
+    into it again only on a capacity sample taken after that (product map L3).
+    """
+
+    policy: ResourcePolicy
+    switch_on: bool
+    capacity: Observation[CapacityReading]
+    released_at: float | None = None
+    pressure: PressureView | None = None
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    def quality(self, now: float) -> Quality:
+        return self.capacity.quality(now, self.policy.stale_after_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerState:
+    """What an adapter observed of its upstream server (llama.cpp /slots and the like).
+
+    ``resident_models``: models proved loaded; None means "the one model a single-model server
+    holds", which serves any model name. ``idle``: no slot is processing.
+    """
+
+    resident_models: frozenset[str] | None
+    idle: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the gate reads, frozen at ``now``."""
+
+    now: float
+    lending_enabled: bool
+    presence: PresenceView
+    resources: Mapping[str, ResourceView]
+    servers: Mapping[str, Observation[ServerState]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What the proxy read from a work request: the model name, if the route carries one."""
+
+    model: str | None = None

@@ -1,0 +1,1 @@
+"""The gated reverse proxy: one aiohttp listener per ``[[upstream]]``."""

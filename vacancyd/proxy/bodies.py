@@ -1,0 +1,147 @@
+"""Request body buffering within bounds (spec "Proxy"; product map P4, P9).
+
+A work request's body is buffered so the model name can be read. Each body must fit
+``max_request_body_mib`` (413, before reading when Content-Length says so); all bodies a
+proxy holds at once must fit its budget (503 + Retry-After); the whole body must arrive within
+``body_read_timeout_s`` and no gap between chunks may exceed ``body_idle_timeout_s`` (408).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+MIB = 1024 * 1024
+
+
+class BodyError(Exception):
+    """A body could not be buffered. ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclass
+class BodyBudget:
+    """Bytes of request bodies one proxy may hold at once."""
+
+    limit_bytes: int
+    used_bytes: int = 0
+
+    def try_reserve(self, n: int) -> bool:
+        if self.used_bytes + n > self.limit_bytes:
+            return False
+        self.used_bytes += n
+        return True
+
+    def release(self, n: int) -> None:
+        self.used_bytes = max(0, self.used_bytes - n)
+
+
+class Reservation:
+    """A share of the budget, held until the body has been forwarded; release is idempotent."""
+
+    def __init__(self, budget: BodyBudget, n: int) -> None:
+        self._budget, self._n = budget, n
+
+    def shrink(self, n: int) -> None:
+        if n < self._n:
+            self._budget.release(self._n - n)
+            self._n = n
+
+    def release(self) -> None:
+        self._budget.release(self._n)
+        self._n = 0
+
+
+def check_declared_length(request: web.Request, max_bytes: int) -> None:
+    """Refuse early (413) when Content-Length already exceeds the limit."""
+    declared = request.content_length
+    if declared is not None and declared > max_bytes:
+        raise BodyError(
+            413,
+            "request_too_large",
+            f"request body of {declared} bytes exceeds the {max_bytes // MIB} MiB limit",
+        )
+
+
+async def read_body(
+    request: web.Request,
+    *,
+    max_bytes: int,
+    budget: BodyBudget,
+    read_timeout_s: float,
+    idle_timeout_s: float,
+) -> tuple[bytes, Reservation]:
+    """Buffer the body. Returns it with its budget reservation; raises :class:`BodyError`."""
+    check_declared_length(request, max_bytes)
+    declared = request.content_length
+    want = declared if declared is not None else max_bytes
+    if not request.body_exists:
+        want = 0
+    if not budget.try_reserve(want):
+        raise BodyError(
+            503, "body_budget_exhausted", "the proxy is buffering too many request bodies"
+        )
+    reservation = Reservation(budget, want)
+    chunks: list[bytes] = []
+    total = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + read_timeout_s
+    try:
+        while True:
+            remaining = deadline - loop.time()
+            wait = min(idle_timeout_s, remaining)
+            if wait <= 0:
+                raise BodyError(
+                    408, "body_timeout", f"body not received within {read_timeout_s:g} s"
+                )
+            try:
+                async with asyncio.timeout(wait):
+                    chunk = await request.content.readany()
+            except TimeoutError:
+                if wait < idle_timeout_s:
+                    raise BodyError(
+                        408, "body_timeout", f"body not received within {read_timeout_s:g} s"
+                    ) from None
+                raise BodyError(
+                    408, "body_idle", f"no body data for {idle_timeout_s:g} s"
+                ) from None
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > max_bytes:
+                raise BodyError(
+                    413,
+                    "request_too_large",
+                    f"request body exceeds the {max_bytes // MIB} MiB limit",
+                )
+            chunks.append(chunk)
+    except BaseException:
+        reservation.release()
+        raise
+    reservation.shrink(total)
+    return b"".join(chunks), reservation
+
+
+async def drain(request: web.Request, limit_bytes: int, timeout_s: float) -> None:
+    """Read and drop what is left of a refused request's body, at most ``limit_bytes``.
+
+    This lets a client that is still sending receive the refusal rather than a reset.
+    """
+    if request.content.is_eof():
+        return
+    seen = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while seen <= limit_bytes:
+                chunk = await request.content.readany()
+                if not chunk:
+                    return
+                seen += len(chunk)
+    except (TimeoutError, ConnectionError):
+        return

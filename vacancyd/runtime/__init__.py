@@ -1,0 +1,1 @@
+"""Wiring: task supervision, logging, and the daemon's lifecycle."""

@@ -1,0 +1,300 @@
+"""The daemon: builds state, listeners and collectors from settings and runs until stopped.
+
+Task tree (names as they appear in logs):
+
+* ``api@ADDR`` — the API listener (essential)
+* ``listener NAME@ADDR`` — one proxy listener per upstream (essential)
+* ``collector RESOURCE`` — one capacity loop per enabled resource (essential)
+* ``collector presence`` — the presence loop, when a source is configured (essential)
+* ``observer NAME`` — server observation for adapters that need it (essential)
+
+Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from vacancyd.adapters import ADAPTERS
+from vacancyd.api.app import make_api
+from vacancyd.api.auth import Authenticator, Token
+from vacancyd.api.metrics import Metrics
+from vacancyd.collectors import presence, system
+from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
+from vacancyd.collectors.nvidia import NvmlProbe
+from vacancyd.config.load import ConfigError
+from vacancyd.config.model import ResourceSettings, Settings, split_listen
+from vacancyd.config.policies import resource_policy, upstream_policy
+from vacancyd.core.observations import CapacityReading
+from vacancyd.proxy.app import Proxy, Upstream, make_app
+from vacancyd.proxy.site import CappedTCPSite
+from vacancyd.runtime.tasks import Supervisor
+from vacancyd.state import SharedState
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The daemon could not start (a listener could not bind, a secret could not be read)."""
+
+
+def _capacity_probe(res: ResourceSettings) -> Callable[[], CapacityReading]:
+    if res.kind == "memory":
+        return system.sample_memory
+    if res.kind == "cpu":
+        return system.CpuProbe()
+    return NvmlProbe(res.device or 0)
+
+
+def build_state(settings: Settings) -> SharedState:
+    resources = {r.name: resource_policy(settings, r) for r in settings.resource}
+    upstreams = {
+        u.name: upstream_policy(
+            settings, u, needs_model_observation=ADAPTERS[u.adapter].needs_model_observation
+        )
+        for u in settings.upstream
+    }
+    return SharedState(
+        resources,
+        upstreams,
+        presence_source=settings.owner.presence or "none",
+        presence_max_age_s=settings.presence_max_age_s,
+        release_after_s=settings.owner.release_after_s,
+    )
+
+
+def read_tokens(settings: Settings) -> list[Token]:
+    tokens = []
+    for i, t in enumerate(settings.server.tokens):
+        try:
+            secret = t.secret()
+        except OSError as exc:
+            raise ConfigError("server.tokens", [f"server.tokens[{i}].token_file: {exc}"]) from exc
+        if len(secret) < 16:
+            raise ConfigError(
+                "server.tokens", [f"server.tokens[{i}]: token shorter than 16 characters"]
+            )
+        tokens.append(Token(t.name, secret, frozenset(t.scopes)))
+    return tokens
+
+
+@dataclass
+class Daemon:
+    settings: Settings
+    state: SharedState = field(init=False)
+    metrics: Metrics = field(init=False)
+    supervisor: Supervisor = field(init=False)
+    bound: dict[str, str] = field(default_factory=dict)
+    _runners: list[web.AppRunner] = field(default_factory=list)
+    _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.state = build_state(self.settings)
+        self.metrics = Metrics()
+        self.metrics.attach(self.state)
+        self.supervisor = Supervisor()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def start(self) -> None:
+        """Bind every listener and start every loop. Raises StartupError / ConfigError."""
+        settings = self.settings
+        loop = asyncio.get_running_loop()
+        started_at = loop.time()
+        tokens = read_tokens(settings)
+        auth = Authenticator(
+            tokens, trust_loopback=settings.server.trust_loopback, metrics=self.metrics
+        )
+        limits = settings.server.limits
+
+        api = make_api(self.state, auth, self.metrics, started_at=started_at)
+        await self._serve("api", api, settings.server.listen, limits.max_connections)
+
+        for up in settings.upstream:
+            try:
+                credential = up.upstream_credential()
+            except OSError as exc:
+                raise ConfigError(up.name, [f"upstream {up.name}: credential_file: {exc}"]) from exc
+            adapter = ADAPTERS[up.adapter]
+            upstream = Upstream(
+                settings=up,
+                policy=self.state.upstreams[up.name],
+                adapter=adapter,
+                target=URL(str(up.target)),
+                credential=credential,
+            )
+            timeout = aiohttp.ClientTimeout(
+                total=None,
+                connect=limits.upstream_connect_timeout_s,
+                sock_connect=limits.upstream_connect_timeout_s,
+            )
+            session = aiohttp.ClientSession(
+                trust_env=False,
+                auto_decompress=False,
+                timeout=timeout,
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
+                connector=aiohttp.TCPConnector(limit=0),
+            )
+            self._sessions.append(session)
+            proxy = Proxy(
+                upstream,
+                state=self.state,
+                auth=auth,
+                metrics=self.metrics,
+                limits=limits,
+                session=session,
+            )
+            self.state.set_listener(up.name, up.listen, bound=False)
+            address = await self._serve(up.name, make_app(proxy), up.listen, limits.max_connections)
+            self.state.set_listener(up.name, address, bound=True)
+            if adapter.observe is not None:
+                self._start_observer(upstream, credential)
+
+        self._start_collectors()
+
+    async def _serve(self, name: str, app: web.Application, listen: str, cap: int) -> str:
+        limits = self.settings.server.limits
+        runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            handler_cancellation=True,
+            keepalive_timeout=limits.header_read_timeout_s,
+            lingering_time=0,
+            access_log=logging.getLogger(f"vacancyd.access.{name}"),
+            access_log_format='%a "%r" %s %b %Tfs',
+        )
+        await runner.setup()
+        self._runners.append(runner)
+        host, port = split_listen(listen)
+        site = CappedTCPSite(runner, host, port, max_connections=cap)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on {listen} for {name}: {exc.strerror or exc}"
+            ) from exc
+        address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
+        self.bound[name] = address
+        log.info("%s listening on http://%s", name, address)
+        return address
+
+    def _start_observer(self, upstream: Upstream, credential: str | None) -> None:
+        adapter = upstream.adapter
+        assert adapter.observe is not None
+        observe = adapter.observe
+        session = aiohttp.ClientSession(
+            trust_env=False,
+            timeout=aiohttp.ClientTimeout(total=self.settings.collectors.probe_timeout_s),
+            headers={"Authorization": f"Bearer {credential}"} if credential else None,
+        )
+        self._sessions.append(session)
+        name = upstream.name
+        state = self.state
+        poll = min(self.settings.collectors.poll_s, 2.0)
+
+        self.supervisor.spawn(
+            run_async_probe_loop(
+                f"observer {name}",
+                lambda: observe(session, upstream.target),
+                interval_s=poll,
+                timeout_s=self.settings.collectors.probe_timeout_s,
+                on_sample=lambda s, t: state.record_server(name, s, t),
+                on_error=lambda e, t: state.record_server_failure(name, e, t),
+                wake=state.sample_wanted(f"server:{name}"),
+            ),
+            name=f"observer {name}",
+            essential=True,
+        )
+
+    def _start_collectors(self) -> None:
+        cfg = self.settings.collectors
+        state = self.state
+        for res in self.settings.resource:
+            if not res.enabled:
+                continue
+            name = res.name
+            self.supervisor.spawn(
+                run_probe_loop(
+                    name,
+                    _capacity_probe(res),
+                    interval_s=cfg.poll_s,
+                    timeout_s=cfg.probe_timeout_s,
+                    on_sample=lambda r, t, n=name: state.record_capacity(n, r, t),  # type: ignore[misc]
+                    on_error=lambda e, t, n=name: state.record_capacity_failure(n, e, t),  # type: ignore[misc]
+                    wake=state.sample_wanted(name),
+                ),
+                name=f"collector {name}",
+                essential=True,
+            )
+        if self.settings.owner.presence == "headless":
+            self.supervisor.spawn(
+                run_probe_loop(
+                    "presence",
+                    presence.sample_headless,
+                    interval_s=cfg.poll_s,
+                    timeout_s=cfg.probe_timeout_s,
+                    on_sample=state.record_presence,
+                    on_error=state.record_presence_failure,
+                ),
+                name="collector presence",
+                essential=True,
+            )
+        else:
+            log.warning(
+                "no owner presence source is configured ([owner] presence); host-scoped "
+                "upstreams refuse with owner_active until one is"
+            )
+
+    async def wait(self) -> int:
+        """Wait for a stop request (returns 0) or an essential task's failure (returns 1)."""
+        loop = asyncio.get_running_loop()
+        stop = loop.create_task(self._stop.wait(), name="wait for stop")
+        failed = loop.create_task(self.supervisor.failed.wait(), name="wait for failure")
+        try:
+            await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            failed.cancel()
+        return 1 if self.supervisor.failed.is_set() else 0
+
+    async def shutdown(self) -> None:
+        """Stop accepting, finish or cut in-flight responses (bounded), stop loops, close."""
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        await self.supervisor.stop()
+        for session in self._sessions:
+            await session.close()
+
+
+async def run_daemon(settings: Settings) -> int:
+    """Run until SIGTERM/SIGINT. Returns the process exit code."""
+    daemon = Daemon(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.request_stop)
+    try:
+        try:
+            await daemon.start()
+        except (StartupError, ConfigError) as exc:
+            log.error("%s", exc)
+            return 2
+        code = await daemon.wait()
+        if code:
+            log.error("%s", daemon.supervisor.failure)
+        else:
+            log.info("stopping on signal")
+        return code
+    finally:
+        await daemon.shutdown()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,286 @@
+"""SharedState: the daemon's only mutable store (spec "Shared state").
+
+Collectors write timestamped observations; the admin API flips switches; the proxy reads a
+frozen :class:`~vacancyd.core.snapshot.Snapshot` per request and updates the ledger. All
+times are monotonic seconds from the event loop's clock. Listeners for state changes are
+plain callbacks so the API can stream transitions and tests can observe them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from vacancyd.core.ledger import Ledger
+from vacancyd.core.observations import CapacityReading, Observation, Quality
+from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
+from vacancyd.core.snapshot import PresenceView, ResourceView, ServerState, Snapshot
+from vacancyd.core.veto import VetoTracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceReading:
+    """One presence sample from a collector.
+
+    ``owner_signal``: this sample matches the owner policy (a local unlocked, non-idle
+    session or an owner process); it feeds the veto's hysteresis.
+    ``evidence_complete``: every session could be read clearly.
+    ``sessions``: a redacted description per session for /status.
+    """
+
+    owner_signal: bool
+    evidence_complete: bool
+    detail: str = ""
+    sessions: tuple[Mapping[str, object], ...] = ()
+
+
+@dataclass
+class PresenceState:
+    source: str
+    refuses: bool = True
+    reading: Observation[PresenceReading] = field(default_factory=Observation)
+
+
+@dataclass
+class ListenerState:
+    address: str
+    bound: bool = False
+    error: str | None = None
+
+
+Listener = Callable[[str, Mapping[str, object]], None]
+
+
+class SharedState:
+    """Mutable daemon state. Not thread-safe: touch it only from the event loop."""
+
+    def __init__(
+        self,
+        resources: Mapping[str, ResourcePolicy],
+        upstreams: Mapping[str, UpstreamPolicy],
+        *,
+        presence_source: str,
+        presence_refuses: bool = True,
+        presence_max_age_s: float = 15.0,
+        release_after_s: float = 60.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.resources = dict(resources)
+        self.upstreams = dict(upstreams)
+        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self.lending_enabled = True
+        self.switches = {name: p.enabled for name, p in resources.items()}
+        self.capacity: dict[str, Observation[CapacityReading]] = {
+            name: Observation() for name in resources
+        }
+        self.servers: dict[str, Observation[ServerState]] = {}
+        self.presence = PresenceState(presence_source, refuses=presence_refuses)
+        self.presence_max_age_s = presence_max_age_s
+        self.veto = VetoTracker(release_after_s)
+        self.ledger = Ledger()
+        self.listeners: dict[str, ListenerState] = {}
+        self._sample_wanted: dict[str, asyncio.Event] = {}
+        self._observed: dict[str, asyncio.Event] = {}
+        self._subscribers: list[Listener] = []
+
+    # -- change notification -------------------------------------------------------------
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(kind, data)`` on each state transition; returns an unsubscribe."""
+        self._subscribers.append(listener)
+        return lambda: self._subscribers.remove(listener) if listener in self._subscribers else None
+
+    def _emit(self, kind: str, **data: object) -> None:
+        for listener in list(self._subscribers):
+            try:
+                listener(kind, data)
+            except Exception:  # a broken subscriber must not break a collector
+                log.exception("state listener failed on %s", kind)
+
+    # -- writers -------------------------------------------------------------------------
+
+    def set_lending(self, enabled: bool) -> bool:
+        """Flip the global lending switch; returns True when it changed."""
+        changed = self.lending_enabled != enabled
+        self.lending_enabled = enabled
+        if changed:
+            log.info("lending switched %s", "on" if enabled else "off")
+            self._emit("lending", enabled=enabled)
+        return changed
+
+    def set_resource_switch(self, name: str, enabled: bool) -> bool:
+        """Flip one resource's runtime switch. Raises KeyError for an undeclared resource."""
+        if name not in self.switches:
+            raise KeyError(name)
+        changed = self.switches[name] != enabled
+        self.switches[name] = enabled
+        if changed:
+            log.info("resource %s switched %s", name, "on" if enabled else "off")
+            self._emit("resource_switch", resource=name, enabled=enabled)
+        return changed
+
+    def record_capacity(self, name: str, reading: CapacityReading, now: float) -> None:
+        before = self.capacity[name].quality(now, self.resources[name].stale_after_s)
+        self.capacity[name] = self.capacity[name].succeeded(reading, now)
+        if before is not Quality.READY:
+            log.info("resource %s measured", name)
+            self._emit("capacity", resource=name, quality=Quality.READY.value)
+        self._wake(self._observed, name)
+
+    def record_capacity_failure(self, name: str, error: str, now: float) -> None:
+        previous = self.capacity[name]
+        self.capacity[name] = previous.failed(error, now)
+        if (
+            previous.error != error
+            or previous.failed_at is None
+            or (previous.observed_at is not None and previous.failed_at < previous.observed_at)
+        ):
+            log.warning("resource %s unmeasured: %s", name, error)
+            self._emit("capacity", resource=name, quality=Quality.UNKNOWN.value, error=error)
+
+    def record_server(self, upstream: str, state: ServerState, now: float) -> None:
+        self.servers[upstream] = self.servers.get(upstream, Observation()).succeeded(state, now)
+        self._wake(self._observed, f"server:{upstream}")
+
+    def record_server_failure(self, upstream: str, error: str, now: float) -> None:
+        previous = self.servers.get(upstream, Observation())
+        if previous.error != error:
+            log.warning("upstream %s server observation failed: %s", upstream, error)
+        self.servers[upstream] = previous.failed(error, now)
+
+    def record_presence(self, reading: PresenceReading, now: float) -> None:
+        first = self.presence.reading.observed_at is None
+        self.presence.reading = self.presence.reading.succeeded(reading, now)
+        if first:
+            log.info("owner presence sampled (%s)", self.presence.source)
+            self._emit("presence", sampled=True)
+        if self.veto.observe(reading.owner_signal, now):
+            log.info(
+                "host policy veto %s%s",
+                "engaged" if self.veto.engaged else "released",
+                f": {reading.detail}" if reading.detail else "",
+            )
+            self._emit("veto", active=self.veto.engaged, detail=reading.detail)
+
+    def record_presence_failure(self, error: str, now: float) -> None:
+        self.presence.reading = self.presence.reading.failed(error, now)
+        log.warning("owner presence unreadable: %s", error)
+
+    def set_listener(
+        self, upstream: str, address: str, bound: bool, error: str | None = None
+    ) -> None:
+        self.listeners[upstream] = ListenerState(address, bound, error)
+        self._emit("listener", upstream=upstream, bound=bound)
+
+    def released(self, job_id: int, now: float) -> None:
+        """Release a ledger job and ask the collectors for a post-completion sample (L3)."""
+        job = self.ledger.release(job_id, now)
+        if job is not None:
+            for name in job.resources:
+                self.request_sample(name)
+
+    # -- fresh samples on demand ---------------------------------------------------------
+
+    def sample_wanted(self, key: str) -> asyncio.Event:
+        """The event a collector waits on (besides its timer) to sample ``key`` at once."""
+        return self._sample_wanted.setdefault(key, asyncio.Event())
+
+    def request_sample(self, key: str) -> None:
+        event = self._sample_wanted.get(key)
+        if event is not None:
+            event.set()
+
+    async def fresh_sample(self, key: str, timeout_s: float) -> bool:
+        """Ask for a sample of ``key`` (a resource, or ``server:NAME``) and wait for one.
+
+        Returns False when none arrived within ``timeout_s`` seconds or nobody samples it.
+        """
+        if key not in self._sample_wanted:
+            return False
+        observed = self._observed.setdefault(key, asyncio.Event())
+        observed.clear()
+        self.request_sample(key)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await observed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    @staticmethod
+    def _wake(events: dict[str, asyncio.Event], key: str) -> None:
+        event = events.get(key)
+        if event is not None:
+            event.set()
+
+    # -- readers -------------------------------------------------------------------------
+
+    def presence_view(self, now: float) -> PresenceView:
+        obs = self.presence.reading
+        reading = obs.value
+        sampled = reading is not None
+        failed = obs.failed_at is not None and (
+            obs.observed_at is None or obs.failed_at >= obs.observed_at
+        )
+        detail = reading.detail if reading is not None else ""
+        if failed:
+            detail = f"presence unreadable: {obs.error}"
+        return PresenceView(
+            source=self.presence.source,
+            sampled=sampled,
+            observed_at=obs.observed_at,
+            evidence_complete=bool(reading and reading.evidence_complete) and not failed,
+            veto_active=self.veto.engaged,
+            max_age_s=self.presence_max_age_s,
+            refuses=self.presence.refuses,
+            detail=detail,
+        )
+
+    def snapshot(self, now: float | None = None) -> Snapshot:
+        """Freeze everything the gate reads at ``now`` (default: the loop clock)."""
+        at = self.clock() if now is None else now
+        return Snapshot(
+            now=at,
+            lending_enabled=self.lending_enabled,
+            presence=self.presence_view(at),
+            resources={
+                name: ResourceView(
+                    policy=policy,
+                    switch_on=self.switches[name],
+                    capacity=self.capacity[name],
+                    released_at=self.ledger.released_at(name),
+                )
+                for name, policy in self.resources.items()
+            },
+            servers=dict(self.servers),
+        )
+
+    def ready(self, now: float) -> tuple[bool, list[str]]:
+        """/readyz: listeners bound, presence sampled, every required resource fresh.
+
+        Returns (ready, reasons-not-ready) — the reasons are for /status, never /readyz.
+        """
+        why: list[str] = []
+        for name, listener in sorted(self.listeners.items()):
+            if not listener.bound:
+                why.append(f"listener {name} not bound")
+        view = self.presence_view(now)
+        if view.refuses:
+            if not view.sampled:
+                why.append("presence not sampled")
+            else:
+                age = view.age_s(now)
+                if age is None or age > view.max_age_s:
+                    why.append("presence stale")
+        required = {r for up in self.upstreams.values() for r in up.resources}
+        for name in sorted(required):
+            if not self.switches.get(name, False):
+                continue
+            quality = self.capacity[name].quality(now, self.resources[name].stale_after_s)
+            if quality is not Quality.READY:
+                why.append(f"resource {name} {quality}")
+        return not why, why
