@@ -40,8 +40,8 @@ def split_listen(value: str) -> tuple[str, int]:
         port = int(port_s)
     except ValueError:
         raise ValueError(f"port {port_s!r} is not a number") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"port {port} is out of range 1-65535")
+    if not 0 <= port < 65536:
+        raise ValueError(f"port {port} is out of range 0-65535 (0 picks a free port)")
     return host, port
 
 
@@ -239,7 +239,11 @@ class Settings(_Model):
         dupes = sorted({n for n in unames if unames.count(n) > 1})
         if dupes:
             raise ValueError(f"upstream names must be unique; repeated: {', '.join(dupes)}")
-        listens = [self.server.listen, *(u.listen for u in self.upstream)]
+        listens = [
+            listen
+            for listen in (self.server.listen, *(u.listen for u in self.upstream))
+            if split_listen(listen)[1] != 0
+        ]
         dupes = sorted({n for n in listens if listens.count(n) > 1})
         if dupes:
             raise ValueError(f"listen addresses must be unique; repeated: {', '.join(dupes)}")

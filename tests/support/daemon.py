@@ -1,0 +1,124 @@
+"""Run a real vacancyd Daemon in-process on ephemeral loopback ports, and small fakes.
+
+``running_daemon(toml)`` parses the config exactly as ``vacancyd run --config`` would, starts
+every listener and loop, and yields a handle with the bound URLs. Use ``listen = "127.0.0.1:0"``
+in test configs so ports never collide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from vacancyd.config import parse_config
+from vacancyd.runtime.daemon import Daemon
+from vacancyd.state import SharedState
+
+
+@dataclass
+class RunningDaemon:
+    daemon: Daemon
+
+    @property
+    def state(self) -> SharedState:
+        return self.daemon.state
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.daemon.bound['api']}"
+
+    def proxy_url(self, upstream: str) -> str:
+        return f"http://{self.daemon.bound[upstream]}"
+
+    async def wait_until(
+        self, predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition"
+    ) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not predicate():
+                await asyncio.sleep(0.02)
+
+    async def wait_ready(self, timeout_s: float = 10.0) -> None:
+        state = self.state
+        await self.wait_until(lambda: state.ready(state.clock())[0], timeout_s, "readiness")
+
+
+@asynccontextmanager
+async def running_daemon(toml: str) -> AsyncIterator[RunningDaemon]:
+    settings = parse_config(toml, "<test>")
+    daemon = Daemon(settings)
+    try:
+        await daemon.start()
+        yield RunningDaemon(daemon)
+    finally:
+        await daemon.shutdown()
+
+
+@asynccontextmanager
+async def serve_app(app: web.Application) -> AsyncIterator[str]:
+    """Serve an aiohttp app on an ephemeral loopback port; yields its base URL."""
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site.port}"
+    finally:
+        await runner.cleanup()
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def openai_like_app(
+    *, slots_busy: bool = False, extra: dict[tuple[str, str], Handler] | None = None
+) -> tuple[web.Application, list[dict[str, object]]]:
+    """A minimal OpenAI-compatible upstream that records what it received.
+
+    Answers ``POST /v1/chat/completions`` (JSON, or SSE chunks ending with ``data: [DONE]``
+    when ``stream`` is true, the OpenAI wire format), ``GET /v1/models``, ``GET /slots``
+    (llama-server's shape: a list of slots with ``is_processing``) and ``GET /health``.
+    """
+    seen: list[dict[str, object]] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        if body.get("stream"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for i in range(3):
+                chunk = {"id": "c1", "object": "chat.completion.chunk", "choices": [
+                    {"index": 0, "delta": {"content": f"tok{i}"}, "finish_reason": None}
+                ]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        return web.json_response(
+            {"id": "c1", "object": "chat.completion", "model": body.get("model"),
+             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                          "finish_reason": "stop"}]}
+        )
+
+    async def models(request: web.Request) -> web.Response:
+        seen.append({"path": request.path, "headers": dict(request.headers)})
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+    async def slots(_: web.Request) -> web.Response:
+        return web.json_response([{"id": 0, "is_processing": slots_busy}])
+
+    async def health(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/slots", slots)
+    app.router.add_get("/health", health)
+    for (method, path), handler in (extra or {}).items():
+        app.router.add_route(method, path, handler)
+    return app, seen
