@@ -1,4 +1,4 @@
-"""Command line: ``vacancyd run | check-config | status | --version``."""
+"""Command line: ``vacancyd run | check-config | status | companion | --version``."""
 
 from __future__ import annotations
 
@@ -40,6 +40,25 @@ def cmd_run(args: argparse.Namespace) -> int:
             "vacancyd: no --config given; using the embedded default configuration", file=sys.stderr
         )
     return asyncio.run(run_daemon(settings))
+
+
+def cmd_companion(args: argparse.Namespace) -> int:
+    """Run the in-cluster companion (vacancyd.k8s.companion) until SIGTERM."""
+    from vacancyd.config.load import load_companion_config
+    from vacancyd.k8s.companion import run_companion
+    from vacancyd.runtime import logging as vlogging
+
+    try:
+        vlogging.configure(args.log_level, args.log_format)
+    except ValueError as exc:
+        print(f"vacancyd: {exc}", file=sys.stderr)
+        return 2
+    try:
+        settings = load_companion_config(args.config)
+    except ConfigError as exc:
+        print(f"vacancyd companion: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(run_companion(settings))
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -182,6 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--log-level", default="info", help="debug, info, warning, error")
     run.add_argument("--log-format", default="plain", choices=["plain", "json"])
     run.set_defaults(func=cmd_run)
+
+    companion = sub.add_parser(
+        "companion",
+        help="follow lenders over HTTP and publish them to Kubernetes (runs in the cluster)",
+    )
+    companion.add_argument("--config", type=Path, required=True, help="companion TOML file")
+    companion.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    companion.add_argument("--log-format", default="plain", choices=["plain", "json"])
+    companion.set_defaults(func=cmd_companion)
 
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", type=Path)

@@ -1,7 +1,8 @@
 """The API listener (spec "API and metrics"; product map O1, O2).
 
 Public: ``GET /healthz`` (liveness), ``GET /readyz`` (200/503, no detail). Read scope:
-``GET /status``, ``GET /metrics``. Admin scope: ``PUT /admin/lending`` and
+``GET /status``, ``GET /metrics``, ``GET /events`` (server-sent state transitions, see
+:mod:`vacancyd.api.events`). Admin scope: ``PUT /admin/lending`` and
 ``PUT /admin/resources/{name}`` with body ``{"enabled": true|false}``.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from vacancyd.api import events
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
@@ -44,9 +46,15 @@ async def _read_enabled(request: web.Request) -> bool | web.Response:
 
 
 def make_api(
-    state: SharedState, auth: Authenticator, metrics: Metrics, *, started_at: float
+    state: SharedState,
+    auth: Authenticator,
+    metrics: Metrics,
+    *,
+    started_at: float,
+    events_keepalive_s: float = events.KEEPALIVE_S,
 ) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
+    events.install(app)
 
     def scoped(scope: str, handler: Handler) -> Handler:
         async def wrapped(request: web.Request) -> web.StreamResponse:
@@ -104,6 +112,9 @@ def make_api(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))
     app.router.add_get("/metrics", scoped("read", metrics_view))
+    app.router.add_get(
+        "/events", scoped("read", events.make_handler(state, keepalive_s=events_keepalive_s))
+    )
     app.router.add_put("/admin/lending", scoped("admin", put_lending))
     app.router.add_put("/admin/resources/{name}", scoped("admin", put_resource))
     return app

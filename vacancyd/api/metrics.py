@@ -16,8 +16,11 @@ from prometheus_client import CollectorRegistry, Counter, disable_created_metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from vacancyd.core import gate
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
+from vacancyd.core.reasons import Refuse
+from vacancyd.core.snapshot import RequestFacts
 
 if TYPE_CHECKING:
     from vacancyd.state import SharedState
@@ -128,6 +131,16 @@ class StateCollector(Collector):
             listener.add_metric([upstream], 1.0 if ls.bound else 0.0)
         yield listener
 
+        upstream_lendable = GaugeMetricFamily(
+            "vacancyd_upstream_lendable",
+            "1 when the gate would admit a borrowed request on the upstream now.",
+            labels=["upstream"],
+        )
+        for name, policy in sorted(state.upstreams.items()):
+            ok_now = not isinstance(gate.decide(RequestFacts(), snap, policy), Refuse)
+            upstream_lendable.add_metric([name], 1.0 if ok_now else 0.0)
+        yield upstream_lendable
+
         ready, _ = state.ready(now)
         yield GaugeMetricFamily("vacancyd_ready", "1 when /readyz answers 200.", value=float(ready))
 
@@ -137,7 +150,7 @@ class Metrics:
 
     def __init__(self) -> None:
         # ``*_created`` series only add cardinality for our always-running counters.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
         self.decisions = Counter(
             "vacancyd_admission_decisions",

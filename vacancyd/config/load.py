@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vacancyd.config.model import Settings
+from vacancyd.config.model import CompanionSettings, Settings
 
 DEFAULT_CONFIG_RESOURCE = "default.toml"
 
@@ -57,6 +57,27 @@ def parse_config(text: str, source: str = "<string>") -> Settings:
         return Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(source, [_describe(e) for e in exc.errors()]) from exc  # type: ignore[arg-type]
+
+
+def parse_companion_config(text: str, source: str = "<string>") -> CompanionSettings:
+    """Parse the companion's TOML file. Raises :class:`ConfigError`."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, [f"not valid TOML: {exc}"]) from exc
+    try:
+        return CompanionSettings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from exc  # type: ignore[arg-type]
+
+
+def load_companion_config(path: Path) -> CompanionSettings:
+    """Read and validate a companion config file. Raises :class:`ConfigError`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), [f"cannot read the file: {exc}"]) from exc
+    return parse_companion_config(text, str(path))
 
 
 def load_config(path: Path) -> Settings:

@@ -7,6 +7,8 @@ Task tree (names as they appear in logs):
 * ``collector RESOURCE`` — one capacity loop per enabled resource (essential)
 * ``collector presence`` — the presence loop, when a source is configured (essential)
 * ``observer NAME`` — server observation for adapters that need it (essential)
+* ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
+  ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
 
 Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1).
 """
@@ -27,6 +29,7 @@ from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import make_api
 from vacancyd.api.auth import Authenticator, Token
 from vacancyd.api.metrics import Metrics
+from vacancyd.api.status import render_status
 from vacancyd.collectors import presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import NvmlProbe
@@ -34,6 +37,7 @@ from vacancyd.config.load import ConfigError
 from vacancyd.config.model import ResourceSettings, Settings, split_listen
 from vacancyd.config.policies import resource_policy, upstream_policy
 from vacancyd.core.observations import CapacityReading
+from vacancyd.k8s.host import HostPublisher
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.runtime.tasks import Supervisor
@@ -96,6 +100,7 @@ class Daemon:
     _runners: list[web.AppRunner] = field(default_factory=list)
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    kubernetes: HostPublisher | None = None
 
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
@@ -161,6 +166,23 @@ class Daemon:
                 self._start_observer(upstream, credential)
 
         self._start_collectors()
+        self._start_kubernetes(started_at)
+
+    def _start_kubernetes(self, started_at: float) -> None:
+        settings = self.settings.kubernetes
+        if settings is None:
+            return
+        from vacancyd.k8s.client import available
+
+        missing = available()
+        if missing is not None:
+            log.error("[kubernetes] is configured but cannot be used: %s", missing)
+            return
+        state = self.state
+        self.kubernetes = HostPublisher(settings, state, lambda: render_status(state, started_at))
+        self.kubernetes.start(
+            lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
+        )
 
     async def _serve(self, name: str, app: web.Application, listen: str, cap: int) -> str:
         limits = self.settings.server.limits
@@ -268,7 +290,13 @@ class Daemon:
         return 1 if self.supervisor.failed.is_set() else 0
 
     async def shutdown(self) -> None:
-        """Stop accepting, finish or cut in-flight responses (bounded), stop loops, close."""
+        """Stop accepting, finish or cut in-flight responses (bounded), stop loops, close.
+
+        With ``[kubernetes]``, the cluster is told first that this lender stops (bounded by
+        the request timeout), so it routes away before the listeners close.
+        """
+        if self.kubernetes is not None:
+            await self.kubernetes.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
         await self.supervisor.stop()

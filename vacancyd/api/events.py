@@ -1,0 +1,145 @@
+"""``GET /events``: state transitions as server-sent events (product map O8, K2 companion).
+
+The stream a dashboard or the Kubernetes companion follows. Wire format (the WHATWG
+``text/event-stream`` format)::
+
+    retry: 2000
+
+    id: 0
+    event: hello
+    data: {"version": "0.1.0", "keepalive_s": 5.0}
+
+    id: 1
+    event: veto
+    data: {"kind": "veto", "active": true, "detail": "...", "at_wall": 1764420000.5}
+
+    : keepalive
+
+``event`` is the transition kind that :class:`~vacancyd.state.SharedState` emits (``lending``,
+``resource_switch``, ``capacity``, ``presence``, ``veto``, ``listener``). A comment line is sent
+every ``keepalive_s`` seconds, so a follower that hears nothing for a few of those knows the
+lender is gone. Events are a hint to re-read ``/status``, not a replacement for it: not every
+change of lendability is a transition (a reading going stale, free memory dropping).
+
+A client that falls ``QUEUE_MAX`` events behind is sent ``event: overflow`` and the stream
+ends, so a slow reader costs the daemon a bounded queue and never delays a collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+from vacancyd import __version__
+from vacancyd.state import SharedState
+
+log = logging.getLogger(__name__)
+
+#: Seconds between keepalive comments.
+KEEPALIVE_S = 5.0
+#: Events queued per client before it is cut off.
+QUEUE_MAX = 256
+#: Seconds a single write may stall before the client is dropped.
+WRITE_TIMEOUT_S = 30.0
+
+#: Set on shutdown so open streams end instead of holding the runner's cleanup.
+CLOSING = web.AppKey("events_closing", asyncio.Event)
+
+
+def format_event(event_id: int, kind: str, data: Mapping[str, object]) -> bytes:
+    """One SSE message. ``kind`` and the JSON are single-line by construction."""
+    payload = json.dumps(dict(data), separators=(",", ":"), default=str)
+    kind = "".join(ch for ch in kind if ch not in "\r\n") or "message"
+    return f"id: {event_id}\nevent: {kind}\ndata: {payload}\n\n".encode()
+
+
+def install(app: web.Application) -> None:
+    """Add the closing flag and shutdown hook that :func:`make_handler` streams rely on."""
+    closing = asyncio.Event()
+    app[CLOSING] = closing
+
+    async def on_shutdown(_: web.Application) -> None:
+        closing.set()
+
+    app.on_shutdown.append(on_shutdown)
+
+
+def make_handler(
+    state: SharedState, *, keepalive_s: float = KEEPALIVE_S
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def events(request: web.Request) -> web.StreamResponse:
+        closing = request.app[CLOSING]
+        queue: asyncio.Queue[tuple[str, dict[str, object]]] = asyncio.Queue(QUEUE_MAX)
+        overflowed = asyncio.Event()
+
+        def on_change(kind: str, data: Mapping[str, object]) -> None:
+            if overflowed.is_set():
+                return
+            try:
+                queue.put_nowait((kind, {"kind": kind, **data, "at_wall": time.time()}))
+            except asyncio.QueueFull:
+                overflowed.set()
+
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await resp.prepare(request)
+        unsubscribe = state.subscribe(on_change)
+        event_id = 0
+        try:
+            await _write(
+                resp,
+                b"retry: 2000\n\n"
+                + format_event(0, "hello", {"version": __version__, "keepalive_s": keepalive_s}),
+            )
+            while not closing.is_set():
+                if overflowed.is_set() and queue.empty():
+                    await _write(resp, format_event(event_id + 1, "overflow", {}))
+                    log.warning("/events client %s fell behind; stream closed", request.remote)
+                    break
+                item = await _next(queue, closing, keepalive_s)
+                if item is None:
+                    await _write(resp, b": keepalive\n\n")
+                    continue
+                event_id += 1
+                await _write(resp, format_event(event_id, *item))
+        except (ConnectionResetError, TimeoutError) as exc:
+            log.debug("/events client %s gone: %r", request.remote, exc)
+        finally:
+            unsubscribe()
+        return resp
+
+    return events
+
+
+async def _next(
+    queue: asyncio.Queue[tuple[str, dict[str, object]]], closing: asyncio.Event, wait_s: float
+) -> tuple[str, dict[str, object]] | None:
+    """The next queued event, or None after ``wait_s`` seconds or when closing."""
+    if not queue.empty():
+        return queue.get_nowait()
+    getter = asyncio.get_running_loop().create_task(queue.get(), name="events queue")
+    closer = asyncio.get_running_loop().create_task(closing.wait(), name="events closing")
+    try:
+        await asyncio.wait({getter, closer}, timeout=wait_s, return_when="FIRST_COMPLETED")
+    finally:
+        closer.cancel()
+        if not getter.done():
+            getter.cancel()
+    if getter.done() and not getter.cancelled():
+        return getter.result()
+    return None
+
+
+async def _write(resp: web.StreamResponse, data: bytes) -> None:
+    async with asyncio.timeout(WRITE_TIMEOUT_S):
+        await resp.write(data)

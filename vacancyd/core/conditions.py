@@ -1,0 +1,447 @@
+"""What vacancyd publishes to Kubernetes, as pure values (product map K1, K2, K4).
+
+The publisher (``vacancyd.k8s``) reads a lender's state, turns it into desired objects here and
+writes them. Nothing in this module does I/O or reads a clock: ``now_wall`` (epoch seconds) is
+an argument, used only for the Node conditions' timestamps (style.md: ``*_wall`` for display
+and Kubernetes times).
+
+The lender's state is read from its /status document (``vacancyd.api.status``), so the
+in-cluster companion, which reads it over HTTP, and the host-side publisher, which renders it
+in-process, feed the same code.
+
+Node conditions (K1) — written like node-problem-detector's: only our types, merged by type:
+
+* ``VacancyLendable``: True while at least one upstream would admit borrowed work now.
+  False carries the gate's refusal code in CamelCase (``owner_active`` -> ``OwnerActive``).
+* ``VacancyOwnerPresent``: True while the host policy veto is engaged.
+* ``VacancyGPUPressure``: True while a GPU refuses borrowed work because of the owner's
+  GPU load (``resource_pressured``).
+
+EndpointSlices (K2, K4): one per lender, upstream and Service. The gated Service's endpoint is
+``ready`` while the upstream is lendable; the ``-direct`` Service's endpoint is ready while
+the lender is alive and its listener bound, so a borrower that goes through it gets a 503
+with a reason instead of a refused connection. ``serving`` is "the lender answers".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+#: ``endpointslice.kubernetes.io/managed-by`` value on every EndpointSlice we write.
+MANAGED_BY = "vacancyd.io/companion"
+#: Labels that name what an EndpointSlice belongs to, so a resync finds and repairs it.
+LENDER_LABEL = "vacancyd.io/lender"
+UPSTREAM_LABEL = "vacancyd.io/upstream"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+
+LENDABLE = "VacancyLendable"
+OWNER_PRESENT = "VacancyOwnerPresent"
+GPU_PRESSURE = "VacancyGPUPressure"
+CONDITION_TYPES = (LENDABLE, OWNER_PRESENT, GPU_PRESSURE)
+
+
+class Status(StrEnum):
+    """A Node condition's status: the exact strings the API stores."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Phase(StrEnum):
+    """Where the lender is in its life, as the publisher knows it."""
+
+    STARTING = "starting"  #: nothing read yet: every condition Unknown
+    ALIVE = "alive"  #: a /status document was read recently
+    UNREACHABLE = "unreachable"  #: the lender stopped answering within the timeout
+    STOPPED = "stopped"  #: clean shutdown: not lendable
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamState:
+    """One upstream of a lender, read from /status ``upstreams.NAME``.
+
+    ``reason`` is the gate's wire code when not lendable (``owner_active``), else None.
+    ``port`` is the proxy listener's bound port (None when /status did not say).
+    """
+
+    name: str
+    lendable: bool
+    bound: bool
+    port: int | None
+    reason: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LenderState:
+    """Everything the publisher needs about one lender at one moment.
+
+    ``owner_present``/``gpu_pressure`` are None when the lender cannot tell (presence not yet
+    sampled; a GPU's capacity or pressure unmeasured).
+    """
+
+    phase: Phase
+    detail: str = ""
+    lending_enabled: bool = False
+    owner_present: bool | None = None
+    owner_detail: str = ""
+    gpu_pressure: bool | None = None
+    gpu_detail: str = ""
+    upstreams: Mapping[str, UpstreamState] = field(default_factory=dict)
+
+    @classmethod
+    def starting(cls, detail: str = "vacancyd has not reported its state yet") -> LenderState:
+        return cls(Phase.STARTING, detail)
+
+    @classmethod
+    def unreachable(cls, detail: str, previous: LenderState | None = None) -> LenderState:
+        """Keep the upstream list (so endpoints turn not-ready rather than vanish)."""
+        return cls(Phase.UNREACHABLE, detail, upstreams=previous.upstreams if previous else {})
+
+    @classmethod
+    def stopped(cls, detail: str, previous: LenderState | None = None) -> LenderState:
+        return cls(Phase.STOPPED, detail, upstreams=previous.upstreams if previous else {})
+
+    @property
+    def alive(self) -> bool:
+        return self.phase is Phase.ALIVE
+
+
+class StatusFormatError(ValueError):
+    """A /status document does not have the shape vacancyd.api.status renders."""
+
+
+def _port_of(address: object) -> int | None:
+    if not isinstance(address, str):
+        return None
+    _, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    value = int(port)
+    return value if 0 < value < 65536 else None
+
+
+def lender_from_status(doc: Any) -> LenderState:
+    """Parse a /status document into a :class:`LenderState`.
+
+    Raises :class:`StatusFormatError` (a ValueError) when the document is not a /status
+    document, so a follower can log it and keep the previous state.
+    """
+    if not isinstance(doc, dict):
+        raise StatusFormatError("/status is not a JSON object")
+    try:
+        presence = doc["presence"]
+        raw_upstreams = doc["upstreams"]
+        resources = doc.get("resources", {})
+        if not isinstance(presence, dict) or not isinstance(raw_upstreams, dict):
+            raise TypeError("presence and upstreams must be objects")
+        upstreams: dict[str, UpstreamState] = {}
+        for name, up in raw_upstreams.items():
+            if not isinstance(up, dict):
+                raise TypeError(f"upstream {name!r} is not an object")
+            listener = up.get("listener") or {}
+            refusal = up.get("refusal") or {}
+            upstreams[str(name)] = UpstreamState(
+                name=str(name),
+                lendable=bool(up["lendable"]),
+                bound=bool(listener.get("bound", False)),
+                port=_port_of(listener.get("address")),
+                reason=None if up["lendable"] else str(refusal.get("reason", "unknown")),
+                detail=str(refusal.get("detail", "")),
+            )
+        veto = presence.get("veto") or {}
+        owner_present: bool | None = bool(veto.get("active", False))
+        owner_detail = str(presence.get("detail") or "")
+        if not presence.get("sampled", False):
+            owner_present = None
+            owner_detail = "owner presence has not been sampled yet"
+        gpu_pressure, gpu_detail = _gpu_pressure(resources, upstreams)
+        return LenderState(
+            Phase.ALIVE,
+            lending_enabled=bool(doc.get("lending_enabled", False)),
+            owner_present=owner_present,
+            owner_detail=owner_detail,
+            gpu_pressure=gpu_pressure,
+            gpu_detail=gpu_detail,
+            upstreams=upstreams,
+        )
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise StatusFormatError(f"/status has an unexpected shape: {exc!r}") from exc
+
+
+def _gpu_pressure(
+    resources: Any, upstreams: Mapping[str, UpstreamState]
+) -> tuple[bool | None, str]:
+    pressed = [u for u in upstreams.values() if u.reason == "resource_pressured"]
+    if pressed:
+        return True, "; ".join(f"{u.name}: {u.detail}" for u in pressed)
+    gpus = {
+        name: r
+        for name, r in (resources or {}).items()
+        if isinstance(r, dict) and r.get("kind") == "gpu"
+    }
+    if not gpus:
+        return False, "no GPU resource is declared on this lender"
+    unmeasured = sorted(n for n, r in gpus.items() if r.get("quality") != "ready")
+    if unmeasured:
+        return None, f"GPU capacity is not measured: {', '.join(unmeasured)}"
+    return False, "no GPU is pressed by the owner's work"
+
+
+def camel(reason: str) -> str:
+    """``owner_active`` -> ``OwnerActive``: a wire code as a Kubernetes condition reason."""
+    return "".join(part[:1].upper() + part[1:] for part in re.split(r"[_\W]+", reason) if part)
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """A desired Node condition, before timestamps."""
+
+    type: str
+    status: Status
+    reason: str
+    message: str
+
+
+def node_conditions(lender: LenderState) -> tuple[Condition, ...]:
+    """The three Node conditions for ``lender`` (product map K1).
+
+    Before the first reading every condition is Unknown; an unreachable lender makes every
+    condition Unknown and, on clean shutdown, ``VacancyLendable`` is False (``Stopped``).
+    """
+    if lender.phase is not Phase.ALIVE:
+        reason = {
+            Phase.STARTING: "Starting",
+            Phase.UNREACHABLE: "LenderUnreachable",
+            Phase.STOPPED: "Stopped",
+        }[lender.phase]
+        lendable_status = Status.FALSE if lender.phase is Phase.STOPPED else Status.UNKNOWN
+        return (
+            Condition(LENDABLE, lendable_status, reason, _message(lender.detail)),
+            Condition(OWNER_PRESENT, Status.UNKNOWN, reason, _message(lender.detail)),
+            Condition(GPU_PRESSURE, Status.UNKNOWN, reason, _message(lender.detail)),
+        )
+
+    lendable = sorted(n for n, u in lender.upstreams.items() if u.lendable)
+    if lendable:
+        lend = Condition(
+            LENDABLE, Status.TRUE, "Lendable", _message(f"lending {', '.join(lendable)}")
+        )
+    elif not lender.upstreams:
+        lend = Condition(
+            LENDABLE, Status.FALSE, "NoUpstreams", "this lender declares no [[upstream]]"
+        )
+    else:
+        first = lender.upstreams[sorted(lender.upstreams)[0]]
+        lend = Condition(
+            LENDABLE,
+            Status.FALSE,
+            camel(first.reason or "unknown"),
+            _message(
+                "; ".join(
+                    f"{u.name}: {u.reason}: {u.detail}" for _, u in sorted(lender.upstreams.items())
+                )
+            ),
+        )
+
+    if lender.owner_present is None:
+        owner = Condition(
+            OWNER_PRESENT, Status.UNKNOWN, "PresenceUnknown", _message(lender.owner_detail)
+        )
+    elif lender.owner_present:
+        owner = Condition(
+            OWNER_PRESENT,
+            Status.TRUE,
+            "OwnerActive",
+            _message("the owner is using this machine" + _suffix(lender.owner_detail)),
+        )
+    else:
+        owner = Condition(
+            OWNER_PRESENT, Status.FALSE, "OwnerAway", "the host policy veto is released"
+        )
+
+    if lender.gpu_pressure is None:
+        gpu = Condition(
+            GPU_PRESSURE, Status.UNKNOWN, "ResourceUnmeasured", _message(lender.gpu_detail)
+        )
+    elif lender.gpu_pressure:
+        gpu = Condition(GPU_PRESSURE, Status.TRUE, "ResourcePressured", _message(lender.gpu_detail))
+    else:
+        gpu = Condition(GPU_PRESSURE, Status.FALSE, "NoPressure", _message(lender.gpu_detail))
+    return (lend, owner, gpu)
+
+
+#: Kubernetes caps a condition message at 32 KiB; keep ours short enough to read.
+MESSAGE_MAX_CHARS = 1024
+
+
+def _message(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MESSAGE_MAX_CHARS else text[: MESSAGE_MAX_CHARS - 1] + "…"
+
+
+def _suffix(detail: str) -> str:
+    return f": {detail}" if detail else ""
+
+
+def rfc3339(now_wall: float) -> str:
+    """Epoch seconds as the second-precision UTC time Kubernetes stores."""
+    return datetime.fromtimestamp(now_wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition_patch(
+    desired: Sequence[Condition], current: Sequence[Mapping[str, Any]], now_wall: float
+) -> dict[str, Any]:
+    """The strategic-merge patch body for ``nodes/NAME/status`` (K1).
+
+    It carries only our condition types, so the server merges them by ``type`` into the
+    Node's list and never touches kubelet's. ``lastHeartbeatTime`` is ``now_wall``;
+    ``lastTransitionTime`` keeps the value in ``current`` (the Node as last read) unless the
+    status changed.
+    """
+    by_type = {c.get("type"): c for c in current if isinstance(c, Mapping)}
+    stamp = rfc3339(now_wall)
+    conditions = []
+    for cond in desired:
+        previous = by_type.get(cond.type)
+        transition = stamp
+        if (
+            previous is not None
+            and previous.get("status") == cond.status.value
+            and previous.get("lastTransitionTime")
+        ):
+            transition = _as_rfc3339(previous["lastTransitionTime"])
+        conditions.append(
+            {
+                "type": cond.type,
+                "status": cond.status.value,
+                "reason": cond.reason,
+                "message": cond.message,
+                "lastHeartbeatTime": stamp,
+                "lastTransitionTime": transition,
+            }
+        )
+    return {"status": {"conditions": conditions}}
+
+
+def _as_rfc3339(value: Any) -> str:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        stamp: str = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return stamp
+    return str(value)
+
+
+# -- EndpointSlices ----------------------------------------------------------------------
+
+_DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_name(*parts: str, limit: int = 63) -> str:
+    """Join ``parts`` into a DNS-1123 label (lower case, ``-``, at most ``limit`` chars)."""
+    raw = "-".join(_DNS_LABEL.sub("-", p.lower()).strip("-") for p in parts if p)
+    raw = re.sub(r"-{2,}", "-", raw).strip("-") or "x"
+    if len(raw) <= limit:
+        return raw
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+    return raw[: limit - 9].rstrip("-") + "-" + digest
+
+
+def address_problem(address: str) -> str | None:
+    """Why the API server would reject ``address`` as an endpoint, or None.
+
+    EndpointSlice validation refuses loopback, link-local and unspecified addresses (they
+    would route to the node the client runs on, not to the lender).
+    """
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return f"{address!r} is not an IP address"
+    if ip.is_loopback:
+        return f"{address} is a loopback address"
+    if ip.is_link_local:
+        return f"{address} is a link-local address"
+    if ip.is_unspecified:
+        return f"{address} is the unspecified address"
+    if ip.is_multicast:
+        return f"{address} is a multicast address"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceTarget:
+    """Which Service an upstream's endpoint joins, and how.
+
+    ``direct``: the endpoint is ready while the lender is alive and listening (the
+    ``-direct`` Service), instead of while the upstream is lendable.
+    """
+
+    service: str
+    port_name: str = "http"
+    direct: bool = False
+
+
+def endpoint_flags(lender: LenderState, upstream: str, *, direct: bool) -> tuple[bool, bool]:
+    """(ready, serving) for ``upstream``'s endpoint (K2).
+
+    ``serving`` is "the lender answers and this listener is bound"; ``ready`` is that plus,
+    for the gated Service, "lendable now". Never left unset: an absent ``ready`` means ready.
+    """
+    up = lender.upstreams.get(upstream)
+    serving = lender.alive and up is not None and up.bound
+    ready = serving and (direct or (up is not None and up.lendable))
+    return ready, serving
+
+
+def endpoint_slice(
+    *,
+    lender: str,
+    upstream: str,
+    namespace: str,
+    target: SliceTarget,
+    address: str,
+    port: int,
+    ready: bool,
+    serving: bool,
+    node_name: str | None = None,
+) -> dict[str, Any]:
+    """The EndpointSlice for one lender's upstream in one Service (K2, K4).
+
+    Its name is unique per (Service, lender, upstream), so many lenders can join one
+    Service. Applied with server-side apply, every field here is ours; anything an outside
+    edit changed is put back on the next write.
+    """
+    family = "IPv6" if ":" in address else "IPv4"
+    endpoint: dict[str, Any] = {
+        "addresses": [address],
+        "conditions": {"ready": ready, "serving": serving, "terminating": False},
+    }
+    if node_name:
+        endpoint["nodeName"] = node_name
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": dns_name(target.service, lender, upstream),
+            "namespace": namespace,
+            "labels": {
+                SERVICE_NAME_LABEL: target.service,
+                MANAGED_BY_LABEL: MANAGED_BY,
+                LENDER_LABEL: dns_name(lender),
+                UPSTREAM_LABEL: dns_name(upstream),
+            },
+        },
+        "addressType": family,
+        "endpoints": [endpoint],
+        "ports": [{"name": target.port_name, "port": port, "protocol": "TCP"}],
+    }

@@ -1,0 +1,6 @@
+"""Publishing lendability to Kubernetes (product map K1–K4).
+
+``client`` is the only module that imports kubernetes_asyncio (an optional extra), and only
+when a publisher starts; ``publisher`` writes desired state with backoff; ``companion`` follows
+lenders over HTTP; ``host`` feeds the daemon's own state to a publisher.
+"""

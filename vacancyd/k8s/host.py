@@ -1,0 +1,112 @@
+"""Host-side publishing: the daemon writes its own state, given a kubeconfig (``[kubernetes]``).
+
+The feeder renders this daemon's /status document (in-process, no HTTP) on every state
+transition and every ``resync_s`` seconds and hands it to a :class:`Publisher`. A transition
+only sets an event, so the collectors and the gate never wait on the API server; the
+feeder and the publisher are supervised as non-essential tasks, so no Kubernetes failure
+can stop the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from vacancyd.config.model import KubernetesSettings
+from vacancyd.core import conditions
+from vacancyd.core.conditions import StatusFormatError
+from vacancyd.k8s.api import KubeApi
+from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for
+from vacancyd.state import SharedState
+
+log = logging.getLogger(__name__)
+
+
+def lender_name(settings: KubernetesSettings) -> str:
+    """This host's name in EndpointSlices: ``lender``, else ``node``, else the host name."""
+    return conditions.dns_name(settings.lender or settings.node or socket.gethostname())
+
+
+def _connect(settings: KubernetesSettings) -> Callable[[], Any]:
+    async def connect() -> KubeApi:
+        from vacancyd.k8s.client import KubeClient
+
+        return await KubeClient.connect(settings.kubeconfig, settings.context)
+
+    return connect
+
+
+class HostPublisher:
+    """Feeds the daemon's own state to a publisher. :meth:`start`, then :meth:`stop`."""
+
+    def __init__(
+        self,
+        settings: KubernetesSettings,
+        state: SharedState,
+        render_status: Callable[[], Mapping[str, Any]],
+        *,
+        connect: Callable[[], Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._state = state
+        self._render = render_status
+        self._poke = asyncio.Event()
+        self.publisher = Publisher(
+            connect=connect or _connect(settings),
+            target=PublishTarget(
+                lender=lender_name(settings),
+                namespace=settings.namespace,
+                node=settings.node,
+                address=settings.address,
+                services=services_for(settings.service_for, direct=settings.direct_services),
+            ),
+            heartbeat_s=settings.heartbeat_s,
+            resync_s=settings.resync_s,
+            request_timeout_s=settings.request_timeout_s,
+            backoff_max_s=settings.backoff_max_s,
+        )
+        self._unsubscribe: Callable[[], None] | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def start(self, spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[Any]]) -> None:
+        """Start the feeder and the publisher with ``spawn(coro, name)`` (non-essential)."""
+        target = self.publisher.target
+        if target.node is None and target.address is None:
+            log.warning("[kubernetes] sets neither node nor address: nothing will be published")
+        self._unsubscribe = self._state.subscribe(lambda _kind, _data: self._poke.set())
+        self._tasks = [
+            spawn(self._feed(), "kubernetes feeder"),
+            spawn(self.publisher.run(), "kubernetes publisher"),
+        ]
+        log.info(
+            "publishing to Kubernetes as lender %s (node %s, address %s, namespace %s)",
+            target.lender,
+            target.node or "-",
+            target.address or "-",
+            target.namespace,
+        )
+
+    async def _feed(self) -> None:
+        while True:
+            self._poke.clear()
+            try:
+                self.publisher.update(conditions.lender_from_status(self._render()))
+            except StatusFormatError:  # our own document: a bug, but never fatal
+                log.exception("cannot read this daemon's own status")
+            try:
+                async with asyncio.timeout(self.settings.resync_s):
+                    await self._poke.wait()
+            except TimeoutError:
+                pass
+
+    async def stop(self, detail: str = "vacancyd on this host is stopping") -> None:
+        """Stop feeding, then publish the lender as stopped (bounded), then close."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.publisher.shutdown(detail)

@@ -1,0 +1,376 @@
+"""Write one lender's state to Kubernetes: Node conditions and EndpointSlices (K1–K4).
+
+A :class:`Publisher` is fed :class:`~vacancyd.core.conditions.LenderState` values through
+:meth:`Publisher.update`, which only stores the value and wakes the publisher's own task: the
+caller (the gate's side of the daemon, or the companion's follower) never waits for the API
+server. The task writes
+
+* the Node conditions, on every change and at least every ``heartbeat_s`` seconds, as a
+  strategic-merge patch of ``nodes/NODE/status`` carrying only our condition types;
+* one EndpointSlice per upstream and Service, by server-side apply, on every change and at
+  least every ``resync_s`` seconds (a re-apply puts back whatever an outside edit changed),
+  and deletes the slices of this lender that are no longer wanted.
+
+Failed writes are retried with exponential backoff (1 s doubling, capped at
+``backoff_max_s``, with jitter); each distinct failure is logged once with what to do about it,
+and recovery is logged. Nothing here raises out of :meth:`Publisher.run`.
+
+At start every condition is Unknown (``Starting``); :meth:`Publisher.shutdown` writes a last
+not-lendable state (``Stopped``) before the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vacancyd.core import conditions
+from vacancyd.core.conditions import LenderState, SliceTarget
+from vacancyd.k8s.api import K8sApiError, KubeApi
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "vacancyd"
+BACKOFF_INITIAL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PublishTarget:
+    """Where one lender's state goes.
+
+    ``lender``: its name in EndpointSlice names and labels. ``node``: its Node (None: no
+    conditions). ``address``: the IP its proxy listeners are reached at (None: no
+    EndpointSlices). ``services(upstream)``: the Services an upstream's endpoint joins.
+    """
+
+    lender: str
+    namespace: str
+    node: str | None
+    address: str | None
+    services: Callable[[str], tuple[SliceTarget, ...]]
+
+
+def services_for(
+    service_for: Callable[[str], str], *, direct: bool
+) -> Callable[[str], tuple[SliceTarget, ...]]:
+    """The usual mapping: the gated Service, plus ``NAME-direct`` when ``direct``."""
+
+    def targets(upstream: str) -> tuple[SliceTarget, ...]:
+        gated = SliceTarget(service_for(upstream))
+        if not direct:
+            return (gated,)
+        return (gated, SliceTarget(f"{gated.service}-direct", direct=True))
+
+    return targets
+
+
+@dataclass
+class _Part:
+    """Retry bookkeeping for one kind of write (node conditions, or slices)."""
+
+    name: str
+    failures: int = 0
+    retry_at: float | None = None
+    last_error: str | None = None
+    written_at: float | None = None
+    written: Any = None
+
+    def succeeded(self, now: float, what: Any) -> None:
+        if self.last_error is not None:
+            log.info("%s: written again after %d failed attempt(s)", self.name, self.failures)
+        self.failures = 0
+        self.retry_at = None
+        self.last_error = None
+        self.written_at = now
+        self.written = what
+
+    def failed(self, exc: K8sApiError, now: float, backoff_max_s: float) -> None:
+        self.failures += 1
+        delay = min(backoff_max_s, BACKOFF_INITIAL_S * 2 ** (self.failures - 1))
+        delay *= random.uniform(0.5, 1.0)
+        self.retry_at = now + delay
+        text = str(exc)
+        level = logging.WARNING if text != self.last_error else logging.DEBUG
+        log.log(level, "%s failed: %s (%s); next try in %.1f s", self.name, text, exc.hint, delay)
+        self.last_error = text
+
+
+@dataclass
+class Publisher:
+    """Publishes one lender. Run :meth:`run` as a task; feed it with :meth:`update`.
+
+    ``connect`` makes the API client (it may raise :class:`K8sApiError`, retried with
+    backoff). ``wall`` is the clock for Kubernetes timestamps (epoch seconds).
+    """
+
+    connect: Callable[[], Awaitable[KubeApi]]
+    target: PublishTarget
+    heartbeat_s: float = 60.0
+    resync_s: float = 30.0
+    request_timeout_s: float = 10.0
+    backoff_max_s: float = 60.0
+    wall: Callable[[], float] = time.time
+    field_manager: str = FIELD_MANAGER
+    latest: LenderState = field(default_factory=LenderState.starting)
+    _api: KubeApi | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _connect: _Part = field(init=False)
+    _node: _Part = field(init=False)
+    _slices: _Part = field(init=False)
+    #: Set after every write pass (tests and the companion's health wait on it).
+    passes: int = 0
+
+    def __post_init__(self) -> None:
+        who = self.target.lender
+        self._connect = _Part(f"Kubernetes API client for {who}")
+        self._node = _Part(f"Node {self.target.node} conditions for {who}")
+        self._slices = _Part(f"EndpointSlices for {who} in {self.target.namespace}")
+        self._changed.set()
+
+    # -- input -----------------------------------------------------------------------------
+
+    def update(self, lender: LenderState) -> None:
+        """Store ``lender`` as the state to publish; never blocks, never raises."""
+        if lender != self.latest:
+            self.latest = lender
+            self._changed.set()
+
+    @property
+    def healthy(self) -> bool:
+        """True when the last attempt of every write succeeded."""
+        return all(p.last_error is None for p in (self._connect, self._node, self._slices))
+
+    @property
+    def last_errors(self) -> dict[str, str]:
+        return {
+            p.name: p.last_error
+            for p in (self._connect, self._node, self._slices)
+            if p.last_error is not None
+        }
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Publish until cancelled. Never raises anything but CancelledError."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self._pass(loop.time())
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug here must not take the lender down: log and go on
+                log.exception("publisher for %s failed unexpectedly", self.target.lender)
+                self._slices.retry_at = loop.time() + self.backoff_max_s
+            self.passes += 1
+            wake = self._next_wake(loop.time())
+            self._changed.clear()
+            try:
+                async with asyncio.timeout(max(0.0, wake - loop.time())):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+
+    def _next_wake(self, now: float) -> float:
+        times = [now + 3600.0]
+        if self._api is None:
+            times.append(self._connect.retry_at or now)
+        for part, period, wanted in (
+            (self._node, self.heartbeat_s, self.target.node is not None),
+            (self._slices, self.resync_s, self.target.address is not None),
+        ):
+            if not wanted:
+                continue
+            if part.retry_at is not None:
+                times.append(part.retry_at)
+            elif part.written_at is not None:
+                times.append(part.written_at + period)
+            else:
+                times.append(now)
+        return min(times)
+
+    async def _pass(self, now: float) -> None:
+        api = await self._ensure_api(now)
+        if api is None:
+            return
+        lender = self.latest
+        if self.target.node is not None and self._due(self._node, now, self.heartbeat_s, lender):
+            try:
+                await self._write_node(api, lender)
+            except K8sApiError as exc:
+                self._node.failed(exc, now, self.backoff_max_s)
+            else:
+                self._node.succeeded(now, lender)
+        if self.target.address is not None and self._due(self._slices, now, self.resync_s, lender):
+            try:
+                await self._write_slices(api, lender)
+            except K8sApiError as exc:
+                self._slices.failed(exc, now, self.backoff_max_s)
+            else:
+                self._slices.succeeded(now, lender)
+
+    @staticmethod
+    def _due(part: _Part, now: float, period: float, lender: LenderState) -> bool:
+        if part.retry_at is not None:
+            return now >= part.retry_at
+        if part.written_at is None or part.written != lender:
+            return True
+        return now >= part.written_at + period
+
+    async def _ensure_api(self, now: float) -> KubeApi | None:
+        if self._api is not None:
+            return self._api
+        if self._connect.retry_at is not None and now < self._connect.retry_at:
+            return None
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                self._api = await self.connect()
+        except TimeoutError:
+            self._connect.failed(
+                K8sApiError("connect", None, f"timed out after {self.request_timeout_s} s"),
+                now,
+                self.backoff_max_s,
+            )
+            return None
+        except K8sApiError as exc:
+            self._connect.failed(exc, now, self.backoff_max_s)
+            return None
+        self._connect.succeeded(now, None)
+        return self._api
+
+    async def _call(self, operation: str, call: Awaitable[Any]) -> Any:
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                return await call
+        except TimeoutError:
+            raise K8sApiError(
+                operation, None, f"no answer within {self.request_timeout_s} s"
+            ) from None
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def _write_node(self, api: KubeApi, lender: LenderState) -> None:
+        node = self.target.node
+        assert node is not None
+        current = await self._call(f"get node {node}", api.get_node_conditions(node))
+        desired = conditions.node_conditions(lender)
+        patch = conditions.condition_patch(desired, current, self.wall())
+        await self._call(f"patch node {node} status", api.patch_node_status(node, patch))
+        log.debug(
+            "node %s: %s",
+            node,
+            ", ".join(f"{c.type}={c.status.value} ({c.reason})" for c in desired),
+        )
+
+    def desired_slices(self, lender: LenderState) -> list[dict[str, Any]]:
+        """Every EndpointSlice this lender should have, given its last known upstreams."""
+        target = self.target
+        address = target.address
+        if address is None:
+            return []
+        out = []
+        for name, up in sorted(lender.upstreams.items()):
+            if up.port is None:
+                continue
+            for service in target.services(name):
+                ready, serving = conditions.endpoint_flags(lender, name, direct=service.direct)
+                out.append(
+                    conditions.endpoint_slice(
+                        lender=target.lender,
+                        upstream=name,
+                        namespace=target.namespace,
+                        target=service,
+                        address=address,
+                        port=up.port,
+                        ready=ready,
+                        serving=serving,
+                        node_name=None,
+                    )
+                )
+        return out
+
+    async def _write_slices(self, api: KubeApi, lender: LenderState) -> None:
+        namespace = self.target.namespace
+        desired = self.desired_slices(lender)
+        errors: list[K8sApiError] = []
+        for body in desired:
+            name = body["metadata"]["name"]
+            try:
+                await self._call(
+                    f"apply endpointslice {namespace}/{name}",
+                    api.apply_endpoint_slice(body, self.field_manager),
+                )
+            except K8sApiError as exc:
+                errors.append(exc)
+        if lender.phase is not conditions.Phase.STARTING:
+            # Before the first reading the upstream list is unknown: delete nothing yet.
+            wanted = {b["metadata"]["name"] for b in desired}
+            selector = (
+                f"{conditions.MANAGED_BY_LABEL}={conditions.MANAGED_BY},"
+                f"{conditions.LENDER_LABEL}={conditions.dns_name(self.target.lender)}"
+            )
+            try:
+                existing = await self._call(
+                    f"list endpointslices in {namespace}",
+                    api.list_endpoint_slices(namespace, selector),
+                )
+                for name in sorted(set(existing) - wanted):
+                    log.info("deleting EndpointSlice %s/%s: no longer published", namespace, name)
+                    await self._call(
+                        f"delete endpointslice {namespace}/{name}",
+                        api.delete_endpoint_slice(namespace, name),
+                    )
+            except K8sApiError as exc:
+                errors.append(exc)
+        if errors:
+            first = errors[0]
+            if len(errors) > 1:
+                first = K8sApiError(
+                    first.operation,
+                    first.status,
+                    f"{first.message} (and {len(errors) - 1} more failed write(s))",
+                )
+            raise first
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    async def shutdown(self, detail: str) -> None:
+        """Write a last not-lendable state (bounded by ``request_timeout_s`` per call), close.
+
+        Call after the :meth:`run` task has been cancelled. Failures are logged, not raised.
+        """
+        self.latest = LenderState.stopped(detail, self.latest)
+        api = self._api
+        try:
+            if api is None:
+                api = await self._ensure_api(asyncio.get_running_loop().time())
+            if api is not None:
+                if self.target.node is not None:
+                    await self._write_node(api, self.latest)
+                if self.target.address is not None:
+                    await self._write_slices(api, self.latest)
+                log.info("published %s as stopped", self.target.lender)
+        except K8sApiError as exc:
+            log.warning(
+                "could not publish %s as stopped: %s (%s)", self.target.lender, exc, exc.hint
+            )
+        finally:
+            if api is not None:
+                try:
+                    await api.close()
+                except Exception:  # closing must not fail a shutdown
+                    log.debug("closing the Kubernetes client failed", exc_info=True)
+            self._api = None
+
+
+def describe(lender: LenderState) -> Mapping[str, object]:
+    """A short summary of a lender for logs and the companion's /status."""
+    return {
+        "phase": lender.phase.value,
+        "detail": lender.detail,
+        "upstreams": {n: u.lendable for n, u in sorted(lender.upstreams.items())},
+    }
