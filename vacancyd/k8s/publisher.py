@@ -89,9 +89,9 @@ class _Part:
         self.written_at = now
         self.written = what
 
-    def failed(self, exc: K8sApiError, now: float, backoff_max_s: float) -> None:
+    def failed(self, exc: K8sApiError, now: float, backoff_max_s: float, initial_s: float) -> None:
         self.failures += 1
-        delay = min(backoff_max_s, BACKOFF_INITIAL_S * 2 ** (self.failures - 1))
+        delay = min(backoff_max_s, initial_s * 2 ** (self.failures - 1))
         delay *= random.uniform(0.5, 1.0)
         self.retry_at = now + delay
         text = str(exc)
@@ -114,6 +114,7 @@ class Publisher:
     resync_s: float = 30.0
     request_timeout_s: float = 10.0
     backoff_max_s: float = 60.0
+    backoff_initial_s: float = BACKOFF_INITIAL_S
     wall: Callable[[], float] = time.time
     field_manager: str = FIELD_MANAGER
     latest: LenderState = field(default_factory=LenderState.starting)
@@ -202,14 +203,14 @@ class Publisher:
             try:
                 await self._write_node(api, lender)
             except K8sApiError as exc:
-                self._node.failed(exc, now, self.backoff_max_s)
+                self._node.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
             else:
                 self._node.succeeded(now, lender)
         if self.target.address is not None and self._due(self._slices, now, self.resync_s, lender):
             try:
                 await self._write_slices(api, lender)
             except K8sApiError as exc:
-                self._slices.failed(exc, now, self.backoff_max_s)
+                self._slices.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
             else:
                 self._slices.succeeded(now, lender)
 
@@ -231,13 +232,14 @@ class Publisher:
                 self._api = await self.connect()
         except TimeoutError:
             self._connect.failed(
-                K8sApiError("connect", None, f"timed out after {self.request_timeout_s} s"),
+                K8sApiError("connect", None, f"no answer within {self.request_timeout_s} s"),
                 now,
                 self.backoff_max_s,
+                self.backoff_initial_s,
             )
             return None
         except K8sApiError as exc:
-            self._connect.failed(exc, now, self.backoff_max_s)
+            self._connect.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
             return None
         self._connect.succeeded(now, None)
         return self._api

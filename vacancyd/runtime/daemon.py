@@ -192,6 +192,7 @@ class Daemon:
             handler_cancellation=True,
             keepalive_timeout=limits.header_read_timeout_s,
             lingering_time=0,
+            shutdown_timeout=5.0,
             access_log=logging.getLogger(f"vacancyd.access.{name}"),
             access_log_format='%a "%r" %s %b %Tfs',
         )

@@ -1,0 +1,102 @@
+"""GET /events on the lender's API listener: read scope, SSE framing, transitions (O8)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from tests.support.daemon import openai_like_app, running_daemon, serve_app
+from vacancyd.api import events
+
+READ = "r" * 24
+
+
+def lender_toml(target: str) -> str:
+    return f"""
+[server]
+listen = "127.0.0.1:0"
+[[server.tokens]]
+name = "reader"
+token = "{READ}"
+scopes = ["read"]
+[owner]
+presence = "headless"
+[collectors]
+poll_s = 0.2
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "chat"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+"""
+
+
+async def read_event(stream: aiohttp.StreamReader) -> tuple[str, dict[str, object]]:
+    kind, data = "", ""
+    async with asyncio.timeout(5):
+        while True:
+            line = (await stream.readline()).decode().rstrip("\n")
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                data = line.removeprefix("data: ")
+            elif line == "" and kind:
+                return kind, json.loads(data)
+
+
+async def test_events_needs_the_read_scope() -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{lender.api_url}/events") as resp:
+                assert resp.status == 401
+
+
+async def test_events_stream_hello_then_transitions() -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
+        await lender.wait_ready()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                f"{lender.api_url}/events", headers={"Authorization": f"Bearer {READ}"}
+            ) as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Type"].startswith("text/event-stream")
+                kind, data = await read_event(resp.content)
+                assert kind == "hello" and data["keepalive_s"] == events.KEEPALIVE_S
+                lender.state.set_lending(False)
+                kind, data = await read_event(resp.content)
+                assert kind == "lending"
+                assert data["enabled"] is False and isinstance(data["at_wall"], float)
+                lender.state.set_resource_switch("ram", False)
+                kind, data = await read_event(resp.content)
+                assert kind == "resource_switch"
+                assert (data["resource"], data["enabled"]) == ("ram", False)
+
+
+def test_format_event_is_one_sse_message() -> None:
+    raw = events.format_event(7, "veto\nx", {"detail": "line1\nline2"}).decode()
+    assert raw.endswith("\n\n")
+    lines = raw.rstrip("\n").split("\n")
+    assert lines == ["id: 7", "event: vetox", 'data: {"detail":"line1\\nline2"}']
+
+
+async def test_shutdown_ends_open_streams_promptly() -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as http:
+            async with running_daemon(lender_toml(target)) as lender:
+                resp = await http.get(
+                    f"{lender.api_url}/events", headers={"Authorization": f"Bearer {READ}"}
+                )
+                await read_event(resp.content)
+                started = loop.time()
+            assert loop.time() - started < 5.0
+            resp.release()
