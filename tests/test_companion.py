@@ -1,0 +1,276 @@
+"""The companion following real in-process lenders, and host-side publishing (K1–K4, O8).
+
+Kubernetes is the in-memory fake here; test_kube_e2e.py repeats the main scenarios against a
+real kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.support.daemon import openai_like_app, running_daemon, serve_app
+from tests.support.fake_kube import FakeKube
+from vacancyd.config.load import parse_companion_config
+from vacancyd.core import conditions as c
+from vacancyd.k8s import companion as comp
+from vacancyd.k8s.companion import Companion
+
+READ = "r" * 24
+BORROW = "b" * 24
+NS = "vacancy"
+
+
+def lender_toml(target: str, *, kubernetes: str = "") -> str:
+    return f"""
+[server]
+listen = "127.0.0.1:0"
+[[server.tokens]]
+name = "reader"
+token = "{READ}"
+scopes = ["read"]
+[[server.tokens]]
+name = "borrower"
+token = "{BORROW}"
+scopes = ["borrow"]
+[owner]
+presence = "headless"
+[collectors]
+poll_s = 0.2
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "chat"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+{kubernetes}
+"""
+
+
+def companion_toml(url: str, *, timeout_s: float = 1.0, poll_s: float = 30.0) -> str:
+    return f"""
+listen = "127.0.0.1:0"
+lender_timeout_s = {timeout_s}
+status_poll_s = {poll_s}
+[kubernetes]
+namespace = "{NS}"
+heartbeat_s = 60
+resync_s = 60
+[[lender]]
+name = "pc"
+url = "{url}"
+token = "{READ}"
+address = "192.0.2.10"
+node = "pc"
+"""
+
+
+@asynccontextmanager
+async def running_companion(toml: str, kube: FakeKube) -> AsyncIterator[Companion]:
+    companion = Companion(parse_companion_config(toml, "<test>"), connect=kube.connect)
+    await companion.start()
+    try:
+        yield companion
+    finally:
+        await companion.stop()
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():  # noqa: ASYNC110 - polls state another task changes
+            await asyncio.sleep(0.02)
+
+
+def cond(kube: FakeKube, kind: str = c.LENDABLE) -> dict[str, Any]:
+    return dict(kube.nodes["pc"]["status"]["conditions"] and kube.conditions("pc").get(kind, {}))
+
+
+def ready(kube: FakeKube, service: str = "vacancyd-chat") -> bool | None:
+    body = kube.slices.get((NS, f"{service}-pc-chat"))
+    return None if body is None else bool(body["endpoints"][0]["conditions"]["ready"])
+
+
+async def test_companion_follows_a_lender_through_events_and_timeout() -> None:
+    kube = FakeKube()
+    kube.add_node("pc")
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        async with running_daemon(lender_toml(target)) as lender:
+            await lender.wait_ready()
+            port = int(lender.daemon.bound["chat"].rsplit(":", 1)[1])
+            # status_poll_s is 30 s: every change below arrives through /events
+            async with running_companion(companion_toml(lender.api_url), kube) as companion:
+                await until(lambda: cond(kube).get("status") == "True")
+                assert ready(kube) is True
+                assert kube.slice(NS, "vacancyd-chat-pc-chat")["ports"][0]["port"] == port
+                assert cond(kube, c.OWNER_PRESENT)["status"] == "False"
+
+                lender.state.set_lending(False)
+                await until(lambda: cond(kube).get("reason") == "LendingDisabled", 3.0)
+                assert cond(kube)["status"] == "False"
+                assert ready(kube) is False
+                assert ready(kube, "vacancyd-chat-direct") is True
+
+                lender.state.set_lending(True)
+                await until(lambda: cond(kube).get("status") == "True", 3.0)
+
+                async with aiohttp.ClientSession() as http:
+                    async with http.get(f"http://{companion.address}/metrics") as resp:
+                        text = await resp.text()
+                assert 'vacancyd_companion_lender_up{lender="pc"} 1.0' in text
+                assert 'vacancyd_companion_kubernetes_writes_ok{lender="pc"} 1.0' in text
+
+                loop = asyncio.get_running_loop()
+                await lender.daemon.shutdown()
+                stopped = loop.time()
+                await until(lambda: cond(kube).get("reason") == "LenderUnreachable", 5.0)
+                # within lender_timeout_s (1 s) plus a little scheduling slack
+                assert loop.time() - stopped < 2.5
+                assert cond(kube)["status"] == "Unknown"
+                assert ready(kube) is False
+                assert ready(kube, "vacancyd-chat-direct") is False
+            # the companion stopped: the lender is published as stopped
+            assert cond(kube)["reason"] == "Stopped"
+
+
+async def fake_lender(
+    events: Callable[[web.Request], Any], status_doc: dict[str, Any]
+) -> web.Application:
+    app = web.Application()
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(status_doc)
+
+    app.router.add_get("/status", status)
+    app.router.add_get("/events", events)
+    return app
+
+
+STATUS = {
+    "lending_enabled": True,
+    "presence": {"sampled": True, "veto": {"active": False}},
+    "resources": {},
+    "upstreams": {
+        "chat": {"lendable": True, "listener": {"address": "0.0.0.0:8000", "bound": True}}
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"this is not an event stream\n\n", b"event: veto\ndata: {not json\n\n"],
+)
+async def test_garbage_on_events_is_logged_and_reconnected(
+    body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    connections = 0
+
+    async def garbage(request: web.Request) -> web.StreamResponse:
+        nonlocal connections
+        connections += 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(body)
+        await asyncio.sleep(0.5)
+        return resp
+
+    kube = FakeKube()
+    kube.add_node("pc")
+    app = await fake_lender(garbage, STATUS)
+    async with serve_app(app) as url, running_companion(companion_toml(url), kube):
+        await until(lambda: connections >= 2)
+        # /status still works: the lender is published, and stays alive
+        await until(lambda: cond(kube).get("status") == "True")
+    assert "/events" in caplog.text
+    assert "not a server-sent event line" in caplog.text or "not JSON" in caplog.text
+
+
+async def test_events_stream_that_breaks_is_reconnected() -> None:
+    connections = 0
+
+    async def flaky(request: web.Request) -> web.StreamResponse:
+        nonlocal connections
+        connections += 1
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'event: hello\ndata: {"keepalive_s": 5}\n\n')
+        return resp  # the stream ends right away
+
+    kube = FakeKube()
+    kube.add_node("pc")
+    app = await fake_lender(flaky, STATUS)
+    async with serve_app(app) as url, running_companion(companion_toml(url), kube):
+        await until(lambda: connections >= 3, 8.0)
+        assert cond(kube).get("status") == "True"
+
+
+async def test_lender_that_never_answers_becomes_unreachable() -> None:
+    kube = FakeKube()
+    kube.add_node("pc")
+    # a port nothing listens on (bound, then closed)
+    async with serve_app(web.Application()) as url:
+        pass
+    async with running_companion(companion_toml(url, timeout_s=1.0), kube):
+        await until(lambda: cond(kube).get("reason") == "LenderUnreachable", 4.0)
+        assert cond(kube)["status"] == "Unknown"
+
+
+def test_sse_line_parser() -> None:
+    assert comp.parse_sse_line("") is None
+    assert comp.parse_sse_line(": keepalive") is None
+    assert comp.parse_sse_line("event: veto") == ("event", "veto")
+    assert comp.parse_sse_line("data:{}") == ("data", "{}")
+    with pytest.raises(comp.EventStreamError):
+        comp.parse_sse_line("<html>")
+
+
+async def test_host_side_publishing_never_slows_admission(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API server that hangs must not delay a proxied request or stop the daemon."""
+    caplog.set_level(logging.WARNING, "vacancyd.k8s")
+    kube = FakeKube()
+    kube.add_node("pc")
+    kube.delay_s = 3600.0
+    monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
+    section = """
+[kubernetes]
+node = "pc"
+address = "192.0.2.10"
+namespace = "vacancy"
+request_timeout_s = 0.2
+backoff_max_s = 1
+"""
+    app, seen = openai_like_app()
+    toml = lender_toml
+    async with serve_app(app) as target, running_daemon(toml(target, kubernetes=section)) as d:
+        await d.wait_ready()
+        loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as http:
+            for _ in range(5):
+                started = loop.time()
+                async with http.post(
+                    f"{d.proxy_url('chat')}/v1/chat/completions",
+                    json={"model": "tiny", "messages": []},
+                    headers={"Authorization": f"Bearer {BORROW}"},
+                ) as resp:
+                    assert resp.status == 200
+                assert loop.time() - started < 0.5
+        await until(lambda: "no answer within" in caplog.text, 3.0)
+        assert not d.daemon.supervisor.failed.is_set()
+        # the API server recovers: conditions appear
+        kube.delay_s = 0.0
+        await until(lambda: cond(kube).get("status") == "True", 5.0)
+    assert len(seen) == 5
+    # clean shutdown: not lendable
+    assert cond(kube)["reason"] == "Stopped"
