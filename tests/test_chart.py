@@ -1,0 +1,163 @@
+"""The Helm chart, the plain manifests and the alert rules (K5, K6, K7).
+
+Needs helm and promtool from tools/build-kube-tools.sh (skipped without them, failed with
+VACANCYD_REQUIRE_TOOLS=1). Validation against the API server's own schemas, and applying the
+rendered objects to a real API server, are in test_kube_e2e.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vacancyd.config.load import parse_companion_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "vacancyd"
+VALUES = [None, *sorted((CHART / "ci").glob("*.yaml")), ROOT / "manifests" / "values.yaml"]
+
+
+def tool(name: str) -> str:
+    cache = Path(os.environ.get("VACANCYD_TOOLS_CACHE") or Path.home() / ".cache/vacancyd-tools")
+    cached = cache / "kube" / "bin" / name
+    if cached.is_file() and os.access(cached, os.X_OK):
+        return str(cached)
+    found = shutil.which(name)
+    if found:
+        return found
+    message = f"{name} missing; build it with tools/build-kube-tools.sh"
+    if os.environ.get("VACANCYD_REQUIRE_TOOLS") == "1":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if check and proc.returncode:
+        raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+def render(values: Path | None, *extra: str) -> list[dict[str, Any]]:
+    args = [tool("helm"), "template", "vacancyd", str(CHART), "--namespace", "vacancy"]
+    if values is not None:
+        args += ["-f", str(values)]
+    out = run(*args, *extra).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def ids(values: Path | None) -> str:
+    return "defaults" if values is None else values.name
+
+
+@pytest.mark.parametrize("values", VALUES, ids=ids)
+def test_helm_lint(values: Path | None) -> None:
+    args = [tool("helm"), "lint", "--strict", str(CHART)]
+    if values is not None:
+        args += ["-f", str(values)]
+    run(*args)
+
+
+@pytest.mark.parametrize("values", VALUES, ids=ids)
+def test_rendered_objects_fit_together(values: Path | None) -> None:
+    docs = render(values)
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    services = {s["metadata"]["name"]: s for s in by_kind["Service"]}
+    for svc in services.values():
+        assert "selector" not in svc["spec"], "Services must be selector-less"
+        assert [p["name"] for p in svc["spec"]["ports"]] == ["http"]
+    raw = yaml.safe_load((CHART / "values.yaml").read_text())
+    if values is not None:
+        raw.update(yaml.safe_load(values.read_text()))
+    if not raw["lenders"]:
+        assert "Deployment" not in by_kind
+        return
+    (cm,) = by_kind["ConfigMap"]
+    settings = parse_companion_config(cm["data"]["companion.toml"], "<rendered>")
+    cluster = settings.kubernetes
+    assert cluster.namespace == "vacancy"
+    # every Service the companion will write EndpointSlices for exists, and only those
+    expected = set()
+    for up in raw["upstreams"]:
+        expected.add(cluster.service_for(up["name"]))
+        if cluster.direct_services:
+            expected.add(cluster.service_for(up["name"]) + "-direct")
+    assert expected == set(services)
+    assert [lender.name for lender in settings.lender] == [x["name"] for x in raw["lenders"]]
+
+    (deploy,) = by_kind["Deployment"]
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["containers"][0]["args"][0] == "companion"
+    sa = pod["serviceAccountName"]
+    if raw.get("serviceAccount", {}).get("create", True):
+        assert sa in {x["metadata"]["name"] for x in by_kind["ServiceAccount"]}
+
+    (role,) = by_kind["Role"]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "create", "patch", "update", "delete"],
+        }
+    ]
+    has_nodes = any(x.get("node") for x in raw["lenders"])
+    node_rbac = raw.get("rbac", {}).get("nodeConditions", True)
+    if has_nodes and node_rbac:
+        (cr,) = by_kind["ClusterRole"]
+        assert cr["rules"] == [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+        ]
+    else:
+        assert "ClusterRole" not in by_kind
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--set", "lenders[0].name=pc,lenders[0].url=ftp://pc"],
+        ["--set", "upstreams[0].name=Chat,upstreams[0].port=80"],
+        ["--set", "upstreams[0].name=chat,upstreams[0].port=0"],
+        ["--set", "unknownKey=1"],
+    ],
+)
+def test_values_schema_rejects_bad_values(bad: list[str]) -> None:
+    proc = run(tool("helm"), "template", "vacancyd", str(CHART), *bad, check=False)
+    assert proc.returncode != 0
+    assert "values don't meet the specifications of the schema" in proc.stderr
+
+
+def test_prometheus_rule_is_the_rule_file() -> None:
+    docs = render(CHART / "ci" / "scale-out-values.yaml")
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load((CHART / "files" / "vacancyd.rules.yaml").read_text())
+
+
+def test_manifests_are_the_rendered_chart(tmp_path: Path) -> None:
+    tool("helm")
+    work = tmp_path / "repo"
+    shutil.copytree(ROOT / "charts", work / "charts")
+    shutil.copytree(ROOT / "tools", work / "tools")
+    (work / "manifests").mkdir()
+    shutil.copy(ROOT / "manifests" / "values.yaml", work / "manifests" / "values.yaml")
+    run("bash", str(work / "tools" / "render-manifests.sh"))
+    for name in ("vacancyd.yaml", "prometheusrule.yaml"):
+        assert (work / "manifests" / name).read_text() == (ROOT / "manifests" / name).read_text(), (
+            f"manifests/{name} is stale: run tools/render-manifests.sh"
+        )
+
+
+def test_promtool_rule_unit_tests() -> None:
+    promtool = tool("promtool")
+    run(promtool, "check", "rules", str(CHART / "files" / "vacancyd.rules.yaml"))
+    proc = run(promtool, "test", "rules", str(ROOT / "tests/alerts/vacancyd.rules.test.yaml"))
+    assert "SUCCESS" in proc.stdout + proc.stderr
