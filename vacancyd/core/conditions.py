@@ -34,8 +34,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-#: ``endpointslice.kubernetes.io/managed-by`` value on every EndpointSlice we write.
-MANAGED_BY = "vacancyd.io/companion"
+#: ``endpointslice.kubernetes.io/managed-by`` value on every EndpointSlice we write (a label
+#: value: no ``/``), named like the endpointslice controller's ``endpointslice-controller.k8s.io``.
+MANAGED_BY = "companion.vacancyd.io"
 #: Labels that name what an EndpointSlice belongs to, so a resync finds and repairs it.
 LENDER_LABEL = "vacancyd.io/lender"
 UPSTREAM_LABEL = "vacancyd.io/upstream"

@@ -41,10 +41,13 @@ class K8sApiError(Exception):
         if self.status == 409:
             return "a conflicting write; retrying"
         if self.status == 422:
-            return (
-                "the API server rejected the object (an endpoint address cannot be loopback "
-                "or link-local: set the lender's address to an IP the cluster routes to)"
-            )
+            if "address" in self.message:
+                return (
+                    "the API server rejected the object: an endpoint address cannot be "
+                    "loopback or link-local; set the lender's address to an IP the cluster "
+                    "routes to"
+                )
+            return "the API server rejected the object as invalid (see its message)"
         return "retrying"
 
 

@@ -87,6 +87,8 @@ class LenderFollower:
         self._status_error: str | None = None
         self._events_error: str | None = None
         self.events_received = 0
+        #: The lender's keepalive period (seconds), from its hello event.
+        self._keepalive_s = 5.0
 
     @property
     def name(self) -> str:
@@ -207,10 +209,7 @@ class LenderFollower:
     async def _read_events(self) -> None:
         url = f"{self._base}/events"
         timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=self._timeout_s,
-            sock_connect=self._timeout_s,
-            sock_read=self._timeout_s,
+            total=None, connect=self._timeout_s, sock_connect=self._timeout_s, sock_read=None
         )
         async with self._session.get(
             url, headers={**self._headers(), "Accept": "text/event-stream"}, timeout=timeout
@@ -225,7 +224,18 @@ class LenderFollower:
                 self._events_error = None
             event: str | None = None
             data: list[str] = []
-            async for raw in resp.content:
+            # Silence longer than a few keepalives means the stream is dead.
+            read_timeout_s = max(self._timeout_s, 3 * self._keepalive_s)
+            while True:
+                try:
+                    async with asyncio.timeout(read_timeout_s):
+                        raw = await resp.content.readline()
+                except TimeoutError:
+                    raise EventStreamError(
+                        f"nothing received for {read_timeout_s:.0f} s (not even a keepalive)"
+                    ) from None
+                if not raw:
+                    return
                 line = raw.decode("utf-8", "strict").rstrip("\r\n")
                 parsed = parse_sse_line(line)
                 if parsed is None:
@@ -248,7 +258,13 @@ class LenderFollower:
         log.debug("lender %s: event %s %s", self.name, event, data)
         if event == "overflow":
             raise EventStreamError("the lender dropped this stream because it fell behind")
-        if event != "hello":
+        if event == "hello":
+            try:
+                hello = json.loads(data or "{}")
+                self._keepalive_s = float(hello.get("keepalive_s", self._keepalive_s))
+            except (TypeError, ValueError, AttributeError):
+                pass
+        else:
             self._refresh.set()
 
 

@@ -1,0 +1,558 @@
+"""Publishing against a real kube-apiserver with the real kubernetes_asyncio client (K1–K8).
+
+Needs kube-apiserver, etcd, kubectl, helm and kubeconform (tools/build-kube-tools.sh); the
+tests skip without them and fail with VACANCYD_REQUIRE_TOOLS=1. Outcomes are read the way an
+operator reads them: ``kubectl describe node`` and ``kubectl get endpointslices -o json``.
+Endpoint addresses are TEST-NET-1 (192.0.2.0/24), written as data only; no traffic is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.daemon import openai_like_app, running_daemon, serve_app
+from vacancyd.config.load import parse_companion_config
+from vacancyd.k8s.client import KubeClient
+from vacancyd.k8s.companion import Companion
+
+kube = pytest.importorskip("tests.support.kube", reason="tests/support/kube.py not merged yet")
+
+pytestmark = pytest.mark.kube
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "vacancyd"
+NS = "vacancyd"
+NODE = "gaming-pc"
+SA = "vacancyd-companion"
+READ = "r" * 24
+BORROW = "b" * 24
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    kube.require_kube_tools()
+    kube.require_kube_tools("helm")
+    with kube.running_apiserver(tmp_path_factory.mktemp("apiserver")) as api:
+        api.kubectl("create", "namespace", NS)
+        yield api
+
+
+def chart_values(tmp_path: Path, lenders: list[dict[str, str]]) -> Path:
+    path = tmp_path / "values.yaml"
+    path.write_text(
+        yaml.safe_dump({"upstreams": [{"name": "chat", "port": 80}], "lenders": lenders})
+    )
+    return path
+
+
+def helm_template(values: Path) -> str:
+    helm = kube.require_kube_tools("helm")["helm"]
+    proc = subprocess.run(
+        [str(helm), "template", "vacancyd", str(CHART), "-n", NS, "-f", str(values)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def installed(apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The chart's objects applied to the server (K5): Services, RBAC, companion and all."""
+    values = chart_values(
+        tmp_path_factory.mktemp("chart"),
+        [{"name": "pc", "url": "http://192.0.2.10:9470", "address": "192.0.2.10", "node": NODE}],
+    )
+    apiserver.kubectl("apply", "--server-side", "-f", "-", input=helm_template(values))
+    return apiserver
+
+
+async def kubectl(api: Any, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """kubectl off the event loop, so lenders and companions keep running meanwhile."""
+    result: subprocess.CompletedProcess[str] = await asyncio.to_thread(api.kubectl, *args, **kw)
+    return result
+
+
+def node_manifest(name: str) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+
+
+def make_node(api: Any, name: str) -> None:
+    """A Node with a kubelet-style Ready condition that vacancyd must leave alone."""
+    api.kubectl("delete", "node", name, "--ignore-not-found")
+    api.kubectl("create", "-f", "-", input=node_manifest(name))
+    kubelet = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                    "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }
+            ]
+        }
+    }
+    api.kubectl(
+        "patch", "node", name, "--subresource=status", "--type=strategic",
+        "-p", json.dumps(kubelet),
+    )  # fmt: skip
+
+
+def sa_kubeconfig(api: Any, path: Path) -> Path:
+    """A kubeconfig for the chart's ServiceAccount: only the chart's RBAC applies."""
+    token = api.kubectl("-n", NS, "create", "token", SA, "--duration=1h").stdout.strip()
+    ca = base64.b64encode(api.ca_file.read_bytes()).decode()
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": api.url, "certificate-authority-data": ca}}
+                ],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+                "current-context": "sa",
+            }
+        )
+    )
+    return path
+
+
+def lender_toml(target: str, kubernetes: str = "") -> str:
+    return f"""
+[server]
+listen = "127.0.0.1:0"
+[[server.tokens]]
+name = "reader"
+token = "{READ}"
+scopes = ["read"]
+[[server.tokens]]
+name = "borrower"
+token = "{BORROW}"
+scopes = ["borrow"]
+[owner]
+presence = "headless"
+[collectors]
+poll_s = 0.2
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "chat"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+{kubernetes}
+"""
+
+
+def companion_toml(
+    url: str, kubeconfig: Path, *, node: str = NODE, address: str = "192.0.2.10"
+) -> str:
+    return f"""
+listen = "127.0.0.1:0"
+lender_timeout_s = 1.5
+status_poll_s = 30
+[kubernetes]
+kubeconfig = "{kubeconfig}"
+namespace = "{NS}"
+heartbeat_s = 60
+resync_s = 0.5
+request_timeout_s = 5
+backoff_max_s = 1
+[[lender]]
+name = "pc"
+url = "{url}"
+token = "{READ}"
+address = "{address}"
+node = "{node}"
+"""
+
+
+@asynccontextmanager
+async def companion_for(toml: str) -> AsyncIterator[Companion]:
+    companion = Companion(parse_companion_config(toml, "<test>"))
+    await companion.start()
+    try:
+        yield companion
+    finally:
+        await companion.stop()
+
+
+async def eventually(check: Callable[[], Any], timeout_s: float = 15.0) -> Any:
+    """Retry an async check until it returns something truthy."""
+    last: Any = None
+    async with asyncio.timeout(timeout_s):
+        while True:
+            last = await check()
+            if last:
+                return last
+            await asyncio.sleep(0.2)
+
+
+async def describe_conditions(api: Any, node: str = NODE) -> dict[str, list[str]]:
+    """The Conditions table of ``kubectl describe node``, keyed by type."""
+    out = (await kubectl(api, "describe", "node", node)).stdout
+    rows: dict[str, list[str]] = {}
+    in_table = False
+    for line in out.splitlines():
+        if line.startswith("Conditions:"):
+            in_table = True
+            continue
+        if in_table:
+            if line and not line.startswith(" "):
+                break
+            cells = line.split()
+            if cells and cells[0] not in ("Type", "----"):
+                rows[cells[0]] = cells
+    return rows
+
+
+async def slices(api: Any, selector: str = "vacancyd.io/lender=pc") -> dict[str, dict[str, Any]]:
+    out = await kubectl(api, "-n", NS, "get", "endpointslices", "-l", selector, "-o", "json")
+    return {item["metadata"]["name"]: item for item in json.loads(out.stdout)["items"]}
+
+
+def ready_of(items: dict[str, dict[str, Any]], name: str) -> bool | None:
+    item = items.get(name)
+    return None if item is None else item["endpoints"][0]["conditions"].get("ready")
+
+
+GATED = "vacancyd-chat-pc-chat"
+DIRECT = "vacancyd-chat-direct-pc-chat"
+
+
+async def test_companion_with_chart_rbac_publishes_conditions_and_slices(
+    installed: Any, tmp_path: Path
+) -> None:
+    api = installed
+    make_node(api, NODE)
+    kubeconfig = sa_kubeconfig(api, tmp_path / "sa.kubeconfig")
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
+        await lender.wait_ready()
+        port = int(lender.daemon.bound["chat"].rsplit(":", 1)[1])
+        async with companion_for(companion_toml(lender.api_url, kubeconfig)):
+
+            async def lendable() -> dict[str, list[str]] | None:
+                rows = await describe_conditions(api)
+                row = rows.get("VacancyLendable")
+                return rows if row and row[1] == "True" else None
+
+            rows = await eventually(lendable)
+            assert "Lendable" in rows["VacancyLendable"]
+            assert rows["VacancyOwnerPresent"][1] == "False"
+            assert "OwnerAway" in rows["VacancyOwnerPresent"]
+            assert rows["Ready"][1] == "True" and "KubeletReady" in rows["Ready"]
+
+            items = await eventually(
+                lambda: _slices_where(api, lambda s: ready_of(s, GATED) is True)
+            )
+            gated = items[GATED]
+            assert gated["metadata"]["labels"]["kubernetes.io/service-name"] == "vacancyd-chat"
+            assert (
+                gated["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"]
+                == "companion.vacancyd.io"
+            )
+            assert gated["endpoints"][0]["addresses"] == ["192.0.2.10"]
+            assert gated["endpoints"][0]["conditions"]["serving"] is True
+            assert gated["ports"] == [{"name": "http", "port": port, "protocol": "TCP"}]
+            assert ready_of(items, DIRECT) is True
+
+            node = json.loads((await kubectl(api, "get", "node", NODE, "-o", "json")).stdout)
+            first = {c["type"]: c for c in node["status"]["conditions"]}["VacancyLendable"]
+
+            # the owner switches lending off: the gated endpoint goes, the direct one stays
+            await asyncio.sleep(1.05)  # Kubernetes times have whole seconds
+            lender.state.set_lending(False)
+
+            async def disabled() -> dict[str, list[str]] | None:
+                rows = await describe_conditions(api)
+                row = rows.get("VacancyLendable", [])
+                return rows if "LendingDisabled" in row else None
+
+            rows = await eventually(disabled, 10.0)
+            assert rows["VacancyLendable"][1] == "False"
+            items = await eventually(
+                lambda: _slices_where(api, lambda s: ready_of(s, GATED) is False)
+            )
+            assert ready_of(items, DIRECT) is True
+            node = json.loads((await kubectl(api, "get", "node", NODE, "-o", "json")).stdout)
+            now = {c["type"]: c for c in node["status"]["conditions"]}
+            assert now["VacancyLendable"]["lastTransitionTime"] != first["lastTransitionTime"]
+            assert now["Ready"]["lastTransitionTime"] == "2026-01-01T00:00:00Z"
+
+            # an outside edit of the gated endpoint is repaired on the next resync
+            patch = [{"op": "replace", "path": "/endpoints/0/conditions/ready", "value": True}]
+            await kubectl(
+                api, "-n", NS, "patch", "endpointslice", GATED, "--type=json",
+                "-p", json.dumps(patch),
+            )  # fmt: skip
+            await eventually(lambda: _slices_where(api, lambda s: ready_of(s, GATED) is False))
+
+            # the lender goes away: within lender_timeout_s everything is not ready
+            await lender.daemon.shutdown()
+
+            async def unreachable() -> dict[str, list[str]] | None:
+                rows = await describe_conditions(api)
+                return rows if "LenderUnreachable" in rows.get("VacancyLendable", []) else None
+
+            rows = await eventually(unreachable, 10.0)
+            assert rows["VacancyLendable"][1] == "Unknown"
+            items = await slices(api)
+            assert ready_of(items, GATED) is False and ready_of(items, DIRECT) is False
+        # the companion stops cleanly: not lendable
+        rows = await describe_conditions(api)
+        assert rows["VacancyLendable"][1] == "False" and "Stopped" in rows["VacancyLendable"]
+
+
+async def _slices_where(
+    api: Any, predicate: Callable[[dict[str, dict[str, Any]]], bool]
+) -> dict[str, dict[str, Any]] | None:
+    items = await slices(api)
+    return items if predicate(items) else None
+
+
+async def test_rbac_denial_is_logged_and_recovers_once_granted(
+    installed: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "vacancyd")
+    api = installed
+    make_node(api, "rbac-pc")
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
+        await lender.wait_ready()
+        toml = companion_toml(lender.api_url, api.limited_kubeconfig, node="rbac-pc")
+        async with companion_for(toml.replace('name = "pc"', 'name = "rbac"')) as companion:
+            await eventually(lambda: _async_true("HTTP 403" in caplog.text))
+            assert "lack a permission" in caplog.text
+            assert "VacancyLendable" not in await describe_conditions(api, "rbac-pc")
+            # admission on the lender is unaffected
+            status = json.loads((await _get(f"{lender.api_url}/status", READ)).decode())
+            assert status["upstreams"]["chat"]["lendable"] is True
+            # grant the chart's roles to the limited user: the companion recovers by itself
+            await kubectl(
+                api, "create", "clusterrolebinding", "limited-nodes",
+                "--clusterrole=vacancyd-vacancyd-node-conditions",
+                f"--user={kube.LIMITED_USER}",
+            )  # fmt: skip
+            await kubectl(
+                api, "-n", NS, "create", "rolebinding", "limited-slices",
+                "--role=vacancyd-endpointslices", f"--user={kube.LIMITED_USER}",
+            )  # fmt: skip
+
+            async def recovered() -> bool:
+                rows = await describe_conditions(api, "rbac-pc")
+                return rows.get("VacancyLendable", [None, None])[1] == "True"
+
+            await eventually(recovered, 20.0)
+            await eventually(lambda: _async_true(companion.followers[0].publisher.healthy))
+    assert "written again" in caplog.text
+
+
+async def _async_true(value: bool) -> bool:
+    return value
+
+
+async def _get(url: str, token: str) -> bytes:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url, headers={"Authorization": f"Bearer {token}"}) as resp:
+            return await resp.read()
+
+
+async def test_missing_node_and_rejected_address(
+    installed: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Node that does not exist, and a loopback address the API server refuses."""
+    api = installed
+    make_node(api, "loop-pc")
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
+        await lender.wait_ready()
+        toml = companion_toml(
+            lender.api_url, api.kubeconfig, node="no-such-node", address="192.0.2.11"
+        ).replace('name = "pc"', 'name = "ghost"')
+        toml += f"""
+[[lender]]
+name = "loop"
+url = "{lender.api_url}"
+token = "{READ}"
+address = "127.0.0.1"
+node = "loop-pc"
+"""
+        async with companion_for(toml):
+            # the missing Node is reported; the lender's EndpointSlices are still written
+            await eventually(lambda: _async_true('nodes "no-such-node" not found' in caplog.text))
+            assert "is the Node name right?" in caplog.text
+            await eventually(lambda: _ghost_ready(api))
+            # the loopback address is rejected by the real server; conditions still land
+            await eventually(lambda: _async_true("HTTP 422" in caplog.text))
+            assert "loopback" in caplog.text
+            rows = await eventually(lambda: _lendable_rows(api, "loop-pc"))
+            assert rows["VacancyLendable"][1] == "True"
+            items = await slices(api, "vacancyd.io/lender=loop")
+            assert items == {}
+
+
+async def _ghost_ready(api: Any) -> bool:
+    items = await slices(api, "vacancyd.io/lender=ghost")
+    return ready_of(items, "vacancyd-chat-ghost-chat") is True
+
+
+async def _lendable_rows(api: Any, node: str) -> dict[str, list[str]] | None:
+    rows = await describe_conditions(api, node)
+    return rows if rows.get("VacancyLendable", [None, None])[1] == "True" else None
+
+
+def pointed_at(kubeconfig: Path, server: str, dest: Path) -> Path:
+    """A copy of ``kubeconfig`` whose cluster is ``server``."""
+    doc = json.loads(Path(kubeconfig).read_text())
+    doc["clusters"][0]["cluster"]["server"] = server
+    dest.write_text(json.dumps(doc))
+    return dest
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """An "API server" that accepts connections and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    try:
+        yield f"https://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+async def test_host_side_publishing_and_a_slow_api_server(
+    installed: Any, tmp_path: Path, silent_server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon publishes itself from a kubeconfig; a hung API server never slows it."""
+    api = installed
+    make_node(api, "host-pc")
+    section = f"""
+[kubernetes]
+kubeconfig = "{api.kubeconfig}"
+namespace = "{NS}"
+node = "host-pc"
+address = "192.0.2.12"
+lender = "host"
+resync_s = 0.5
+"""
+    app, seen = openai_like_app()
+    async with serve_app(app) as target:
+        async with running_daemon(lender_toml(target, section)) as lender:
+            await lender.wait_ready()
+            rows = await eventually(lambda: _lendable_rows(api, "host-pc"))
+            assert "Lendable" in rows["VacancyLendable"]
+            items = await eventually(
+                lambda: _slices_where_sel(api, "vacancyd.io/lender=host", "vacancyd-chat-host-chat")
+            )
+            assert items["vacancyd-chat-host-chat"]["endpoints"][0]["addresses"] == ["192.0.2.12"]
+        rows = await describe_conditions(api, "host-pc")
+        assert rows["VacancyLendable"][1] == "False" and "Stopped" in rows["VacancyLendable"]
+
+        # now an API server that never answers: requests through the proxy stay fast
+        hung = pointed_at(api.kubeconfig, silent_server, tmp_path / "hung.kubeconfig")
+        slow = section.replace(str(api.kubeconfig), str(hung)) + "request_timeout_s = 0.5\n"
+        async with running_daemon(lender_toml(target, slow)) as lender:
+            await lender.wait_ready()
+            import aiohttp
+
+            loop = asyncio.get_running_loop()
+            async with aiohttp.ClientSession() as http:
+                for _ in range(3):
+                    started = loop.time()
+                    async with http.post(
+                        f"{lender.proxy_url('chat')}/v1/chat/completions",
+                        json={"model": "tiny", "messages": []},
+                        headers={"Authorization": f"Bearer {BORROW}"},
+                    ) as resp:
+                        assert resp.status == 200
+                    assert loop.time() - started < 0.5
+            await eventually(lambda: _async_true("no answer within 0.5 s" in caplog.text), 10)
+            assert not lender.daemon.supervisor.failed.is_set()
+    assert len(seen) == 3
+
+
+async def _slices_where_sel(api: Any, selector: str, name: str) -> dict[str, Any] | None:
+    items = await slices(api, selector)
+    return items if ready_of(items, name) is True else None
+
+
+async def test_kube_client_wraps_errors(installed: Any, tmp_path: Path) -> None:
+    """K8sApiError carries the server's status and message (403, 404)."""
+    from vacancyd.k8s.api import K8sApiError
+
+    limited = await KubeClient.connect(installed.limited_kubeconfig)
+    admin = await KubeClient.connect(installed.kubeconfig)
+    try:
+        with pytest.raises(K8sApiError) as denied:
+            # outside the namespace any test granted it: the chart's Role is namespaced
+            await limited.list_endpoint_slices("default", "a=b")
+        assert denied.value.status == 403 and "forbidden" in denied.value.message
+        with pytest.raises(K8sApiError) as missing:
+            await admin.get_node_conditions("nobody")
+        assert missing.value.status == 404 and "not found" in missing.value.message
+        await admin.delete_endpoint_slice(NS, "does-not-exist")  # 404 is not an error
+    finally:
+        await limited.close()
+        await admin.close()
+    with pytest.raises(K8sApiError) as bad:
+        await KubeClient.connect(tmp_path / "missing.kubeconfig")
+    assert bad.value.status is None
+
+
+def test_chart_renders_valid_objects_and_applies(apiserver: Any, tmp_path: Path) -> None:
+    """Every values file renders objects the API server's own schemas accept (kubeconform,
+    strict), and the rendered Services, RBAC and EndpointSlices apply to the real server."""
+    tools = kube.require_kube_tools("kubeconform", "helm")
+    location = kube.write_kubeconform_schemas(apiserver, tmp_path / "schemas")
+    values_files = [*sorted((CHART / "ci").glob("*.yaml")), ROOT / "manifests" / "values.yaml"]
+    for values in values_files:
+        rendered = helm_template(values)
+        proc = subprocess.run(
+            [
+                str(tools["kubeconform"]), "-schema-location", location, "-strict",
+                "-skip", "PrometheusRule", "-output", "json", "-summary", "-",
+            ],
+            input=rendered, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        summary = json.loads(proc.stdout)["summary"]
+        assert summary["invalid"] == 0 and summary["errors"] == 0, (values, proc.stdout)
+        docs = [d for d in yaml.safe_load_all(rendered) if d]
+        assert summary["valid"] == len([d for d in docs if d["kind"] != "PrometheusRule"])
+        # apply with the server's own validation (dry run: the module's install is separate)
+        applicable = [d for d in docs if d["kind"] != "PrometheusRule"]
+        apiserver.kubectl(
+            "apply", "--server-side", "--dry-run=server", "-f", "-",
+            input=yaml.safe_dump_all(applicable),
+        )  # fmt: skip
+    # an EndpointSlice exactly as the publisher writes it applies too
+    from vacancyd.core.conditions import SliceTarget, endpoint_slice
+
+    body = endpoint_slice(
+        lender="pc", upstream="chat", namespace=NS, target=SliceTarget("vacancyd-chat"),
+        address="192.0.2.10", port=11435, ready=True, serving=True,
+    )  # fmt: skip
+    apiserver.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(body))
