@@ -556,3 +556,52 @@ def test_chart_renders_valid_objects_and_applies(apiserver: Any, tmp_path: Path)
         address="192.0.2.10", port=11435, ready=True, serving=True,
     )  # fmt: skip
     apiserver.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(body))
+
+
+async def test_two_lenders_behind_one_service(installed: Any) -> None:
+    """K4: one companion, two lenders, one EndpointSlice each in the same Services."""
+    api = installed
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        async with (
+            running_daemon(lender_toml(target)) as a,
+            running_daemon(lender_toml(target)) as b,
+        ):
+            await a.wait_ready()
+            await b.wait_ready()
+            toml = f"""
+listen = "127.0.0.1:0"
+lender_timeout_s = 2
+status_poll_s = 30
+[kubernetes]
+kubeconfig = "{api.kubeconfig}"
+namespace = "{NS}"
+resync_s = 0.5
+[[lender]]
+name = "pc-a"
+url = "{a.api_url}"
+token = "{READ}"
+address = "192.0.2.21"
+[[lender]]
+name = "pc-b"
+url = "{b.api_url}"
+token = "{READ}"
+address = "192.0.2.22"
+"""
+            async with companion_for(toml):
+                b.state.set_lending(False)
+                selector = "kubernetes.io/service-name=vacancyd-chat"
+
+                async def split() -> dict[str, dict[str, Any]] | None:
+                    items = await slices(api, selector)
+                    want = {"vacancyd-chat-pc-a-chat": True, "vacancyd-chat-pc-b-chat": False}
+                    got = {name: ready_of(items, name) for name in want}
+                    return items if got == want else None
+
+                items = await eventually(split)
+                ours = [i for n, i in items.items() if "-pc-a-" in n or "-pc-b-" in n]
+                addresses = sorted(i["endpoints"][0]["addresses"][0] for i in ours)
+                assert addresses == ["192.0.2.21", "192.0.2.22"]
+                direct = await slices(api, "kubernetes.io/service-name=vacancyd-chat-direct")
+                assert ready_of(direct, "vacancyd-chat-direct-pc-a-chat") is True
+                assert ready_of(direct, "vacancyd-chat-direct-pc-b-chat") is True
