@@ -194,22 +194,34 @@ class SharedState:
         if event is not None:
             event.set()
 
+    def _observed_at(self, key: str) -> float | None:
+        if key.startswith("server:"):
+            obs = self.servers.get(key.removeprefix("server:"))
+            return None if obs is None else obs.observed_at
+        capacity = self.capacity.get(key)
+        return None if capacity is None else capacity.observed_at
+
     async def fresh_sample(self, key: str, timeout_s: float) -> bool:
-        """Ask for a sample of ``key`` (a resource, or ``server:NAME``) and wait for one.
+        """Ask for a sample of ``key`` (a resource, or ``server:NAME``) started after this
+        call, and wait for it. A probe already running when asked does not count.
 
         Returns False when none arrived within ``timeout_s`` seconds or nobody samples it.
         """
         if key not in self._sample_wanted:
             return False
+        asked_at = self.clock()
         observed = self._observed.setdefault(key, asyncio.Event())
-        observed.clear()
-        self.request_sample(key)
         try:
             async with asyncio.timeout(timeout_s):
-                await observed.wait()
+                while True:
+                    observed.clear()
+                    self.request_sample(key)
+                    await observed.wait()
+                    last = self._observed_at(key)
+                    if last is not None and last >= asked_at:
+                        return True
         except TimeoutError:
             return False
-        return True
 
     @staticmethod
     def _wake(events: dict[str, asyncio.Event], key: str) -> None:
