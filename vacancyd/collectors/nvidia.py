@@ -356,9 +356,13 @@ class ProcessTable:
         return out
 
     def start_time(self, pid: int) -> float | None:
-        """The process's start time (epoch seconds), or None when it no longer exists."""
+        """The process's start time (epoch seconds), or None when it has exited (a zombie
+        has exited too: it holds no GPU work, only an exit status for its parent)."""
         try:
-            return psutil.Process(pid).create_time()
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc.create_time()
         except psutil.NoSuchProcess:
             return None
 
