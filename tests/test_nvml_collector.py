@@ -130,21 +130,33 @@ def server() -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
         f"s.bind(('127.0.0.1', {port})); s.listen()\n"
         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
         "print(c.pid, flush=True)\n"
+        "kids = [c]\n"
+        "for line in sys.stdin:\n"
+        "    kids.append(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']))\n"
+        "    print(kids[-1].pid, flush=True)\n"
         "time.sleep(60)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stdin=subprocess.PIPE
+    )
     assert proc.stdout is not None
     child = int(proc.stdout.readline())
     try:
         yield proc, child, port
     finally:
-        for p in (child, proc.pid):
+        try:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            kids = []
+        for p in [*kids, psutil.Process(proc.pid)]:
             try:
-                psutil.Process(p).kill()
+                p.kill()
             except psutil.NoSuchProcess:
                 pass
         proc.wait()
         proc.stdout.close()
+        assert proc.stdin is not None
+        proc.stdin.close()
 
 
 def test_upstream_tree_is_subtracted(nvml: Scenario, server: tuple) -> None:
@@ -240,3 +252,30 @@ def test_probe_is_fast(nvml: Scenario) -> None:
     for _ in range(20):
         probe()
     assert (time.perf_counter() - started) / 20 < 0.05
+
+
+def test_trees_are_cached_and_a_new_child_is_attributed_on_first_sight(
+    nvml: Scenario, server: tuple
+) -> None:
+    proc, child, port = server
+    probe = GpuPressureProbe(NvmlGpu(GpuSelector.parse(0)), {"llm": ("127.0.0.1", port)})
+    nvml.sample(child, 30)
+    nvml.sample(4_000_000, 20)
+    nvml.write()
+    probe()
+    assert probe.scans == 1
+    for _ in range(3):  # the same processes again: no new scan
+        nvml.sample(child, 30)
+        nvml.sample(4_000_000, 20)
+        nvml.write()
+        assert probe().attribution.owner_load == pytest.approx(0.2)
+    assert probe.scans == 1
+    proc.stdin.write(b"spawn\n")
+    proc.stdin.flush()
+    newcomer = int(proc.stdout.readline())  # the server starts a runner for borrowed work
+    nvml.sample(newcomer, 60)
+    nvml.write()
+    att = probe().attribution
+    assert probe.scans == 2
+    assert att.borrower_load == pytest.approx(0.6)
+    assert att.owner_load == 0

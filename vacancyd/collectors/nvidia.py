@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -380,6 +381,14 @@ class GpuPressureProbe:
 
     ``targets``: upstream name → (host, port) of its target. Only local targets select
     processes. Call from one executor thread.
+
+    Finding a target's listening process reads the whole socket table, and its descendants
+    the whole process table: tens of milliseconds of CPU on a busy host. So the trees are
+    cached and read again only when they may have changed: a cached process died or was
+    replaced (start time differs), a process on the GPU belongs to no known tree and is not
+    a known owner process, or ``rescan_s`` seconds have passed. A new child that a server
+    spawns for borrowed work is therefore attributed on the first poll that sees it on the
+    GPU.
     """
 
     def __init__(
@@ -388,14 +397,23 @@ class GpuPressureProbe:
         targets: Mapping[str, tuple[str, int]],
         processes: ProcessTable | None = None,
         addresses: Callable[[], frozenset[str]] = local_addresses,
+        clock: Callable[[], float] = time.monotonic,
+        rescan_s: float = 60.0,
     ) -> None:
         self.gpu = gpu
         self.targets = dict(targets)
         self.processes = processes or ProcessTable()
         self._addresses = addresses
+        self._clock = clock
+        self.rescan_s = rescan_s
         self._last_ts = 0
+        self._trees: dict[str, frozenset[Identity]] | None = None
+        self._owners: dict[int, float | None] = {}
+        self._scanned_at = 0.0
+        self.scans = 0
 
-    def _trees(self) -> dict[str, frozenset[Identity]]:
+    def _scan(self) -> dict[str, frozenset[Identity]]:
+        self.scans += 1
         addresses = self._addresses()
         trees: dict[str, frozenset[Identity]] = {}
         for upstream, (host, port) in self.targets.items():
@@ -407,15 +425,43 @@ class GpuPressureProbe:
             trees[upstream] = frozenset(ids)
         return trees
 
+    def _current_trees(self, active: set[int]) -> dict[str, frozenset[Identity]]:
+        """The cached trees, re-read when they may be out of date (see the class doc)."""
+        trees = self._trees
+        now = self._clock()
+        if trees is not None and now - self._scanned_at < self.rescan_s:
+            known = {pid for ids in trees.values() for pid, _ in ids}
+            for pid in active - known:
+                if pid not in self._owners or self.processes.start_time(pid) != self._owners[pid]:
+                    trees = None  # a process on the GPU no scan has classified
+                    break
+        if trees is not None and now - self._scanned_at < self.rescan_s:
+            return trees
+        trees = self._scan()
+        known = {pid for ids in trees.values() for pid, _ in ids}
+        self._owners = {pid: self.processes.start_time(pid) for pid in active - known}
+        self._trees = trees
+        self._scanned_at = now
+        return trees
+
     def __call__(self) -> PressureReading:
-        trees = self._trees()
         handle = self.gpu.handle()
         samples = self._read(handle)
+        active = {s.pid for s in samples}
+        trees = self._current_trees(active)
         tree_pids = {pid for ids in trees.values() for pid, _ in ids}
-        start_times = {pid: self.processes.start_time(pid) for pid in tree_pids}
+        # Read after listing: a tree process that exited or was replaced since shows here.
+        start_times = {pid: self.processes.start_time(pid) for pid in tree_pids & active}
         result = attribute_load(samples, trees, start_times)
         if result.error is not None:
+            self._trees = None
             raise ProbeError(f"GPU {self.gpu.selector}: {result.error}")
+        if any(
+            start_times.get(pid, started) != started
+            for ids in trees.values()
+            for pid, started in ids
+        ):
+            self._trees = None  # a tree pid was reused: read the trees again next poll
         return PressureReading(result, self.gpu.uuid or str(self.gpu.selector))
 
     def _read(self, handle: object) -> list[ProcessSample]:
