@@ -50,9 +50,10 @@ def measure(name: str, fn: Callable[[], object], polls: int, children: bool = Fa
     if children:
         cpu += (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     walls.sort()
+    p50, p95 = walls[len(walls) // 2], walls[int(len(walls) * 0.95)]
     print(
         f"{name:<34} polls={polls:<5} wall mean={statistics.mean(walls) * 1e3:7.3f} ms "
-        f"p50={walls[len(walls) // 2] * 1e3:7.3f} ms p95={walls[int(len(walls) * 0.95)] * 1e3:7.3f} ms "
+        f"p50={p50 * 1e3:7.3f} ms p95={p95 * 1e3:7.3f} ms "
         f"cpu/poll={cpu / polls * 1e3:7.3f} ms"
     )
 
@@ -107,8 +108,12 @@ def main() -> None:
         lib = build_fake_nvml(work)
         scenario = Scenario(work / "scenario.txt")
         scenario.write()
-        env = dict(os.environ, LD_LIBRARY_PATH=str(lib.parent),
-                   FAKE_NVML_SCENARIO=str(scenario.path), BENCH_WORK=str(work))
+        env = dict(
+            os.environ,
+            LD_LIBRARY_PATH=str(lib.parent),
+            FAKE_NVML_SCENARIO=str(scenario.path),
+            BENCH_WORK=str(work),
+        )
         raise SystemExit(subprocess.call([sys.executable, __file__, *sys.argv[1:]], env=env))
     run(args.polls, Path(os.environ["BENCH_WORK"]))
 
