@@ -248,3 +248,18 @@ def test_no_unseen_report_without_admitted_work() -> None:
     for t in range(1, 6):
         state.record_pressure("gpu0", sample(), float(t))
     assert state.unseen_gpu_work == {}
+
+
+def test_learning_pauses_while_presence_is_stale() -> None:
+    from vacancyd.state import PresenceReading
+
+    state = make_state(fixed=None, calibration_s=10.0)
+    learner = state.pressure["gpu0"].learner
+    state.record_presence(PresenceReading(owner_signal=False, evidence_complete=True), 0.0)
+    for t in range(1, 8):
+        state.record_pressure("gpu0", sample(), float(t))
+    learned = learner.observed_s
+    assert learned == 6.0
+    for t in range(20, 40):  # presence last sampled at 0: stale past 15 s
+        state.record_pressure("gpu0", sample(0.9), float(t))
+    assert learner.observed_s == learned
