@@ -118,6 +118,15 @@ def test_uncalibrated_until_enough_observed_time() -> None:
     assert learner.current() is not None and 0.05 <= learner.current() <= 0.10
 
 
+def test_calibration_learns_the_baseline_without_the_rise_limit() -> None:
+    learner = ThresholdLearner(LearnerSettings(calibration_s=600, rise_per_hour=0.01))
+    learner.observe(0.0, 0.0)
+    feed(learner, 0.12, 2.0, 700)  # a desktop that idles at 12% busy
+    assert learner.ready
+    current = learner.current()
+    assert current is not None and 0.17 <= current <= 0.19  # 12% + margin, not 0 + 0.01/h
+
+
 def test_fixed_threshold_is_ready_at_once() -> None:
     learner = ThresholdLearner(LearnerSettings(fixed=0.2))
     assert learner.ready and learner.current() == 0.2

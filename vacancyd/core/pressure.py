@@ -142,11 +142,12 @@ class LearnerSettings:
 class ThresholdLearner:
     """A decaying histogram of one GPU's owner load and the threshold it teaches.
 
-    The threshold is ``min(cap, quantile(load) + margin)``. It falls to a lower target at
-    once and rises towards a higher one at most ``rise_per_hour`` per *observed* hour, so a
-    long burst of owner work cannot quickly teach vacancyd to ignore it, and nothing can
-    teach it past the cap. Until ``calibration_s`` seconds have been observed the learner is
-    not ready and the GPU is not lendable (unless ``fixed`` is set).
+    The threshold is ``min(cap, quantile(load) + margin)``. Once calibrated it falls to a
+    lower target at once and rises towards a higher one at most ``rise_per_hour`` per
+    *observed* hour, so a long burst of owner work cannot quickly teach vacancyd to ignore
+    it, and nothing can teach it past the cap. While calibrating it simply follows the
+    target (it is not in force yet). Until ``calibration_s`` seconds have been observed the
+    learner is not ready and the GPU is not lendable (unless ``fixed`` is set).
     """
 
     settings: LearnerSettings
@@ -175,6 +176,7 @@ class ThresholdLearner:
         if self.settings.fixed is not None:
             return
         load = min(1.0, max(0.0, load))
+        calibrating = not self.ready
         step = 0.0
         if self.last_at is not None and now > self.last_at:
             elapsed = now - self.last_at
@@ -187,8 +189,9 @@ class ThresholdLearner:
         self.weights[index] += step if step > 0 else 1e-9
         self.observed_s += step
         target = self.target()
-        if self.threshold is None or target <= self.threshold:
-            self.threshold = target  # falls at once
+        if self.threshold is None or calibrating or target <= self.threshold:
+            # Falls at once; while calibrating it is not in force, so it follows the target.
+            self.threshold = target
         else:
             self.threshold = min(target, self.threshold + self.settings.rise_per_hour * step / 3600)
 
@@ -213,7 +216,7 @@ class ThresholdLearner:
         return {
             "version": CACHE_VERSION,
             "gpu": identity,
-            "weights": self.weights,
+            "weights": list(self.weights),
             "observed_s": self.observed_s,
             "threshold": self.threshold,
         }
