@@ -263,3 +263,13 @@ def test_learning_pauses_while_presence_is_stale() -> None:
     for t in range(20, 40):  # presence last sampled at 0: stale past 15 s
         state.record_pressure("gpu0", sample(0.9), float(t))
     assert learner.observed_s == learned
+
+
+def test_status_line_while_calibrating() -> None:
+    from vacancyd.api.status import render_status
+
+    state = make_state(fixed=None, calibration_s=1800.0)
+    for t in range(0, 11, 2):
+        state.record_pressure("gpu0", sample(0.03), float(t))
+    text = format_status(render_status(state, 0.0))
+    assert "GPU pressure: ready clear owner=3% threshold=- calibrating (10/1800 s)" in text
