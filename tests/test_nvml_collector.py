@@ -279,3 +279,35 @@ def test_trees_are_cached_and_a_new_child_is_attributed_on_first_sight(
     assert probe.scans == 2
     assert att.borrower_load == pytest.approx(0.6)
     assert att.owner_load == 0
+
+
+def test_reused_pid_counts_as_the_owners(nvml: Scenario, server: tuple) -> None:
+    """The tree was read with the child's start time; by the time its sample is attributed,
+    the pid belongs to a process with another start time (it exited and the number was
+    reused), so its load is the owner's and the trees are read again on the next poll."""
+    _, child, port = server
+    nvml.sample(child, 45)
+    nvml.write()
+
+    class Reused(ProcessTable):
+        reused = False
+
+        def start_time(self, pid: int) -> float | None:
+            real = super().start_time(pid)
+            if pid == child and self.reused and real is not None:
+                return real + 1000.0
+            return real
+
+    table = Reused()
+    probe = GpuPressureProbe(
+        NvmlGpu(GpuSelector.parse(0)), {"llm": ("127.0.0.1", port)}, processes=table
+    )
+    assert probe().attribution.borrower_load == pytest.approx(0.45)
+    table.reused = True
+    nvml.sample(child, 45)
+    nvml.write()
+    att = probe().attribution
+    assert att.owner_load == pytest.approx(0.45)
+    assert att.borrower_load == 0
+    assert att.seen == {"llm": False}
+    assert probe._trees is None  # re-read next poll
