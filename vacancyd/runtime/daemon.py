@@ -5,6 +5,8 @@ Task tree (names as they appear in logs):
 * ``api@ADDR`` — the API listener (essential)
 * ``listener NAME@ADDR`` — one proxy listener per upstream (essential)
 * ``collector RESOURCE`` — one capacity loop per enabled resource (essential)
+* ``pressure RESOURCE`` — one GPU pressure loop per enabled GPU with pressure (essential)
+* ``calibration saver`` — writes learned thresholds to the state directory (not essential)
 * ``collector presence`` — the presence loop, when a source is configured (essential)
 * ``observer NAME`` — server observation for adapters that need it (essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
@@ -32,16 +34,18 @@ from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
 from vacancyd.collectors import presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
-from vacancyd.collectors.nvidia import NvmlProbe
+from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError
 from vacancyd.config.model import ResourceSettings, Settings, split_listen
-from vacancyd.config.policies import resource_policy, upstream_policy
+from vacancyd.config.policies import pressure_policy, resource_policy, upstream_policy
+from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
 from vacancyd.k8s.host import HostPublisher
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import CappedTCPSite
+from vacancyd.runtime import calibration
 from vacancyd.runtime.tasks import Supervisor
-from vacancyd.state import SharedState
+from vacancyd.state import PressureSample, SharedState
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +54,22 @@ class StartupError(Exception):
     """The daemon could not start (a listener could not bind, a secret could not be read)."""
 
 
-def _capacity_probe(res: ResourceSettings) -> Callable[[], CapacityReading]:
+#: How often learned calibrations are written to the state directory (seconds).
+CALIBRATION_SAVE_INTERVAL_S = 300.0
+
+
+def _capacity_probe(
+    res: ResourceSettings, settings: Settings, gpus: dict[str, NvmlGpu]
+) -> Callable[[], CapacityReading]:
     if res.kind == "memory":
         return system.sample_memory
     if res.kind == "cpu":
         return system.CpuProbe()
-    return NvmlProbe(res.device or 0)
+    selector = GpuSelector.parse(res.device)
+    gpu = gpus.setdefault(res.name, NvmlGpu(selector))
+    # nvidia-smi must finish inside the probe deadline, leaving the loop time to kill it.
+    smi_deadline = max(0.1, settings.collectors.probe_timeout_s * 0.8)
+    return GpuCapacityProbe(gpu, SmiProbe(selector, smi_deadline))
 
 
 def build_state(settings: Settings) -> SharedState:
@@ -66,13 +80,23 @@ def build_state(settings: Settings) -> SharedState:
         )
         for u in settings.upstream
     }
-    return SharedState(
+    pressure = {
+        r.name: policy
+        for r in settings.resource
+        if r.enabled and (policy := pressure_policy(r)) is not None
+    }
+    state = SharedState(
         resources,
         upstreams,
         presence_source=settings.owner.presence or "none",
         presence_max_age_s=settings.presence_max_age_s,
         release_after_s=settings.owner.release_after_s,
+        pressure=pressure,
     )
+    saved = calibration.load_calibrations(settings.state_dir, pressure)
+    for name, data in saved.items():
+        state.pressure[name].pending_cache = data
+    return state
 
 
 def read_tokens(settings: Settings) -> list[Token]:
@@ -100,6 +124,7 @@ class Daemon:
     _runners: list[web.AppRunner] = field(default_factory=list)
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     kubernetes: HostPublisher | None = None
 
     def __post_init__(self) -> None:
@@ -190,9 +215,9 @@ class Daemon:
             app,
             handle_signals=False,
             handler_cancellation=True,
+            shutdown_timeout=5.0,
             keepalive_timeout=limits.header_read_timeout_s,
             lingering_time=0,
-            shutdown_timeout=5.0,
             access_log=logging.getLogger(f"vacancyd.access.{name}"),
             access_log_format='%a "%r" %s %b %Tfs',
         )
@@ -249,7 +274,7 @@ class Daemon:
             self.supervisor.spawn(
                 run_probe_loop(
                     name,
-                    _capacity_probe(res),
+                    _capacity_probe(res, self.settings, self._gpus),
                     interval_s=cfg.poll_s,
                     timeout_s=cfg.probe_timeout_s,
                     on_sample=lambda r, t, n=name: state.record_capacity(n, r, t),  # type: ignore[misc]
@@ -259,6 +284,7 @@ class Daemon:
                 name=f"collector {name}",
                 essential=True,
             )
+        self._start_pressure()
         if self.settings.owner.presence == "headless":
             self.supervisor.spawn(
                 run_probe_loop(
@@ -277,6 +303,58 @@ class Daemon:
                 "no owner presence source is configured ([owner] presence); host-scoped "
                 "upstreams refuse with owner_active until one is"
             )
+
+    def _start_pressure(self) -> None:
+        """One pressure loop per GPU with pressure (R1–R5), and the calibration saver (R3)."""
+        state = self.state
+        targets = {}
+        for up in self.settings.upstream:
+            url = URL(str(up.target))
+            if url.host is not None and url.port is not None:
+                targets[up.name] = (url.host, url.port)
+        for res in self.settings.resource:
+            ps = state.pressure.get(res.name)
+            if ps is None:
+                continue
+            gpu = self._gpus.setdefault(res.name, NvmlGpu(GpuSelector.parse(res.device)))
+            name = res.name
+            self.supervisor.spawn(
+                run_probe_loop(
+                    f"pressure {name}",
+                    GpuPressureProbe(gpu, targets),
+                    interval_s=ps.policy.poll_s,
+                    timeout_s=self.settings.collectors.probe_timeout_s,
+                    on_sample=lambda r, t, n=name: state.record_pressure(  # type: ignore[misc]
+                        n, PressureSample(r.attribution, r.gpu), t
+                    ),
+                    on_error=lambda e, t, n=name: state.record_pressure_failure(n, e, t),  # type: ignore[misc]
+                    wake=state.sample_wanted(f"pressure:{name}"),
+                ),
+                name=f"pressure {name}",
+                essential=True,
+            )
+        if state.pressure:
+            self.supervisor.spawn(
+                self._save_calibrations_forever(), name="calibration saver", essential=False
+            )
+
+    async def _save_calibrations_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CALIBRATION_SAVE_INTERVAL_S)
+            await self.save_calibrations()
+
+    async def save_calibrations(self) -> None:
+        """Write every identified GPU's calibration to the state directory; logs failures."""
+        for name, ps in self.state.pressure.items():
+            if ps.gpu is None or ps.learner.settings.fixed is not None:
+                continue
+            data = ps.learner.to_cache(ps.gpu)
+            try:
+                await asyncio.to_thread(
+                    calibration.save_calibration, self.settings.state_dir, name, data
+                )
+            except OSError as exc:
+                log.warning("resource %s: cannot save calibration: %s", name, exc)
 
     async def wait(self) -> int:
         """Wait for a stop request (returns 0) or an essential task's failure (returns 1)."""
@@ -301,6 +379,7 @@ class Daemon:
         for runner in reversed(self._runners):
             await runner.cleanup()
         await self.supervisor.stop()
+        await self.save_calibrations()
         for session in self._sessions:
             await session.close()
 
