@@ -92,6 +92,27 @@ def test_unmeasured_gpu_and_unsampled_presence_are_unknown() -> None:
     assert got[c.GPU_PRESSURE].reason == "ResourceUnmeasured"
 
 
+def test_engaged_pressure_guard_counts_even_behind_an_earlier_refusal() -> None:
+    gpu = {
+        "kind": "gpu",
+        "quality": "ready",
+        "pressure": {"quality": "ready", "calibrated": True, "engaged": True, "detail": "game"},
+    }
+    doc = status_doc(
+        resources={"gpu0": gpu}, upstreams={"ollama": refusing("owner_active", "owner here")}
+    )
+    got = by_type(c.node_conditions(c.lender_from_status(doc)))
+    assert got[c.GPU_PRESSURE].status is Status.TRUE
+    assert "gpu0: game" in got[c.GPU_PRESSURE].message
+    calibrating = {**gpu, "pressure": {**gpu["pressure"], "engaged": False, "calibrated": False}}
+    got = by_type(c.node_conditions(c.lender_from_status(status_doc(resources={"g": calibrating}))))
+    assert got[c.GPU_PRESSURE].status is Status.UNKNOWN
+    assert "calibrating" in got[c.GPU_PRESSURE].message
+    no_gpu = status_doc(resources={"ram": {"kind": "memory", "quality": "ready"}})
+    got = by_type(c.node_conditions(c.lender_from_status(no_gpu)))
+    assert got[c.GPU_PRESSURE].status is Status.FALSE
+
+
 def test_one_lendable_upstream_is_enough() -> None:
     doc = status_doc(
         upstreams={

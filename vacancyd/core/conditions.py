@@ -182,19 +182,37 @@ def lender_from_status(doc: Any) -> LenderState:
 def _gpu_pressure(
     resources: Any, upstreams: Mapping[str, UpstreamState]
 ) -> tuple[bool | None, str]:
-    pressed = [u for u in upstreams.values() if u.reason == "resource_pressured"]
-    if pressed:
-        return True, "; ".join(f"{u.name}: {u.detail}" for u in pressed)
+    """(pressed, detail) from /status: True when a GPU's pressure guard is engaged or an
+    upstream refuses with ``resource_pressured``; None when a GPU's capacity or pressure
+    reading is not ready (or not yet calibrated), so nobody can tell."""
     gpus = {
-        name: r
+        str(name): r
         for name, r in (resources or {}).items()
         if isinstance(r, dict) and r.get("kind") == "gpu"
     }
+    engaged = []
+    for name, r in sorted(gpus.items()):
+        pressure = r.get("pressure")
+        if isinstance(pressure, dict) and pressure.get("engaged"):
+            engaged.append(f"{name}: {pressure.get('detail') or 'engaged'}")
+    engaged += [
+        f"{u.name}: {u.detail}" for u in upstreams.values() if u.reason == "resource_pressured"
+    ]
+    if engaged:
+        return True, "; ".join(engaged)
     if not gpus:
         return False, "no GPU resource is declared on this lender"
-    unmeasured = sorted(n for n, r in gpus.items() if r.get("quality") != "ready")
-    if unmeasured:
-        return None, f"GPU capacity is not measured: {', '.join(unmeasured)}"
+    unclear = []
+    for name, r in sorted(gpus.items()):
+        pressure = r.get("pressure")
+        if r.get("quality") != "ready":
+            unclear.append(f"{name}: capacity {r.get('quality', 'unknown')}")
+        elif isinstance(pressure, dict) and pressure.get("quality") != "ready":
+            unclear.append(f"{name}: pressure {pressure.get('quality', 'unknown')}")
+        elif isinstance(pressure, dict) and not pressure.get("calibrated", True):
+            unclear.append(f"{name}: pressure threshold still calibrating")
+    if unclear:
+        return None, "GPU pressure cannot be told: " + "; ".join(unclear)
     return False, "no GPU is pressed by the owner's work"
 
 

@@ -408,7 +408,8 @@ class Companion:
         host, port = split_listen(self.settings.listen)
         site = web.TCPSite(self._runner, host, port)
         await site.start()
-        self.address = f"{host}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+        bound_port = self._runner.addresses[0][1]
+        self.address = f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}"
         log.info(
             "companion following %d lender(s); health and metrics on http://%s",
             len(self.followers),
