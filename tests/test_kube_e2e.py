@@ -605,3 +605,42 @@ address = "192.0.2.22"
                 direct = await slices(api, "kubernetes.io/service-name=vacancyd-chat-direct")
                 assert ready_of(direct, "vacancyd-chat-direct-pc-a-chat") is True
                 assert ready_of(direct, "vacancyd-chat-direct-pc-b-chat") is True
+
+
+async def test_companion_process_publishes_and_stops_cleanly(
+    installed: Any, tmp_path: Path
+) -> None:
+    """`vacancyd companion --config` as a real process: publishes, and on SIGTERM marks the
+    lender Stopped and exits 0."""
+    import signal
+    import sys
+
+    api = installed
+    make_node(api, "proc-pc")
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
+        await lender.wait_ready()
+        config = tmp_path / "companion.toml"
+        config.write_text(
+            companion_toml(lender.api_url, api.kubeconfig, node="proc-pc").replace(
+                'name = "pc"', 'name = "proc"'
+            )
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "vacancyd", "companion", "--config", str(config),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
+        )  # fmt: skip
+        try:
+            rows = await eventually(lambda: _lendable_rows(api, "proc-pc"), 30.0)
+            assert "Lendable" in rows["VacancyLendable"]
+            proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(30):
+                out, _ = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert proc.returncode == 0, out.decode()
+        assert b"stopping on signal" in out
+        rows = await describe_conditions(api, "proc-pc")
+        assert rows["VacancyLendable"][1] == "False" and "Stopped" in rows["VacancyLendable"]
