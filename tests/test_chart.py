@@ -105,7 +105,7 @@ def test_rendered_objects_fit_together(values: Path | None) -> None:
         {
             "apiGroups": ["discovery.k8s.io"],
             "resources": ["endpointslices"],
-            "verbs": ["get", "list", "create", "patch", "update", "delete"],
+            "verbs": ["get", "list", "create", "patch", "delete"],
         }
     ]
     has_nodes = any(x.get("node") for x in raw["lenders"])
