@@ -75,7 +75,8 @@ class HostPublisher:
         """Start the feeder and the publisher with ``spawn(coro, name)`` (non-essential)."""
         target = self.publisher.target
         if target.node is None and target.address is None:
-            log.warning("[kubernetes] sets neither node nor address: nothing will be published")
+            log.warning("[kubernetes] sets neither node nor address: nothing to publish")
+            return
         self._unsubscribe = self._state.subscribe(lambda _kind, _data: self._poke.set())
         self._tasks = [
             spawn(self._feed(), "kubernetes feeder"),
@@ -104,6 +105,8 @@ class HostPublisher:
 
     async def stop(self, detail: str = "vacancyd on this host is stopping") -> None:
         """Stop feeding, then publish the lender as stopped (bounded), then close."""
+        if not self._tasks:
+            return  # never started: nothing was published
         if self._unsubscribe is not None:
             self._unsubscribe()
         for task in self._tasks:

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,8 +123,6 @@ class Publisher:
     _connect: _Part = field(init=False)
     _node: _Part = field(init=False)
     _slices: _Part = field(init=False)
-    #: Set after every write pass (tests and the companion's health wait on it).
-    passes: int = 0
 
     def __post_init__(self) -> None:
         who = self.target.lender
@@ -167,7 +165,6 @@ class Publisher:
             except Exception:  # a bug here must not take the lender down: log and go on
                 log.exception("publisher for %s failed unexpectedly", self.target.lender)
                 self._slices.retry_at = loop.time() + self.backoff_max_s
-            self.passes += 1
             wake = self._next_wake(loop.time())
             self._changed.clear()
             try:
@@ -349,6 +346,7 @@ class Publisher:
         api = self._api
         try:
             if api is None:
+                self._connect.retry_at = None  # one last try, whatever the backoff said
                 api = await self._ensure_api(asyncio.get_running_loop().time())
             if api is not None:
                 if self.target.node is not None:
@@ -367,12 +365,3 @@ class Publisher:
                 except Exception:  # closing must not fail a shutdown
                     log.debug("closing the Kubernetes client failed", exc_info=True)
             self._api = None
-
-
-def describe(lender: LenderState) -> Mapping[str, object]:
-    """A short summary of a lender for logs and the companion's /status."""
-    return {
-        "phase": lender.phase.value,
-        "detail": lender.detail,
-        "upstreams": {n: u.lendable for n, u in sorted(lender.upstreams.items())},
-    }
