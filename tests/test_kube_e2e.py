@@ -399,6 +399,12 @@ url = "{lender.api_url}"
 token = "{READ}"
 address = "127.0.0.1"
 node = "loop-pc"
+
+[[lender]]
+name = "linklocal"
+url = "{lender.api_url}"
+token = "{READ}"
+address = "169.254.10.20"
 """
         async with companion_for(toml):
             # the missing Node is reported; the lender's EndpointSlices are still written
@@ -406,12 +412,17 @@ node = "loop-pc"
             assert "is the Node name right?" in caplog.text
             await eventually(lambda: _ghost_ready(api))
             # the loopback address is rejected by the real server; conditions still land
-            await eventually(lambda: _async_true("HTTP 422" in caplog.text))
-            assert "loopback" in caplog.text
+            await eventually(
+                lambda: _async_true(
+                    "vacancyd/vacancyd-chat-loop-chat: HTTP 422" in caplog.text
+                    and "vacancyd/vacancyd-chat-linklocal-chat: HTTP 422" in caplog.text
+                )
+            )
+            assert "loopback" in caplog.text and "link-local" in caplog.text
             rows = await eventually(lambda: _lendable_rows(api, "loop-pc"))
             assert rows["VacancyLendable"][1] == "True"
-            items = await slices(api, "vacancyd.io/lender=loop")
-            assert items == {}
+            assert await slices(api, "vacancyd.io/lender=loop") == {}
+            assert await slices(api, "vacancyd.io/lender=linklocal") == {}
 
 
 async def _ghost_ready(api: Any) -> bool:
