@@ -273,6 +273,7 @@ async def test_companion_with_chart_rbac_publishes_conditions_and_slices(
                 == "companion.vacancyd.io"
             )
             assert gated["endpoints"][0]["addresses"] == ["192.0.2.10"]
+            assert gated["endpoints"][0]["nodeName"] == NODE
             assert gated["endpoints"][0]["conditions"]["serving"] is True
             assert gated["ports"] == [{"name": "http", "port": port, "protocol": "TCP"}]
             assert ready_of(items, DIRECT) is True

@@ -104,6 +104,7 @@ async def test_starts_unknown_then_follows_updates_without_touching_kubelet() ->
         gated = kube.slice(NS, "vacancyd-ollama-pc-ollama")
         direct = kube.slice(NS, "vacancyd-ollama-direct-pc-ollama")
         assert gated["endpoints"][0]["conditions"]["ready"] is True
+        assert gated["endpoints"][0]["nodeName"] == "pc"  # the lender's own Node
         assert direct["endpoints"][0]["conditions"]["ready"] is True
 
         pub.update(alive(False))

@@ -287,7 +287,7 @@ class Publisher:
                         port=up.port,
                         ready=ready,
                         serving=serving,
-                        node_name=None,
+                        node_name=target.node,
                     )
                 )
         return out
