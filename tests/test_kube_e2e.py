@@ -656,3 +656,30 @@ async def test_companion_process_publishes_and_stops_cleanly(
         assert b"stopping on signal" in out
         rows = await describe_conditions(api, "proc-pc")
         assert rows["VacancyLendable"][1] == "False" and "Stopped" in rows["VacancyLendable"]
+
+
+async def test_in_cluster_auth_with_the_service_account(
+    installed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K3: in a Pod (KUBERNETES_SERVICE_HOST set, no kubeconfig) the mounted ServiceAccount
+    token is used, and the chart's Role is all it may do."""
+    from vacancyd.k8s.api import K8sApiError
+
+    api = installed
+    mount = tmp_path / "serviceaccount"
+    mount.mkdir()
+    token = api.kubectl("-n", NS, "create", "token", SA, "--duration=1h").stdout.strip()
+    (mount / "token").write_text(token)
+    (mount / "ca.crt").write_bytes(api.ca_file.read_bytes())
+    host, port = api.url.removeprefix("https://").rsplit(":", 1)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", host)
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    client = await KubeClient.connect(service_account_dir=mount)
+    try:
+        assert isinstance(await client.list_endpoint_slices(NS, "a=b"), list)
+        with pytest.raises(K8sApiError) as denied:
+            await client.list_endpoint_slices("default", "a=b")
+        assert denied.value.status == 403
+    finally:
+        await client.close()

@@ -22,6 +22,9 @@ import aiohttp
 
 from vacancyd.k8s.api import K8sApiError
 
+#: Where a Pod's ServiceAccount token and cluster CA are mounted.
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
 
 def available() -> str | None:
     """None when kubernetes_asyncio can be imported, else what to install."""
@@ -60,9 +63,16 @@ class KubeClient:
 
     @classmethod
     async def connect(
-        cls, kubeconfig: Path | None = None, context: str | None = None
+        cls,
+        kubeconfig: Path | None = None,
+        context: str | None = None,
+        *,
+        service_account_dir: Path = SERVICE_ACCOUNT_DIR,
     ) -> KubeClient:
-        """Load credentials (see module docstring). Raises K8sApiError when none work."""
+        """Load credentials (see module docstring). Raises K8sApiError when none work.
+
+        ``service_account_dir`` holds the Pod's ``token`` and ``ca.crt`` (in-cluster auth).
+        """
         missing = available()
         if missing is not None:
             raise K8sApiError("load credentials", None, missing)
@@ -74,7 +84,11 @@ class KubeClient:
         try:
             if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
                 configuration = client.Configuration()
-                config.load_incluster_config(client_configuration=configuration)
+                config.load_incluster_config(
+                    client_configuration=configuration,
+                    token_filename=str(service_account_dir / "token"),
+                    cert_filename=str(service_account_dir / "ca.crt"),
+                )
                 api_client = client.ApiClient(configuration=configuration)
             else:
                 path = kubeconfig or os.environ.get("KUBECONFIG") or None
