@@ -100,3 +100,21 @@ async def test_shutdown_ends_open_streams_promptly() -> None:
                 started = loop.time()
             assert loop.time() - started < 5.0
             resp.release()
+
+
+async def test_a_client_that_falls_behind_is_cut_off_not_waited_for() -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                f"{lender.api_url}/events", headers={"Authorization": f"Bearer {READ}"}
+            ) as resp:
+                await read_event(resp.content)
+                # transitions faster than the stream drains: the emitter never blocks
+                for i in range(events.QUEUE_MAX + 50):
+                    lender.state.set_lending(i % 2 == 1)
+                async with asyncio.timeout(10):
+                    rest = (await resp.content.read()).decode()
+        kinds = [line for line in rest.splitlines() if line.startswith("event: ")]
+        assert kinds[-1] == "event: overflow"
+        assert len(kinds) == events.QUEUE_MAX + 1
