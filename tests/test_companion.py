@@ -268,9 +268,16 @@ backoff_max_s = 1
                 assert loop.time() - started < 0.5
         await until(lambda: "no answer within" in caplog.text, 3.0)
         assert not d.daemon.supervisor.failed.is_set()
+        writes_ok = d.daemon.metrics.registry.get_sample_value("vacancyd_kubernetes_writes_ok")
+        assert writes_ok == 0.0
         # the API server recovers: conditions appear
         kube.delay_s = 0.0
         await until(lambda: cond(kube).get("status") == "True", 5.0)
+        await until(
+            lambda: (
+                d.daemon.metrics.registry.get_sample_value("vacancyd_kubernetes_writes_ok") == 1.0
+            )
+        )
     assert len(seen) == 5
     # clean shutdown: not lendable
     assert cond(kube)["reason"] == "Stopped"

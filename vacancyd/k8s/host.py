@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from vacancyd.config.model import KubernetesSettings
 from vacancyd.core import conditions
@@ -23,6 +26,20 @@ from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
+
+
+class HostPublisherCollector(Collector):
+    """``vacancyd_kubernetes_writes_ok``: 1 when the last attempt of every write succeeded."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self._publisher = publisher
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "vacancyd_kubernetes_writes_ok",
+            "1 when the last attempt of every Kubernetes write (host-side publishing) succeeded.",
+            value=1.0 if self._publisher.healthy else 0.0,
+        )
 
 
 def lender_name(settings: KubernetesSettings) -> str:

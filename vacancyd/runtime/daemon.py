@@ -40,7 +40,7 @@ from vacancyd.config.model import ResourceSettings, Settings, split_listen
 from vacancyd.config.policies import pressure_policy, resource_policy, upstream_policy
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
-from vacancyd.k8s.host import HostPublisher
+from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.runtime import calibration
@@ -205,6 +205,7 @@ class Daemon:
             return
         state = self.state
         self.kubernetes = HostPublisher(settings, state, lambda: render_status(state, started_at))
+        self.metrics.registry.register(HostPublisherCollector(self.kubernetes.publisher))
         self.kubernetes.start(
             lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
         )
