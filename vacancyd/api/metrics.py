@@ -137,7 +137,7 @@ class Metrics:
 
     def __init__(self) -> None:
         # ``*_created`` series only add cardinality for our always-running counters.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
         self.decisions = Counter(
             "vacancyd_admission_decisions",

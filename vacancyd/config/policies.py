@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vacancyd.config.model import ResourceSettings, Settings, UpstreamSettings
 from vacancyd.core.policy import OwnerScope, ResourceKind, ResourcePolicy, UpstreamPolicy
+from vacancyd.core.reclaim import OnOwnerReturn, ReclaimPolicy
 
 
 def resource_policy(settings: Settings, res: ResourceSettings) -> ResourcePolicy:
@@ -31,4 +32,14 @@ def upstream_policy(
         resident_min_free_mib=up.resident_min_free_mib,
         needs_model_observation=needs_model_observation,
         model_observation_max_age_s=settings.stale_after_default_s,
+    )
+
+
+def reclaim_policy(up: UpstreamSettings) -> ReclaimPolicy:
+    """The reclaim keys of one upstream (docs/reclaim.md)."""
+    return ReclaimPolicy(
+        on_owner_return=OnOwnerReturn(up.on_owner_return),
+        drain_timeout_s=up.drain_timeout_s,
+        completion_timeout_s=up.completion_timeout_s,
+        yield_on_veto=up.yield_on_veto,
     )
