@@ -51,6 +51,10 @@ class FakeComfy:
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     sockets: list[web.WebSocketResponse] = field(default_factory=list)
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    #: When set, ``/prompt`` queues the prompt and then holds its reply until the event is set
+    #: (a submission whose reply is still in flight); ``queued`` fires once it is queued.
+    reply_gate: asyncio.Event | None = None
+    queued: asyncio.Event = field(default_factory=asyncio.Event)
     _number: int = 0
     _interrupt: bool = False
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -189,7 +193,11 @@ class FakeComfy:
         self._number += 1
         self.pending.append([self._number, pid, body["prompt"], body.get("extra_data", {}), []])
         self._wake.set()
-        return web.json_response({"prompt_id": pid, "number": self._number, "node_errors": {}})
+        self.queued.set()
+        number = self._number
+        if self.reply_gate is not None:
+            await self.reply_gate.wait()
+        return web.json_response({"prompt_id": pid, "number": number, "node_errors": {}})
 
     async def get_queue(self, _: web.Request) -> web.Response:
         return web.json_response(
