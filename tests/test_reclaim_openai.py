@@ -23,7 +23,14 @@ from vacancyd.state import PresenceReading
 OWNER = PresenceReading(owner_signal=True, evidence_complete=True, detail="test: owner is back")
 
 
-def config(target: str, *, policy: str = "drain", extra: str = "", release_s: float = 3600) -> str:
+def config(
+    target: str,
+    *,
+    policy: str = "drain",
+    extra: str = "",
+    release_s: float = 3600,
+    adapter: str = "openai",
+) -> str:
     return f"""
 [server]
 listen = "127.0.0.1:0"
@@ -40,7 +47,7 @@ name = "ram"
 kind = "memory"
 [[upstream]]
 name = "llm"
-adapter = "openai"
+adapter = "{adapter}"
 listen = "127.0.0.1:0"
 target = "{target}"
 resource = "ram"
@@ -256,3 +263,43 @@ async def test_config_rejects_yield_on_veto_for_servers_without_unload(policy: s
         parse_config(
             config("http://127.0.0.1:1", policy=policy, extra="yield_on_veto = true"), "<t>"
         )
+
+
+async def _chat_status(d: RunningDaemon, client: aiohttp.ClientSession) -> tuple[int, str]:
+    async with client.post(
+        d.proxy_url("llm") + "/v1/chat/completions", json={"model": "tiny", "messages": []}
+    ) as r:
+        if r.status == 200:
+            return 200, ""
+        body = await r.json()
+        return r.status, body.get("error", {}).get("code", "")
+
+
+async def test_a_cut_openai_job_is_held_until_an_administrator_releases_it() -> None:
+    fake = SlowOpenAI(chunks=200, interval_s=0.02)
+    async with lender(fake, policy="cancel", release_s=0.2) as (d, client):
+        resp = await start_stream(d, client)
+        await fake.started.wait()
+        owner_returns(d)
+        _, error = await asyncio.wait_for(read_all(resp), 5)
+        assert error is not None
+        await d.wait_until(lambda: [j.phase.value for j in d.state.ledger.jobs()] == ["held"])
+        await d.wait_until(lambda: not d.state.veto.engaged, 5)
+        assert await _chat_status(d, client) == (503, "resource_busy")
+        job = d.state.ledger.jobs()[0]
+        async with client.post(f"{d.api_url}/admin/jobs/{job.id}/release") as r:
+            assert r.status == 200
+        async with asyncio.timeout(5):
+            while (await _chat_status(d, client))[0] != 200:  # noqa: ASYNC110 - HTTP poll
+                await asyncio.sleep(0.05)
+
+
+async def test_a_cut_llamacpp_job_is_released_once_slots_show_the_server_idle() -> None:
+    fake = SlowOpenAI(chunks=200, interval_s=0.02)
+    async with lender(fake, policy="cancel", adapter="llamacpp") as (d, client):
+        resp = await start_stream(d, client)
+        await fake.started.wait()
+        owner_returns(d)
+        _, error = await asyncio.wait_for(read_all(resp), 5)
+        assert error is not None
+        await d.wait_until(lambda: d.state.ledger.jobs() == [], 5)

@@ -33,7 +33,13 @@ class SlowOpenAI:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/slots", self.slots)
         return app
+
+    async def slots(self, _: web.Request) -> web.Response:
+        """llama-server's ``GET /slots`` shape: one slot, processing while a stream runs."""
+        busy = self.requests > len(self.ended)
+        return web.json_response([{"id": 0, "is_processing": busy}])
 
     async def models(self, _: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model"}]})

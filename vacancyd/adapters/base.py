@@ -118,6 +118,10 @@ class Adapter:
     #: Builds the reclaim controller (unload, cancel) for servers that have one; None for
     #: servers that can only be refused (openai, llamacpp: spec "Yield", Y8).
     make_controller: MakeController | None = None
+    #: True when a closed connection does not prove the server stopped the work (an
+    #: OpenAI-compatible server or llama-server may keep generating): a job a reclaim cut
+    #: is then held in the ledger until evidence or an administrator releases it (L2, L5).
+    cut_is_uncertain: bool = False
 
     def read_facts(self, route: Route, body: bytes, content_type: str) -> RequestFacts:
         """Read the request facts from a buffered work body. Raises :class:`BadRequest`."""

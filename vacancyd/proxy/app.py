@@ -310,9 +310,56 @@ class Proxy:
         finally:
             if tracking:
                 self._track(handle)
+            elif handle.cut_by is not None and self.upstream.adapter.cut_is_uncertain:
+                reclaimer.end(handle)
+                self._hold(job)
             else:
                 reclaimer.end(handle)
                 self.state.released(job.id, loop.time())
+
+    def _hold(self, job: Job) -> None:
+        """L2/L5: a cut job whose server may still be working keeps its reservation.
+
+        llama-server: released by the first server observation taken after the cut that shows
+        every slot idle. A generic OpenAI-compatible server offers no such evidence; an
+        administrator releases the job (``POST /admin/jobs/{id}/release``).
+        """
+        name = self.upstream.name
+        self.state.ledger.set_phase(job.id, Phase.HELD)
+        observable = self.upstream.adapter.observe is not None
+        log.warning(
+            "%s: job %d was cut by a reclaim but the server may still be working on it; "
+            "holding its reservation until %s",
+            name,
+            job.id,
+            "an observation shows the server idle"
+            if observable
+            else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
+        )
+        if not observable or self.reclaimer is None:
+            return
+        cut_at = asyncio.get_running_loop().time()
+        key = f"server:{name}"
+
+        async def await_idle() -> None:
+            while self.state.ledger.get(job.id) is not None:
+                obs = self.state.servers.get(name)
+                if (
+                    obs is not None
+                    and obs.value is not None
+                    and obs.observed_at is not None
+                    and obs.observed_at > cut_at
+                    and obs.value.idle
+                ):
+                    log.info("%s: server idle after the cut; releasing held job %d", name, job.id)
+                    self.state.released(job.id, asyncio.get_running_loop().time())
+                    return
+                if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+                    await asyncio.sleep(REFRESH_WAIT_S)
+
+        self.reclaimer.supervisor.spawn(
+            await_idle(), name=f"hold {name} job {job.id}", essential=False
+        )
 
     def _after_cut(self, request: web.Request, handle: WorkHandle) -> web.StreamResponse:
         """Y3: 503 with the edge's reason before headers; an aborted stream after them."""
