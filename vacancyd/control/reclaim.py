@@ -254,6 +254,7 @@ class Reclaimer:
     async def _drive(self, name: str) -> None:
         changed = self._changed[name]
         while True:
+            changed.clear()  # before planning, so a change during the plan wakes the wait
             reclaim = self.reclaims[name]
             now = self.state.clock()
             snap = self.state.snapshot(now)
@@ -268,7 +269,6 @@ class Reclaimer:
                 timeout = RECHECK_S
                 if action.until is not None:
                     timeout = min(timeout, max(0.0, action.until - now))
-                changed.clear()
                 try:
                     async with asyncio.timeout(timeout):
                         await changed.wait()
