@@ -406,7 +406,7 @@ class Proxy:
                     job.id,
                 )
                 self.state.ledger.set_phase(job.id, Phase.HELD)
-                handle.job = self.state.ledger.get(job.id) or job
+                reclaimer.end(handle)  # held work never defers a reclaim (spec "Yield")
                 return
             except BaseException:
                 reclaimer.end(handle)
