@@ -287,7 +287,7 @@ class Proxy:
             finally:
                 self.state.released(job.id, loop.time())
         handle = reclaimer.begin(self.upstream.name, job, None, key)
-        tracking = False
+        tracking = cut = False
         try:
             fwd = loop.create_task(
                 self._forward(request, c, query, body=body, on_sent=on_sent, handle=handle),
@@ -299,6 +299,7 @@ class Proxy:
             except asyncio.CancelledError:
                 if handle.cut_by is None or not fwd.cancelled():
                     raise
+                cut = True
                 return self._after_cut(request, handle)
             tracking = (
                 key is not None
@@ -310,7 +311,7 @@ class Proxy:
         finally:
             if tracking:
                 self._track(handle)
-            elif handle.cut_by is not None and self.upstream.adapter.cut_is_uncertain:
+            elif cut and self.upstream.adapter.cut_is_uncertain:
                 reclaimer.end(handle)
                 self._hold(job)
             else:
