@@ -49,6 +49,13 @@ async def test_routes_and_vacancyd_assigned_prompt_ids() -> None:
         await d.wait_until(lambda: job_phases(d) == [], 5)
         async with client.get(f"{url}/history/{pid}") as r:
             assert r.status == 200 and pid in await r.json()
+        async with client.get(f"{url}/api/history/{pid}") as r:
+            assert r.status == 200
+        foreign = fake.add_foreign()
+        for path in (f"/history/{foreign}", f"/api/jobs/{foreign}"):
+            async with client.get(url + path) as r:
+                assert r.status == 404, path
+                assert (await r.json())["error"]["code"] == "unknown_result"
         async with client.get(url + "/api/object_info") as r:
             assert r.status == 200
         for path in ("/queue", "/api/queue", "/system_stats", "/history"):

@@ -41,6 +41,10 @@ class Controller(Protocol):
         """Rewrite a work body before forwarding; returns (body, tracked job key or None)."""
         ...
 
+    def allows_result(self, route: Route, path: str) -> bool:
+        """Whether a borrower-results read (``RouteClass.RESULTS``) names borrowed work."""
+        ...
+
     async def wait_done(self, key: str) -> None:
         """Return once the server no longer runs or queues the tracked job ``key``."""
         ...

@@ -5,10 +5,11 @@ Routes. ComfyUI registers every route twice, as ``/x`` and ``/api/x`` (server.py
 every route with /api for easier matching for delegation"), and its own frontend uses the
 ``/api`` forms, so the table lists both. ``POST /prompt`` is the only work route; it carries
 no model name (a workflow graph names its checkpoints in node inputs), so admission charges
-the upstream's default footprint. A borrower keeps its own results — ``GET /history/{id}``,
-``GET /api/jobs/{id}``, ``GET /view``, the ``GET /ws`` progress channel — and the node and
-model catalogue. The queue, interrupt, free, everyone's history and job list, uploads and
-``/system_stats`` (which shows the owner's memory use) are management.
+the upstream's default footprint. A borrower keeps its own results — ``GET /history/{id}`` and
+``GET /api/jobs/{id}`` for the prompt IDs vacancyd assigned (others are answered 404, so a
+borrower cannot read the owner's prompts), ``GET /view``, the ``GET /ws`` progress channel —
+and the node and model catalogue. The queue, interrupt, free, everyone's history and job
+list, uploads and ``/system_stats`` (which shows the owner's memory use) are management.
 
 Reclaim (spec "Yield", Y6, Y7). ComfyUI answers ``/prompt`` as soon as the prompt is queued
 (``post_prompt`` -> ``prompt_queue.put``), so closing the connection cancels nothing. Instead
@@ -36,6 +37,7 @@ import json
 import uuid
 from collections import OrderedDict
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 from yarl import URL
@@ -151,6 +153,15 @@ class ComfyController:
         while len(self.borrowed) > REMEMBER_IDS:
             self.borrowed.popitem(last=False)
         return json.dumps(payload).encode(), prompt_id
+
+    def allows_result(self, route: Route, path: str) -> bool:
+        """``/history/{id}`` and ``/api/jobs/{id}`` only for prompt IDs vacancyd assigned.
+
+        ``/view`` and ``/ws`` carry no prompt ID and stay open (see the module docstring).
+        """
+        if route.pattern.endswith(("/history/{}", "/api/jobs/{}")):
+            return unquote(path.rsplit("/", 1)[-1]) in self.borrowed
+        return True
 
     # -- calls ---------------------------------------------------------------------------
 

@@ -104,6 +104,9 @@ class OllamaController:
     def prepare(self, route: Route, body: bytes) -> tuple[bytes, str | None]:
         return body, None
 
+    def allows_result(self, route: Route, path: str) -> bool:
+        return True  # Ollama has no results routes
+
     async def wait_done(self, key: str) -> None:
         return None
 

@@ -127,6 +127,15 @@ class Proxy:
         allow_management = self.upstream.settings.management == "allow"
         if c.klass is RouteClass.WORK:
             return await self._work(request, c, query)
+        if c.klass is RouteClass.RESULTS and self.controller is not None:
+            assert c.route is not None
+            if not self.controller.allows_result(c.route, c.path):
+                return json_error(
+                    404,
+                    f"{c.path} does not name work borrowed through this lender",
+                    "not_found_error",
+                    "unknown_result",
+                )
         if c.klass in (RouteClass.PASSTHROUGH, RouteClass.RESULTS):
             return await self._pass(request, c, query)
         readish = request.method in ("GET", "HEAD")
