@@ -303,3 +303,22 @@ async def test_a_cut_llamacpp_job_is_released_once_slots_show_the_server_idle() 
         _, error = await asyncio.wait_for(read_all(resp), 5)
         assert error is not None
         await d.wait_until(lambda: d.state.ledger.jobs() == [], 5)
+
+
+async def test_a_failing_reclaim_still_cuts_its_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vacancyd.control.reclaim as control
+
+    def broken(*_: object, **__: object) -> bool:
+        raise RuntimeError("planner bug")
+
+    monkeypatch.setattr(control, "trigger_cleared", broken)
+    fake = SlowOpenAI(chunks=400, interval_s=0.02)
+    async with lender(fake, extra="drain_timeout_s = 30") as (d, client):
+        resp = await start_stream(d, client)
+        await fake.started.wait()
+        owner_returns(d)
+        _, error = await asyncio.wait_for(read_all(resp), 5)
+        assert error is not None
+        await d.wait_until(lambda: status(d)["phase"] == "done")
+        assert status(d)["outcome"] == "failed"
+        assert d.daemon.supervisor.failure is None

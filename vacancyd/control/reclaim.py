@@ -34,6 +34,7 @@ from vacancyd.core.ledger import Job, Phase
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.reclaim import (
     Edge,
+    OnOwnerReturn,
     Proceed,
     Reclaim,
     ReclaimPhase,
@@ -236,9 +237,14 @@ class Reclaimer:
         try:
             await self._drive(name)
         except Exception:
-            log.exception("reclaim on %s failed", name)
+            log.exception("reclaim on %s failed; cutting its work as a fallback", name)
             r = self.reclaims.get(name)
             if r is not None and r.is_open:
+                if r.policy.on_owner_return is not OnOwnerReturn.FINISH:
+                    for handle in self._active(r):
+                        handle.cut_by = r.first
+                        if handle.key is None and handle.task is not None:
+                            handle.task.cancel()
                 self._set(
                     Reclaim(
                         r.upstream,
