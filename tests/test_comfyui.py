@@ -197,3 +197,19 @@ async def test_websocket_cap_and_idle_timeout() -> None:
             msg = await ws.receive(timeout=5)  # idle: the tunnel closes itself
             assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
         assert re.match(r"127\.0\.0\.1:\d+", d.daemon.bound["up"])
+
+
+async def test_drain_waits_for_a_borrowed_prompt_that_finishes_in_time() -> None:
+    fake = FakeComfy(steps=10, step_s=0.03)
+    async with lender(
+        fake.app(), adapter="comfyui", extra="drain_timeout_s = 10\nyield_on_veto = true"
+    ) as (d, client):
+        _, body = await submit(client, d)
+        await fake.started.wait()
+        owner_returns(d)
+        assert reclaim_view(d)["phase"] == "waiting"
+        await d.wait_until(lambda: reclaim_view(d).get("phase") == "done", 5)
+        assert reclaim_view(d)["outcome"] == "work_ended"
+        assert fake.history[str(body["prompt_id"])]["status"]["completed"] is True
+        assert not [c for c in fake.calls if c[1] in ("/queue", "/interrupt")]
+        assert fake.free_requests == [{"unload_models": True, "free_memory": True}]
