@@ -380,6 +380,9 @@ class Reclaimer:
 
     def _warm_all(self) -> None:
         for name, model in self.warm_models.items():
+            current = self.reclaims.get(name)
+            if current is not None and current.is_open:
+                continue  # another trigger (pressure, operator) still holds the upstream
             if name in self._unloaded and name in self.controllers:
                 self._unloaded.discard(name)
                 self.supervisor.spawn(self._warm(name, model), name=f"warm {name}", essential=False)
