@@ -266,6 +266,13 @@ class SharedState:
             owner_load=load,
             threshold=threshold,
         )
+        # The same edge starts a reclaim of the affected upstreams (spec "Yield", Y4).
+        self.raise_edge(
+            "pressure",
+            edge.at,
+            resource=name,
+            detail=f"GPU pressure on {name} ({edge.cause.value})",
+        )
 
     def _may_learn(self, now: float) -> bool:
         view = self.presence_view(now)
