@@ -17,10 +17,6 @@ from vacancyd.config import ConfigError, parse_config
 from vacancyd.config.policies import pressure_policy
 from vacancyd.runtime import calibration
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:shutdown_timeout should be set on BaseRunner:DeprecationWarning"
-)
-
 
 def gpu_toml(*resources: str) -> str:
     return "".join(

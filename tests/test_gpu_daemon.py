@@ -24,12 +24,6 @@ from vacancyd.state import PressureSample, SharedState
 
 OWNER_PID = 4_000_000
 
-# proxy/site.py passes shutdown_timeout to the site, which this aiohttp deprecates; that is
-# the foundation's to fix, not this module's subject.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:shutdown_timeout should be set on BaseRunner:DeprecationWarning"
-)
-
 
 def config(state_dir: Path, target: str, pressure: str) -> str:
     return f"""
@@ -273,3 +267,34 @@ def test_status_line_while_calibrating() -> None:
         state.record_pressure("gpu0", sample(0.03), float(t))
     text = format_status(render_status(state, 0.0))
     assert "GPU pressure: ready clear owner=3% threshold=- calibrating (10/1800 s)" in text
+
+
+async def test_pressure_edge_reclaims_borrowed_work(nvml: Scenario, tmp_path: Path) -> None:
+    """Y4 across both halves: a GPU pressure edge from the NVML collector starts a reclaim,
+    and a ``cancel`` upstream's in-flight stream is cut (never a clean end)."""
+    from tests.support.slow_openai import SlowOpenAI
+
+    slow = SlowOpenAI(chunks=400, interval_s=0.05)
+    toml = config(
+        tmp_path / "state",
+        "TARGET",
+        "fixed_threshold = 0.2\nengage_after_s = 0\nrelease_after_s = 30",
+    ).replace('resource = "gpu0"\n', 'resource = "gpu0"\non_owner_return = "cancel"\n')
+    async with serve_app(slow.app()) as target, running_daemon(toml.replace("TARGET", target)) as d:
+        await d.wait_ready()
+        async with aiohttp.ClientSession() as s:
+            resp = await s.post(
+                d.proxy_url("llm") + "/v1/chat/completions",
+                json={"model": "tiny", "stream": True, "messages": []},
+            )
+            assert resp.status == 200
+            await slow.started.wait()
+            nvml.procs = [(0, "graphics", OWNER_PID, 3000)]
+            nvml.sample(OWNER_PID, 80)
+            nvml.write()
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
+            resp.release()
+        await d.wait_until(lambda: slow.ended == ["disconnected"], what="upstream cut")
+        view = d.state.reclaim_views["llm"]
+        assert view["trigger"] == "pressure" and view["resource"] == "gpu0"

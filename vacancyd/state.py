@@ -136,6 +136,8 @@ class SharedState:
         }
         self.unseen_gpu_work: dict[str, str] = {}
         self._unseen_count: dict[str, int] = {}
+        #: Per-upstream reclaim phase as published by vacancyd.control.reclaim (Y5).
+        self.reclaim_views: dict[str, Mapping[str, object]] = {}
 
     # -- change notification -------------------------------------------------------------
 
@@ -264,6 +266,13 @@ class SharedState:
             owner_load=load,
             threshold=threshold,
         )
+        # The same edge starts a reclaim of the affected upstreams (spec "Yield", Y4).
+        self.raise_edge(
+            "pressure",
+            edge.at,
+            resource=name,
+            detail=f"GPU pressure on {name} ({edge.cause.value})",
+        )
 
     def _may_learn(self, now: float) -> bool:
         view = self.presence_view(now)
@@ -328,11 +337,26 @@ class SharedState:
                 "engaged" if self.veto.engaged else "released",
                 f": {reading.detail}" if reading.detail else "",
             )
-            self._emit("veto", active=self.veto.engaged, detail=reading.detail)
+            self._emit("veto", active=self.veto.engaged, detail=reading.detail, at=now)
 
     def record_presence_failure(self, error: str, now: float) -> None:
         self.presence.reading = self.presence.reading.failed(error, now)
         log.warning("owner presence unreadable: %s", error)
+
+    def raise_edge(
+        self, trigger: str, now: float, *, resource: str | None = None, detail: str = ""
+    ) -> None:
+        """Raise a reclaim edge (spec "Yield"): ``trigger`` "owner", "pressure" or "admin".
+
+        The host policy veto raises owner edges by itself (``record_presence``); this is the
+        internal event the admin API (POST /admin/reclaim), tests and the pressure tracker use.
+        """
+        self._emit("edge", trigger=trigger, at=now, resource=resource, detail=detail)
+
+    def publish_reclaim(self, upstream: str, view: Mapping[str, object]) -> None:
+        """Record an upstream's reclaim phase for /status and tell subscribers."""
+        self.reclaim_views[upstream] = view
+        self._emit("reclaim", upstream=upstream, phase=view.get("phase"))
 
     def set_listener(
         self, upstream: str, address: str, bound: bool, error: str | None = None

@@ -518,3 +518,31 @@ async def test_a8_stale_server_proof_takes_one_fresh_observation(
             d.proxy_url("up") + "/v1/chat/completions", json={"model": "m"}, headers=AUTH
         ) as r:
             assert r.status == 200
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+async def test_encoded_request_bodies_are_forwarded_decoded(
+    lender: RunningDaemon,
+    upstream: tuple[str, list[dict[str, Any]]],
+    http: aiohttp.ClientSession,
+    encoding: str,
+) -> None:
+    """aiohttp decodes the body to read the model name; what is forwarded is that decoded
+    body, so its Content-Encoding must not travel with it (Ollama's /v1/responses takes zstd)."""
+    import gzip
+
+    from backports import zstd
+
+    raw = json.dumps({"model": "m", "messages": []}).encode()
+    data = gzip.compress(raw) if encoding == "gzip" else zstd.compress(raw)
+    headers = {**AUTH, "Content-Encoding": encoding, "Content-Type": "application/json"}
+    url = lender.proxy_url("up") + "/v1/chat/completions"
+    async with http.post(url, data=data, headers=headers) as r:
+        assert r.status == 200
+    got = upstream[1][-1]
+    assert got["body"] == {"model": "m", "messages": []}
+    assert "Content-Encoding" not in got["headers"]
+    async with http.post(url, data=b"\x28\xb5\x2f\xfd broken", headers=headers) as r:
+        assert r.status == 400
+        assert (await r.json())["error"]["code"] == "invalid_request_body"
+    assert lender.state.ledger.jobs() == []

@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 MIB = 1024 * 1024
 
@@ -103,6 +104,12 @@ async def read_body(
             try:
                 async with asyncio.timeout(wait):
                     chunk = await request.content.readany()
+            except RequestPayloadError as exc:
+                raise BodyError(
+                    400,
+                    "invalid_request_body",
+                    f"request body could not be read: {exc.__cause__ or exc}",
+                ) from exc
             except TimeoutError:
                 if wait < idle_timeout_s:
                     raise BodyError(
@@ -143,5 +150,5 @@ async def drain(request: web.Request, limit_bytes: int, timeout_s: float) -> Non
                 if not chunk:
                     return
                 seen += len(chunk)
-    except (TimeoutError, ConnectionError):
+    except (TimeoutError, ConnectionError, RequestPayloadError):
         return

@@ -3,8 +3,9 @@
 Dropped in both directions: hop-by-hop headers (RFC 9110 §7.6.1), every header named in
 ``Connection``, and ``Proxy-*``. Towards the upstream also ``Host`` (replaced by the
 upstream's own authority: Ollama and llama-server bound to loopback reject foreign hosts),
-``Origin`` (ComfyUI's origin guard answers 403 when it differs), ``Expect`` and the body
-framing headers (the proxy re-frames the body), and the borrower's ``Authorization`` unless
+``Origin`` (ComfyUI's origin guard answers 403 when it differs), ``Expect``, the body
+framing headers (the proxy re-frames the body) and ``Content-Encoding`` (the body arrives
+decoded), and the borrower's ``Authorization`` unless
 the upstream forwards it.
 """
 
@@ -27,7 +28,9 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-REQUEST_DROP = frozenset({"host", "origin", "expect", "content-length"})
+#: aiohttp decodes request bodies (gzip, deflate, br, zstd) before the proxy reads them, so
+#: the forwarded body is never encoded: its Content-Encoding must not travel with it.
+REQUEST_DROP = frozenset({"host", "origin", "expect", "content-length", "content-encoding"})
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
