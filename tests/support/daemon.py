@@ -39,7 +39,7 @@ class RunningDaemon:
         self, predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition"
     ) -> None:
         async with asyncio.timeout(timeout_s):
-            while not predicate():
+            while not predicate():  # noqa: ASYNC110 - predicates over plain state have no event
                 await asyncio.sleep(0.02)
 
     async def wait_ready(self, timeout_s: float = 10.0) -> None:
@@ -92,16 +92,29 @@ def openai_like_app(
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             for i in range(3):
-                chunk = {"id": "c1", "object": "chat.completion.chunk", "choices": [
-                    {"index": 0, "delta": {"content": f"tok{i}"}, "finish_reason": None}
-                ]}
+                chunk = {
+                    "id": "c1",
+                    "object": "chat.completion.chunk",
+                    "choices": [
+                        {"index": 0, "delta": {"content": f"tok{i}"}, "finish_reason": None}
+                    ],
+                }
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
             return resp
         return web.json_response(
-            {"id": "c1", "object": "chat.completion", "model": body.get("model"),
-             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                          "finish_reason": "stop"}]}
+            {
+                "id": "c1",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "hi"},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
         )
 
     async def models(request: web.Request) -> web.Response:

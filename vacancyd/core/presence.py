@@ -23,7 +23,7 @@ The rules:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -412,3 +412,14 @@ def validate_process_name(name: str) -> str | None:
     if len(name) > 255:
         return "is longer than 255 characters"
     return None
+
+
+def count_kinds(sessions: Iterable[Mapping[str, object]]) -> dict[str, int]:
+    """Sessions per :class:`SessionKind` value, from /status session descriptions (every kind
+    present, zero when none)."""
+    counts = {kind.value: 0 for kind in SessionKind}
+    for s in sessions:
+        kind = s.get("kind")
+        if isinstance(kind, str) and kind in counts:
+            counts[kind] += 1
+    return counts
