@@ -174,6 +174,7 @@ class Daemon:
             app,
             handle_signals=False,
             handler_cancellation=True,
+            shutdown_timeout=5.0,
             keepalive_timeout=limits.header_read_timeout_s,
             lingering_time=0,
             access_log=logging.getLogger(f"vacancyd.access.{name}"),
