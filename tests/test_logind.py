@@ -293,6 +293,7 @@ async def test_readyz_unready_until_presence_sampled(tmp_path: Path) -> None:
 async def test_malformed_property_types_refuse(
     bus: PrivateBus, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="vacancyd")
     async with lender(bus, [SessionSpec("1", locked=True)], poll_s=0.2) as (d, fake, http):
         await d.wait_ready()
         props = fake.proper_properties("1")
@@ -302,10 +303,19 @@ async def test_malformed_property_types_refuse(
         status, body, retry = await borrow(d, http)
         assert status == 503 and retry == "30"
         assert "LockedHint has D-Bus type 's', expected 'b'" in str(body["error"])
-        assert any(
-            "session 1 is unreadable" in r.getMessage() and r.levelno == logging.WARNING
-            for r in caplog.records
-        )
+        lines = [
+            r.getMessage() for r in caplog.records if "session 1 is unreadable" in r.getMessage()
+        ]
+        assert len(lines) == 1  # logged once, though every poll (0.2 s) still finds it
+        assert "LockedHint has D-Bus type 's'" in lines[0]
+        await next_sample(d.state)
+        await next_sample(d.state)
+        assert len([r for r in caplog.records if "session 1 is unreadable" in r.getMessage()]) == 1
+        # Fixed: the problem clears, the veto releases (release_after_s = 0) and lending resumes.
+        fake.malformed.clear()
+        await wait_for(d.state, lambda: not veto(d), what="release once readable again")
+        assert any("session 1 is unreadable no more" in r.getMessage() for r in caplog.records)
+        assert (await borrow(d, http))[0] == 200
 
 
 async def test_session_without_a_user_refuses(bus: PrivateBus) -> None:

@@ -248,6 +248,7 @@ class LogindPresence:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="owner-scan")
         self._scan_future: asyncio.Future[rules.ProcessScan] | None = None
         self.step = "idle"
+        self._problems: dict[str, str] = {}
 
     async def sample(self) -> PresenceReading:
         """One full sample. Raises :class:`LogindError` when logind cannot be read at all."""
@@ -274,15 +275,20 @@ class LogindPresence:
             for sid, why in failed:
                 if sid in still:
                     facts.append(rules.SessionFacts(sid, rules.SessionKind.UNKNOWN, problem=why))
-        for f in facts:
-            if f.kind is rules.SessionKind.UNKNOWN:
-                log.warning("presence: session %s is unreadable: %s", f.id, f.problem)
+        problems = {
+            f"session {f.id} is unreadable": str(f.problem)
+            for f in facts
+            if f.kind is rules.SessionKind.UNKNOWN
+        }
         now_us = _host_now_us()
         scan = None
         users = rules.users_to_scan(facts, self.policy, now_us)
         if users:
             self.step = "owner-process scan"
             scan = await self._run_scan(users)
+            for uid, why in scan.problems.items():
+                problems[f"owner processes of uid {uid} unchecked"] = why
+        self._log_problems(problems)
         self.step = "idle"
         decision = rules.decide_presence(facts, self.policy, now_us, scan)
         return PresenceReading(
@@ -291,6 +297,15 @@ class LogindPresence:
             detail=decision.detail,
             sessions=decision.sessions,
         )
+
+    def _log_problems(self, problems: dict[str, str]) -> None:
+        """Warn once per distinct problem (a persistent one would otherwise log every poll)."""
+        for what, why in problems.items():
+            if self._problems.get(what) != why:
+                log.warning("presence: %s: %s; it counts as the owner", what, why)
+        for what in self._problems.keys() - problems.keys():
+            log.info("presence: %s no more", what)
+        self._problems = problems
 
     async def _run_scan(self, users: frozenset[tuple[int, str]]) -> rules.ProcessScan:
         if self._scan_future is not None and not self._scan_future.done():

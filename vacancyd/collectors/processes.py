@@ -63,7 +63,7 @@ def scan_owner_processes(users: Iterable[tuple[int, str]], names: frozenset[str]
         if why is None:
             wanted[uid] = user
         else:
-            log.warning("owner-process scan: %s; the session counts as the owner", why)
+            log.debug("owner-process scan: %s", why)
             problems[uid] = why
     matches: dict[int, set[str]] = {}
     if wanted and names:
