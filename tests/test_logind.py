@@ -164,6 +164,25 @@ async def test_local_graphical_session_unlocks(bus: PrivateBus) -> None:
         assert presence["sessions"][0]["owner"] is True
 
 
+async def test_unlock_request_signal_triggers_a_resample(bus: PrivateBus) -> None:
+    async with lender(bus, [SessionSpec("1", locked=True)]) as (d, fake, http):
+        await d.wait_ready()
+        fake.session("1").spec.locked = False  # changed without PropertiesChanged...
+        fake.session("1").UnlockRequested()  # ...but the Unlock request wakes a full sample
+        await wait_for(d.state, lambda: veto(d), what="the veto after an Unlock signal")
+        assert (await borrow(d, http))[0] == 503
+
+
+async def test_polling_only_still_sees_the_owner(bus: PrivateBus) -> None:
+    sessions = [SessionSpec("1", locked=True)]
+    async with lender(bus, sessions, poll_s=0.1, signals=False) as (d, fake, http):
+        await d.wait_ready()
+        fake.session("1").set_locked(False)
+        await wait_for(d.state, lambda: veto(d), what="the veto from a poll")
+        assert d.daemon.presence is not None and d.daemon.presence.client.signals_seen == 0
+        assert (await borrow(d, http))[0] == 503
+
+
 async def test_session_locks(bus: PrivateBus) -> None:
     async with lender(bus, [SessionSpec("1", type="x11")]) as (d, fake, http):
         await wait_for(d.state, lambda: veto(d), what="the veto for an unlocked desktop")
@@ -340,8 +359,12 @@ async def test_unresolvable_user_with_owner_processes_refuses(
 async def test_bus_drops_mid_poll(bus: PrivateBus) -> None:
     async with lender(bus, [SessionSpec("1", locked=True)], poll_s=0.2) as (d, fake, http):
         await d.wait_ready()
-        fake.hang.add("GetAll")  # a poll is now waiting on the bus...
-        await asyncio.sleep(0.05)  # let a poll reach the hanging call (not an assertion)
+        fake.hang.add("GetAll")
+        calls = fake.calls.count("GetAll")
+        async with asyncio.timeout(2):
+            while fake.calls.count("GetAll") == calls:  # noqa: ASYNC110 - no event for calls
+                await asyncio.sleep(0.005)
+        # A poll is now waiting on a GetAll that will never be answered...
         bus.stop()  # ...and the bus goes away under it
         async with asyncio.timeout(3):
             while "connect" not in (d.state.presence.reading.error or ""):  # noqa: ASYNC110

@@ -23,6 +23,7 @@ Faults for tests: ``hang`` (member names whose calls are never answered), ``malf
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -292,7 +293,7 @@ class FakeLogind:
         self.calls: list[str] = []
 
     @classmethod
-    async def start(cls, address: str, sessions: list[SessionSpec] = ()) -> FakeLogind:  # type: ignore[assignment]
+    async def start(cls, address: str, sessions: Sequence[SessionSpec] = ()) -> FakeLogind:
         bus = await MessageBus(bus_address=address).connect()
         logind = cls(bus)
         bus.add_message_handler(logind._intercept)
