@@ -88,7 +88,7 @@ class LogindClient:
         self._bus: MessageBus | None = None
         self.signals_seen = 0
         self.connects = 0
-        self._watch: asyncio.Task[None] | None = None
+        self._watches: set[asyncio.Task[None]] = set()
 
     async def _watch_disconnect(self, bus: MessageBus) -> None:
         try:
@@ -113,17 +113,25 @@ class LogindClient:
                 bus = MessageBus(bus_type=BusType.SYSTEM)
             else:
                 bus = MessageBus(bus_address=self.bus_address)
-            await bus.connect()
-        except (OSError, ValueError, EOFError) as exc:
+        except Exception as exc:  # an address dbus-fast cannot parse
             raise LogindError(f"cannot connect to {self.where}: {exc}") from exc
-        except Exception as exc:  # dbus-fast raises its own errors for auth and addresses
-            raise LogindError(f"cannot connect to {self.where}: {exc!r}") from exc
+        try:
+            await bus.connect()
+        except BaseException as exc:
+            bus.disconnect()  # a connect cut short (deadline) must not leave a socket open
+            if isinstance(exc, OSError | ValueError | EOFError):
+                raise LogindError(f"cannot connect to {self.where}: {exc}") from exc
+            if isinstance(exc, Exception):  # dbus-fast's own errors for authentication
+                raise LogindError(f"cannot connect to {self.where}: {exc!r}") from exc
+            raise
         self._bus = bus
         self.connects += 1
         # Notice a dropped connection between polls too, not only at the next call.
-        self._watch = asyncio.get_running_loop().create_task(
+        watch = asyncio.get_running_loop().create_task(
             self._watch_disconnect(bus), name="presence bus watch"
         )
+        self._watches.add(watch)
+        watch.add_done_callback(self._watches.discard)
         if self.signals:
             bus.add_message_handler(self._message)
             for rule in MATCH_RULES:
@@ -226,10 +234,10 @@ class LogindClient:
         bus, self._bus = self._bus, None
         if bus is not None:
             bus.disconnect()
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            await asyncio.wait({watch}, timeout=1.0)
-            watch.cancel()
+        if self._watches:
+            await asyncio.wait(set(self._watches), timeout=1.0)
+            for watch in list(self._watches):
+                watch.cancel()
 
 
 class LogindPresence:
