@@ -39,7 +39,7 @@ class RunningDaemon:
         self, predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition"
     ) -> None:
         async with asyncio.timeout(timeout_s):
-            while not predicate():  # noqa: ASYNC110 - predicates over plain state have no event
+            while not predicate():  # noqa: ASYNC110 - polls arbitrary state, not one event
                 await asyncio.sleep(0.02)
 
     async def wait_ready(self, timeout_s: float = 10.0) -> None:
