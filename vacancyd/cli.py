@@ -137,6 +137,23 @@ def format_status(doc: dict[str, Any]) -> str:
         )
         if r.get("error"):
             lines.append(f"    error: {r['error']}")
+        pr = r.get("pressure")
+        if pr:
+            thr = pr.get("threshold_ratio")
+            load = pr.get("owner_load_ratio")
+            lines.append(
+                f"    GPU pressure: {pr.get('quality')} "
+                f"{'ENGAGED' if pr.get('engaged') else 'clear'} "
+                f"owner={'-' if load is None else f'{load:.0%}'} "
+                f"threshold={'-' if thr is None else f'{thr:.0%}'} "
+                + (
+                    "calibrated"
+                    if pr.get("calibrated")
+                    else f"calibrating ({pr.get('calibration_observed_s') or 0:.0f}"
+                    f"/{pr.get('calibration_needed_s') or 0:.0f} s)"
+                )
+                + (f": {pr['detail']}" if pr.get("detail") else "")
+            )
         if r.get("held_by"):
             h = r["held_by"]
             lines.append(f"    held by job {h['job']} ({h['upstream']}, {h['phase']})")

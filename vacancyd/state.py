@@ -17,7 +17,20 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.ledger import Ledger
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
-from vacancyd.core.snapshot import PresenceView, ResourceView, ServerState, Snapshot
+from vacancyd.core.pressure import (
+    Attribution,
+    PressureEdge,
+    PressurePolicy,
+    PressureTracker,
+    ThresholdLearner,
+)
+from vacancyd.core.snapshot import (
+    PresenceView,
+    PressureView,
+    ResourceView,
+    ServerState,
+    Snapshot,
+)
 from vacancyd.core.veto import VetoTracker
 
 log = logging.getLogger(__name__)
@@ -53,6 +66,36 @@ class ListenerState:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PressureSample:
+    """One pressure poll as a collector hands it over: the attribution and the GPU's UUID."""
+
+    attribution: Attribution
+    gpu: str
+
+
+#: Attribution samples with admitted work and no GPU use in the upstream's tree before
+#: ``unseen_gpu_work`` is reported (spec "Shared state"; product map R6).
+UNSEEN_AFTER_SAMPLES = 3
+
+
+@dataclass
+class PressureState:
+    """One GPU's pressure guard (spec "Shared state"): reading, learner and hysteresis.
+
+    ``pending_cache``: a saved calibration read at start, applied once the first sample says
+    which GPU (UUID) this is. ``last_edge``: the newest rising edge, for /status.
+    """
+
+    policy: PressurePolicy
+    learner: ThresholdLearner
+    tracker: PressureTracker
+    reading: Observation[Attribution] = field(default_factory=Observation)
+    gpu: str | None = None
+    pending_cache: Mapping[str, object] | None = None
+    last_edge: PressureEdge | None = None
+
+
 Listener = Callable[[str, Mapping[str, object]], None]
 
 
@@ -69,6 +112,7 @@ class SharedState:
         presence_max_age_s: float = 15.0,
         release_after_s: float = 60.0,
         clock: Callable[[], float] | None = None,
+        pressure: Mapping[str, PressurePolicy] | None = None,
     ) -> None:
         self.resources = dict(resources)
         self.upstreams = dict(upstreams)
@@ -87,6 +131,12 @@ class SharedState:
         self._sample_wanted: dict[str, asyncio.Event] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []
+        self.pressure: dict[str, PressureState] = {
+            name: PressureState(p, p.new_learner(), p.new_tracker())
+            for name, p in (pressure or {}).items()
+        }
+        self.unseen_gpu_work: dict[str, str] = {}
+        self._unseen_count: dict[str, int] = {}
 
     # -- change notification -------------------------------------------------------------
 
@@ -142,6 +192,120 @@ class SharedState:
         ):
             log.warning("resource %s unmeasured: %s", name, error)
             self._emit("capacity", resource=name, quality=Quality.UNKNOWN.value, error=error)
+
+    def record_pressure(self, name: str, sample: PressureSample, now: float) -> None:
+        """A valid pressure poll of GPU ``name`` (spec "Shared state", "Yield"; R1–R6).
+
+        Feeds the learner (paused while a presence source is configured but stale, spec
+        "Gate" step 2) and the hysteresis; emits ``pressure`` events on a rising edge
+        (``edge=True``, consumed by reclaim) and on release (``edge=False``).
+        """
+        ps = self.pressure[name]
+        if ps.pending_cache is not None:
+            why = ps.learner.load_cache(ps.pending_cache, sample.gpu)
+            if why is None:
+                log.info(
+                    "resource %s: calibration restored (%.0f s observed)",
+                    name,
+                    ps.learner.observed_s,
+                )
+            else:
+                log.warning("resource %s: saved calibration ignored: %s", name, why)
+            ps.pending_cache = None
+        ps.gpu = sample.gpu
+        load = sample.attribution.owner_load
+        if self._may_learn(now):
+            ps.learner.observe(load, now)
+        was_engaged = ps.tracker.engaged
+        was_ready = ps.reading.quality(now, ps.policy.stale_after_s) is Quality.READY
+        edge = ps.tracker.observe(load, ps.learner.current(), now)
+        ps.reading = ps.reading.succeeded(sample.attribution, now)
+        if not was_ready:
+            log.info("resource %s: GPU pressure measured", name)
+        if edge is not None:
+            self._pressure_edge(name, ps, edge)
+        elif was_engaged and not ps.tracker.engaged:
+            log.info("resource %s: GPU pressure released", name)
+            self._emit("pressure", resource=name, edge=False, engaged=False)
+        self._track_unseen(name, sample.attribution)
+
+    def record_pressure_failure(self, name: str, error: str, now: float) -> None:
+        """A pressure poll without a valid reading: unknown at once, an edge after the gap."""
+        ps = self.pressure[name]
+        previous = ps.reading
+        ps.reading = previous.failed(error, now)
+        if (
+            previous.error != error
+            or previous.failed_at is None
+            or (previous.observed_at is not None and previous.failed_at < previous.observed_at)
+        ):
+            log.warning("resource %s: GPU pressure unknown: %s", name, error)
+        edge = ps.tracker.unknown(now)
+        if edge is not None:
+            self._pressure_edge(name, ps, edge)
+
+    def _pressure_edge(self, name: str, ps: PressureState, edge: PressureEdge) -> None:
+        ps.last_edge = edge
+        threshold = ps.learner.current()
+        load = ps.reading.value.owner_load if ps.reading.value is not None else None
+        log.warning(
+            "resource %s: GPU pressure edge (%s%s)",
+            name,
+            edge.cause.value,
+            f", unknown for {edge.unknown_for_s:.0f} s" if edge.unknown_for_s else "",
+        )
+        self._emit(
+            "pressure",
+            resource=name,
+            edge=True,
+            engaged=ps.tracker.engaged,
+            cause=edge.cause.value,
+            at=edge.at,
+            unknown_for_s=edge.unknown_for_s,
+            owner_load=load,
+            threshold=threshold,
+        )
+
+    def _may_learn(self, now: float) -> bool:
+        view = self.presence_view(now)
+        if not view.refuses or not view.sampled:
+            return True
+        age = view.age_s(now)
+        return age is not None and age <= view.max_age_s
+
+    def _track_unseen(self, name: str, attribution: Attribution) -> None:
+        """R6: count samples with admitted work and none of the upstream's tree on the GPU."""
+        running = {job.upstream for job in self.ledger.jobs()}
+        for upstream, seen in attribution.seen.items():
+            policy = self.upstreams.get(upstream)
+            if policy is None or self._unseen_resource(policy) != name:
+                continue
+            if seen:
+                self._unseen_count[upstream] = 0
+                if self.unseen_gpu_work.pop(upstream, None) is not None:
+                    log.info("upstream %s: its processes are seen on the GPU again", upstream)
+                    self._emit("unseen_gpu_work", upstream=upstream, active=False)
+                continue
+            if upstream not in running:
+                self._unseen_count[upstream] = 0
+                continue
+            count = self._unseen_count.get(upstream, 0) + 1
+            self._unseen_count[upstream] = count
+            if count >= UNSEEN_AFTER_SAMPLES and upstream not in self.unseen_gpu_work:
+                why = (
+                    f"{count} samples with admitted work running and no process of the "
+                    f"upstream's tree on GPU {name!r}; its GPU work runs outside that tree "
+                    "(a relay into a VM or container?) and counts as the owner's load"
+                )
+                self.unseen_gpu_work[upstream] = why
+                log.warning("upstream %s: unseen GPU work: %s", upstream, why)
+                self._emit("unseen_gpu_work", upstream=upstream, active=True, detail=why)
+
+    def _unseen_resource(self, policy: UpstreamPolicy) -> str | None:
+        for name in policy.resources:
+            if name in self.pressure:
+                return name
+        return None
 
     def record_server(self, upstream: str, state: ServerState, now: float) -> None:
         self.servers[upstream] = self.servers.get(upstream, Observation()).succeeded(state, now)
@@ -213,22 +377,34 @@ class SharedState:
         if event is not None:
             event.set()
 
+    def _observed_at(self, key: str) -> float | None:
+        if key.startswith("server:"):
+            obs = self.servers.get(key.removeprefix("server:"))
+            return None if obs is None else obs.observed_at
+        capacity = self.capacity.get(key)
+        return None if capacity is None else capacity.observed_at
+
     async def fresh_sample(self, key: str, timeout_s: float) -> bool:
-        """Ask for a sample of ``key`` (a resource, or ``server:NAME``) and wait for one.
+        """Ask for a sample of ``key`` (a resource, or ``server:NAME``) started after this
+        call, and wait for it. A probe already running when asked does not count.
 
         Returns False when none arrived within ``timeout_s`` seconds or nobody samples it.
         """
         if key not in self._sample_wanted:
             return False
+        asked_at = self.clock()
         observed = self._observed.setdefault(key, asyncio.Event())
-        observed.clear()
-        self.request_sample(key)
         try:
             async with asyncio.timeout(timeout_s):
-                await observed.wait()
+                while True:
+                    observed.clear()
+                    self.request_sample(key)
+                    await observed.wait()
+                    last = self._observed_at(key)
+                    if last is not None and last >= asked_at:
+                        return True
         except TimeoutError:
             return False
-        return True
 
     @staticmethod
     def _wake(events: dict[str, asyncio.Event], key: str) -> None:
@@ -259,6 +435,32 @@ class SharedState:
             detail=detail,
         )
 
+    def pressure_view(self, name: str, now: float) -> PressureView | None:
+        """The gate's view of GPU ``name``'s pressure, or None where pressure does not apply."""
+        ps = self.pressure.get(name)
+        if ps is None:
+            return None
+        quality = ps.reading.quality(now, ps.policy.stale_after_s)
+        threshold = ps.learner.current()
+        value = ps.reading.value
+        if quality is Quality.UNKNOWN and ps.reading.error:
+            detail = ps.reading.error
+        elif quality is Quality.STALE:
+            detail = f"newest reading is {ps.reading.age_s(now) or 0:.0f} s old"
+        elif not ps.learner.ready:
+            left = ps.learner.settings.calibration_s - ps.learner.observed_s
+            detail = f"calibrating, {left:.0f} s of observation left"
+        elif value is not None and threshold is not None:
+            detail = f"owner load {value.owner_load:.0%}, threshold {threshold:.0%}"
+        else:
+            detail = ""
+        return PressureView(
+            quality=quality,
+            calibrated=ps.learner.ready,
+            engaged=ps.tracker.engaged,
+            detail=detail,
+        )
+
     def snapshot(self, now: float | None = None) -> Snapshot:
         """Freeze everything the gate reads at ``now`` (default: the loop clock)."""
         at = self.clock() if now is None else now
@@ -272,6 +474,7 @@ class SharedState:
                     switch_on=self.switches[name],
                     capacity=self.capacity[name],
                     released_at=self.ledger.released_at(name),
+                    pressure=self.pressure_view(name, at),
                 )
                 for name, policy in self.resources.items()
             },
@@ -302,4 +505,9 @@ class SharedState:
             quality = self.capacity[name].quality(now, self.resources[name].stale_after_s)
             if quality is not Quality.READY:
                 why.append(f"resource {name} {quality}")
+            ps = self.pressure.get(name)
+            if ps is not None:
+                pq = ps.reading.quality(now, ps.policy.stale_after_s)
+                if pq is not Quality.READY:
+                    why.append(f"resource {name} pressure {pq}")
         return not why, why

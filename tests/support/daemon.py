@@ -61,7 +61,7 @@ async def running_daemon(toml: str) -> AsyncIterator[RunningDaemon]:
 @asynccontextmanager
 async def serve_app(app: web.Application) -> AsyncIterator[str]:
     """Serve an aiohttp app on an ephemeral loopback port; yields its base URL."""
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

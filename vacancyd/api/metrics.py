@@ -84,6 +84,11 @@ class StateCollector(Collector):
         util = GaugeMetricFamily(
             "vacancyd_resource_utilization_ratio", "Utilization, 0-1.", labels=["resource"]
         )
+        used = GaugeMetricFamily(
+            "vacancyd_resource_used_bytes",
+            "Used bytes as the device reports them.",
+            labels=["resource"],
+        )
         lendable = GaugeMetricFamily(
             "vacancyd_resource_lendable",
             "1 when the resource passes its switch, quality and probe policy checks.",
@@ -106,9 +111,12 @@ class StateCollector(Collector):
                     total.add_metric([name], reading.total_mib * MIB)
                 if reading.utilization is not None:
                     util.add_metric([name], reading.utilization)
+                if view.policy.has_bytes and reading.used_mib is not None:
+                    used.add_metric([name], reading.used_mib * MIB)
                 ok = ok and view.policy.evaluate(reading) is None
             lendable.add_metric([name], 1.0 if ok else 0.0)
-        yield from (enabled, quality, age_g, free, total, util, lendable)
+        yield from (enabled, quality, age_g, free, total, used, util, lendable)
+        yield from _pressure_metrics(state, now)
 
         active = GaugeMetricFamily(
             "vacancyd_active_work",
@@ -159,6 +167,67 @@ def _presence_families(
     for kind, n in presence_rules.count_kinds(reading.sessions).items():
         sessions.add_metric([kind], float(n))
     yield sessions
+
+
+def _pressure_metrics(state: SharedState, now: float) -> Iterator[GaugeMetricFamily]:
+    """GPU pressure inputs the gate reads (product map R1–R6), one series per GPU."""
+    quality = GaugeMetricFamily(
+        "vacancyd_gpu_pressure_quality",
+        "GPU pressure reading quality (1 for the current one).",
+        labels=["resource", "quality"],
+    )
+    engaged = GaugeMetricFamily(
+        "vacancyd_gpu_pressure_engaged",
+        "1 while the owner's GPU work presses the GPU (hysteresis engaged).",
+        labels=["resource"],
+    )
+    calibrated = GaugeMetricFamily(
+        "vacancyd_gpu_pressure_calibrated",
+        "1 once the GPU's threshold is calibrated (or fixed).",
+        labels=["resource"],
+    )
+    threshold = GaugeMetricFamily(
+        "vacancyd_gpu_pressure_threshold_ratio",
+        "Owner-load threshold in force, 0-1 (absent while uncalibrated).",
+        labels=["resource"],
+    )
+    owner = GaugeMetricFamily(
+        "vacancyd_gpu_owner_load_ratio",
+        "Owner's attributed GPU load in the newest pressure sample, 0-1.",
+        labels=["resource"],
+    )
+    borrower = GaugeMetricFamily(
+        "vacancyd_gpu_borrower_load_ratio",
+        "GPU load of the processes serving local upstreams, 0-1.",
+        labels=["resource"],
+    )
+    observed = GaugeMetricFamily(
+        "vacancyd_gpu_calibration_observed_seconds",
+        "Observed seconds of owner load in the GPU's calibration.",
+        labels=["resource"],
+    )
+    for name, ps in sorted(state.pressure.items()):
+        view = state.pressure_view(name, now)
+        assert view is not None
+        for each in Quality:
+            quality.add_metric([name, each.value], 1.0 if each is view.quality else 0.0)
+        engaged.add_metric([name], 1.0 if view.engaged else 0.0)
+        calibrated.add_metric([name], 1.0 if view.calibrated else 0.0)
+        current = ps.learner.current()
+        if current is not None:
+            threshold.add_metric([name], current)
+        if ps.reading.value is not None:
+            owner.add_metric([name], ps.reading.value.owner_load)
+            borrower.add_metric([name], ps.reading.value.borrower_load)
+        observed.add_metric([name], ps.learner.observed_s)
+    unseen = GaugeMetricFamily(
+        "vacancyd_upstream_unseen_gpu_work",
+        "1 while an upstream has admitted work and none of its processes is seen on a GPU.",
+        labels=["upstream"],
+    )
+    for upstream in sorted(state.upstreams):
+        unseen.add_metric([upstream], 1.0 if upstream in state.unseen_gpu_work else 0.0)
+    yield from (quality, engaged, calibrated, threshold, owner, borrower, observed, unseen)
 
 
 class Metrics:

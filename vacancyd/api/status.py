@@ -11,12 +11,17 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                 "owner_processes"?}],
                   "session_counts": {KIND: int}},
      "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
-                          "utilization_ratio", "lendable", "why_not", "error",
-                          "held_by": {"job", "upstream", "phase"} | null}},
+                          "utilization_ratio", "used_mib", "lendable", "why_not", "error",
+                          "held_by": {"job", "upstream", "phase"} | null,
+                          "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
+                                       "owner_load_ratio", "borrower_load_ratio",
+                                       "calibration_observed_s", "calibration_needed_s",
+                                       "release_in_s", "gpu", "detail", "last_edge"} | null}},
      "upstreams": {NAME: {"adapter", "target", "resource", "also_requires", "owner_scope",
                           "listener": {"address", "bound", "error"},
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
                           "server": {"quality", "age_s", "idle", "error"} | null,
+                          "unseen_gpu_work": str | null,
                           "active_work": [{"job", "phase", "model", "age_s"}]}}}
 """
 
@@ -36,6 +41,38 @@ from vacancyd.state import SharedState
 
 def _round(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
+
+
+def _pressure_doc(state: SharedState, name: str, now: float) -> dict[str, Any] | None:
+    ps = state.pressure.get(name)
+    view = state.pressure_view(name, now)
+    if ps is None or view is None:
+        return None
+    value = ps.reading.value
+    threshold = ps.learner.current()
+    edge = ps.last_edge
+    return {
+        "quality": view.quality.value,
+        "calibrated": view.calibrated,
+        "engaged": view.engaged,
+        "threshold_ratio": _round(threshold, 3),
+        "owner_load_ratio": _round(value.owner_load, 3) if value else None,
+        "borrower_load_ratio": _round(value.borrower_load, 3) if value else None,
+        "calibration_observed_s": _round(ps.learner.observed_s),
+        "calibration_needed_s": None
+        if ps.learner.settings.fixed is not None
+        else ps.learner.settings.calibration_s,
+        "release_in_s": _round(ps.tracker.release_in_s(now)),
+        "gpu": ps.gpu,
+        "detail": view.detail,
+        "last_edge": None
+        if edge is None
+        else {
+            "cause": edge.cause.value,
+            "age_s": _round(now - edge.at),
+            "unknown_for_s": _round(edge.unknown_for_s),
+        },
+    }
 
 
 def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
@@ -92,9 +129,11 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             "lendable": why_not is None,
             "why_not": why_not,
             "error": view.capacity.error if q is Quality.UNKNOWN else None,
+            "used_mib": _round(value.used_mib) if value else None,
             "held_by": None
             if holder is None
             else {"job": holder.id, "upstream": holder.upstream, "phase": holder.phase.value},
+            "pressure": _pressure_doc(state, name, now),
         }
     for name, policy in state.upstreams.items():
         decision = gate.decide(RequestFacts(), snap, policy)
@@ -131,6 +170,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             "lendable": refusal is None,
             "refusal": refusal,
             "server": server_doc,
+            "unseen_gpu_work": state.unseen_gpu_work.get(name),
             "active_work": [
                 {
                     "job": job.id,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vacancyd.config.model import ResourceSettings, Settings, UpstreamSettings
 from vacancyd.core.policy import OwnerScope, ResourceKind, ResourcePolicy, UpstreamPolicy
+from vacancyd.core.pressure import LearnerSettings, PressurePolicy, max_gap_s
 
 
 def resource_policy(settings: Settings, res: ResourceSettings) -> ResourcePolicy:
@@ -31,4 +32,25 @@ def upstream_policy(
         resident_min_free_mib=up.resident_min_free_mib,
         needs_model_observation=needs_model_observation,
         model_observation_max_age_s=settings.stale_after_default_s,
+    )
+
+
+def pressure_policy(res: ResourceSettings) -> PressurePolicy | None:
+    """The core's view of a GPU's ``[resource.pressure]`` table; None where it is off."""
+    p = res.gpu_pressure
+    if p is None:
+        return None
+    poll_s = p.poll_s
+    return PressurePolicy(
+        poll_s=poll_s,
+        engage_after_s=p.engage_after_s,
+        release_after_s=p.release_after_s,
+        learner=LearnerSettings(
+            cap=p.threshold_cap,
+            fixed=p.fixed_threshold,
+            calibration_s=p.calibration_s,
+            rise_per_hour=p.rise_per_hour,
+            half_life_s=p.half_life_h * 3600.0,
+            max_step_s=max_gap_s(poll_s),
+        ),
     )

@@ -62,9 +62,11 @@ class CapacityReading:
     """What a capacity probe measured for one resource.
 
     ``free_mib``/``total_mib`` are MiB (None for CPU, which has no byte capacity);
-    ``utilization`` is a 0–1 ratio (None when the probe cannot read it).
+    ``utilization`` is a 0–1 ratio (None when the probe cannot read it); ``used_mib`` is MiB
+    in use as the device reports it (None where the probe has no such figure).
     """
 
     free_mib: float | None
     total_mib: float | None
     utilization: float | None = None
+    used_mib: float | None = None

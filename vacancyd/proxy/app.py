@@ -15,6 +15,7 @@ Order for every request: authenticate (borrow scope) -> classify -> by class:
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 #: How long a refusal that a fresh observation could change waits for one (seconds).
 REFRESH_WAIT_S = 2.0
+#: aiohttp warns about (and may stall the loop on) raw bytes bodies past 1 MiB.
+LARGE_BODY_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,8 @@ class Proxy:
             credential=up.credential,
         )
         data: Any = body
+        if body is not None and len(body) > LARGE_BODY_BYTES:
+            data = io.BytesIO(body)  # aiohttp sends large in-memory bodies in chunks this way
         if body is None and request.body_exists:
             data = request.content
         try:

@@ -5,6 +5,8 @@ Task tree (names as they appear in logs):
 * ``api@ADDR`` — the API listener (essential)
 * ``listener NAME@ADDR`` — one proxy listener per upstream (essential)
 * ``collector RESOURCE`` — one capacity loop per enabled resource (essential)
+* ``pressure RESOURCE`` — one GPU pressure loop per enabled GPU with pressure (essential)
+* ``calibration saver`` — writes learned thresholds to the state directory (not essential)
 * ``collector presence`` — the presence loop (headless or logind), when one is configured
   (essential); logind's signals wake it through ``state.sample_wanted("presence")``
 * ``observer NAME`` — server observation for adapters that need it (essential)
@@ -31,16 +33,18 @@ from vacancyd.api.auth import Authenticator, Token
 from vacancyd.api.metrics import Metrics
 from vacancyd.collectors import logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
-from vacancyd.collectors.nvidia import NvmlProbe
+from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError
 from vacancyd.config.model import ResourceSettings, Settings, split_listen
-from vacancyd.config.policies import resource_policy, upstream_policy
+from vacancyd.config.policies import pressure_policy, resource_policy, upstream_policy
 from vacancyd.core import presence as presence_rules
+from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import CappedTCPSite
+from vacancyd.runtime import calibration
 from vacancyd.runtime.tasks import Supervisor
-from vacancyd.state import SharedState
+from vacancyd.state import PressureSample, SharedState
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +53,22 @@ class StartupError(Exception):
     """The daemon could not start (a listener could not bind, a secret could not be read)."""
 
 
-def _capacity_probe(res: ResourceSettings) -> Callable[[], CapacityReading]:
+#: How often learned calibrations are written to the state directory (seconds).
+CALIBRATION_SAVE_INTERVAL_S = 300.0
+
+
+def _capacity_probe(
+    res: ResourceSettings, settings: Settings, gpus: dict[str, NvmlGpu]
+) -> Callable[[], CapacityReading]:
     if res.kind == "memory":
         return system.sample_memory
     if res.kind == "cpu":
         return system.CpuProbe()
-    return NvmlProbe(res.device or 0)
+    selector = GpuSelector.parse(res.device)
+    gpu = gpus.setdefault(res.name, NvmlGpu(selector))
+    # nvidia-smi must finish inside the probe deadline, leaving the loop time to kill it.
+    smi_deadline = max(0.1, settings.collectors.probe_timeout_s * 0.8)
+    return GpuCapacityProbe(gpu, SmiProbe(selector, smi_deadline))
 
 
 def build_state(settings: Settings) -> SharedState:
@@ -66,14 +80,24 @@ def build_state(settings: Settings) -> SharedState:
         for u in settings.upstream
     }
     source = presence_rules.resolve_source(settings.owner.presence, sys.platform)
-    return SharedState(
+    pressure = {
+        r.name: policy
+        for r in settings.resource
+        if r.enabled and (policy := pressure_policy(r)) is not None
+    }
+    state = SharedState(
         resources,
         upstreams,
         presence_source=source.value,
         presence_refuses=source is not presence_rules.PresenceSource.UNSUPPORTED,
         presence_max_age_s=settings.presence_max_age_s,
         release_after_s=settings.owner.release_after_s,
+        pressure=pressure,
     )
+    saved = calibration.load_calibrations(settings.state_dir, pressure)
+    for name, data in saved.items():
+        state.pressure[name].pending_cache = data
+    return state
 
 
 def read_tokens(settings: Settings) -> list[Token]:
@@ -101,6 +125,7 @@ class Daemon:
     _runners: list[web.AppRunner] = field(default_factory=list)
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
 
     def __post_init__(self) -> None:
@@ -233,7 +258,7 @@ class Daemon:
             self.supervisor.spawn(
                 run_probe_loop(
                     name,
-                    _capacity_probe(res),
+                    _capacity_probe(res, self.settings, self._gpus),
                     interval_s=cfg.poll_s,
                     timeout_s=cfg.probe_timeout_s,
                     on_sample=lambda r, t, n=name: state.record_capacity(n, r, t),  # type: ignore[misc]
@@ -243,6 +268,7 @@ class Daemon:
                 name=f"collector {name}",
                 essential=True,
             )
+        self._start_pressure()
         source = presence_rules.resolve_source(self.settings.owner.presence, sys.platform)
         if source is presence_rules.PresenceSource.LOGIND:
             self._start_logind()
@@ -297,6 +323,58 @@ class Daemon:
             essential=True,
         )
 
+    def _start_pressure(self) -> None:
+        """One pressure loop per GPU with pressure (R1–R5), and the calibration saver (R3)."""
+        state = self.state
+        targets = {}
+        for up in self.settings.upstream:
+            url = URL(str(up.target))
+            if url.host is not None and url.port is not None:
+                targets[up.name] = (url.host, url.port)
+        for res in self.settings.resource:
+            ps = state.pressure.get(res.name)
+            if ps is None:
+                continue
+            gpu = self._gpus.setdefault(res.name, NvmlGpu(GpuSelector.parse(res.device)))
+            name = res.name
+            self.supervisor.spawn(
+                run_probe_loop(
+                    f"pressure {name}",
+                    GpuPressureProbe(gpu, targets),
+                    interval_s=ps.policy.poll_s,
+                    timeout_s=self.settings.collectors.probe_timeout_s,
+                    on_sample=lambda r, t, n=name: state.record_pressure(  # type: ignore[misc]
+                        n, PressureSample(r.attribution, r.gpu), t
+                    ),
+                    on_error=lambda e, t, n=name: state.record_pressure_failure(n, e, t),  # type: ignore[misc]
+                    wake=state.sample_wanted(f"pressure:{name}"),
+                ),
+                name=f"pressure {name}",
+                essential=True,
+            )
+        if state.pressure:
+            self.supervisor.spawn(
+                self._save_calibrations_forever(), name="calibration saver", essential=False
+            )
+
+    async def _save_calibrations_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CALIBRATION_SAVE_INTERVAL_S)
+            await self.save_calibrations()
+
+    async def save_calibrations(self) -> None:
+        """Write every identified GPU's calibration to the state directory; logs failures."""
+        for name, ps in self.state.pressure.items():
+            if ps.gpu is None or ps.learner.settings.fixed is not None:
+                continue
+            data = ps.learner.to_cache(ps.gpu)
+            try:
+                await asyncio.to_thread(
+                    calibration.save_calibration, self.settings.state_dir, name, data
+                )
+            except OSError as exc:
+                log.warning("resource %s: cannot save calibration: %s", name, exc)
+
     async def wait(self) -> int:
         """Wait for a stop request (returns 0) or an essential task's failure (returns 1)."""
         loop = asyncio.get_running_loop()
@@ -314,6 +392,7 @@ class Daemon:
         for runner in reversed(self._runners):
             await runner.cleanup()
         await self.supervisor.stop()
+        await self.save_calibrations()
         for session in self._sessions:
             await session.close()
 

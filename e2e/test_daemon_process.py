@@ -1,0 +1,153 @@
+"""The installed ``vacancyd`` command as a process: the embedded default config, a config
+file, clean SIGTERM exit, a port already in use, and a bad config."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def vacancyd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "vacancyd", *args]
+
+
+def get_json(url: str, timeout_s: float = 2.0) -> tuple[int, dict[str, object]]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=timeout_s) as resp:
+            return resp.status, json.load(resp)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def wait_for(url: str, status: int = 200, timeout_s: float = 20.0) -> dict[str, object]:
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            code, body = get_json(url)
+            if code == status:
+                return body
+            last = (code, body)
+        except OSError as exc:
+            last = exc
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never answered {status}: {last}")
+
+
+@pytest.fixture
+def proc_env() -> Iterator[dict[str, str]]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    yield env
+
+
+def test_embedded_default_runs_and_stops_cleanly(tmp_path: Path, proc_env: dict[str, str]) -> None:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", 9470))
+        except OSError:
+            pytest.skip("port 9470 (the embedded default's API port) is busy on this machine")
+    p = subprocess.Popen(
+        vacancyd("run"), env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_for("http://127.0.0.1:9470/readyz")
+        code, status = get_json("http://127.0.0.1:9470/status")  # trust_loopback in the default
+        assert code == 200
+        assert status["lending_enabled"] is True
+        # the upstream (127.0.0.1:8080) is probably not running: 502 or served, never a crash
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=15)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out
+    assert "embedded default configuration" in out
+    assert "stopping on signal" in out
+
+
+def test_config_file_and_port_in_use(tmp_path: Path, proc_env: dict[str, str]) -> None:
+    api, proxy = free_port(), free_port()
+    cfg = tmp_path / "v.toml"
+    cfg.write_text(
+        f"""
+[server]
+listen = "127.0.0.1:{api}"
+trust_loopback = true
+[owner]
+presence = "headless"
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "llama"
+adapter = "llamacpp"
+listen = "127.0.0.1:{proxy}"
+target = "http://127.0.0.1:{free_port()}"
+resource = "ram"
+"""
+    )
+    p = subprocess.Popen(
+        vacancyd("run", "--config", str(cfg)),
+        env=proc_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(f"http://127.0.0.1:{api}/healthz")
+        # llama-server is not running: the /slots observation fails, so work is refused
+        code, _ = get_json(f"http://127.0.0.1:{proxy}/v1/chat/completions")
+        assert code == 403  # GET on a work route is not a borrower read
+        second = subprocess.run(
+            vacancyd("run", "--config", str(cfg)),
+            env=proc_env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert second.returncode == 2
+        assert f"cannot listen on 127.0.0.1:{api}" in second.stderr
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=15)
+        assert p.returncode == 0, out
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_bad_config_exits_2_with_the_key(tmp_path: Path, proc_env: dict[str, str]) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[server]\nlisten = '127.0.0.1:1'\ntokens = 'nope'\n")
+    r = subprocess.run(
+        vacancyd("run", "--config", str(cfg)),
+        env=proc_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert "server.tokens" in r.stderr and str(cfg) in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_version() -> None:
+    r = subprocess.run(vacancyd("--version"), capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith("vacancyd ")

@@ -1,0 +1,202 @@
+"""API listener (product map O1, O2, O3, O6, P11): health, readiness, status, metrics,
+admin switches and their scopes, and the ``vacancyd status`` CLI against a live daemon."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
+from vacancyd.cli import format_status, main
+
+ADMIN = "admin-token-0123456789ab"
+READ = "read-token-0123456789abc"
+BORROW = "borrow-token-0123456789"
+
+
+def config(target: str, presence: str = 'presence = "headless"') -> str:
+    return f"""
+[server]
+listen = "127.0.0.1:0"
+
+[[server.tokens]]
+name = "ops"
+token = "{ADMIN}"
+scopes = ["admin"]
+
+[[server.tokens]]
+name = "prom"
+token = "{READ}"
+scopes = ["read"]
+
+[[server.tokens]]
+name = "cluster"
+token = "{BORROW}"
+scopes = ["borrow"]
+
+[owner]
+{presence}
+
+[collectors]
+poll_s = 0.2
+
+[[resource]]
+name = "ram"
+kind = "memory"
+
+[[resource]]
+name = "cpu"
+kind = "cpu"
+
+[[upstream]]
+name = "llm"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+also_requires = ["cpu"]
+"""
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+async def lender() -> AsyncIterator[RunningDaemon]:
+    app, _ = openai_like_app()
+    async with serve_app(app) as url, running_daemon(config(url)) as d:
+        yield d
+
+
+async def test_health_ready_and_scopes(lender: RunningDaemon) -> None:
+    api = lender.api_url
+    async with aiohttp.ClientSession() as http:
+        async with http.get(api + "/healthz") as r:
+            assert r.status == 200
+        await lender.wait_ready()
+        async with http.get(api + "/readyz") as r:
+            assert r.status == 200 and await r.json() == {"status": "ready"}
+        for path in ("/status", "/metrics"):
+            async with http.get(api + path) as r:
+                assert r.status == 401
+            async with http.get(api + path, headers=bearer(BORROW)) as r:
+                assert r.status == 403
+            async with http.get(api + path, headers=bearer(READ)) as r:
+                assert r.status == 200
+            async with http.get(api + path, headers=bearer(ADMIN)) as r:
+                assert r.status == 200  # admin implies read
+        async with http.put(
+            api + "/admin/lending", json={"enabled": False}, headers=bearer(READ)
+        ) as r:
+            assert r.status == 403
+        assert lender.state.lending_enabled
+
+
+async def test_readyz_waits_for_presence_and_is_detail_free() -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as url, running_daemon(config(url, presence="")) as d:
+        async with aiohttp.ClientSession() as http:
+            await d.wait_until(lambda: d.state.capacity["ram"].observed_at is not None)
+            async with http.get(d.api_url + "/readyz") as r:
+                assert r.status == 503 and await r.json() == {"status": "not ready"}
+            async with http.get(d.api_url + "/status", headers=bearer(READ)) as r:
+                doc = await r.json()
+            assert "presence not sampled" in doc["not_ready"]
+            assert doc["upstreams"]["llm"]["refusal"]["reason"] == "owner_active"
+            async with http.post(
+                d.proxy_url("llm") + "/v1/chat/completions", json={}, headers=bearer(BORROW)
+            ) as r:
+                assert r.status == 503 and r.headers["Retry-After"] == "5"
+                assert (await r.json())["error"]["code"] == "owner_active"
+
+
+async def test_admin_switches(lender: RunningDaemon) -> None:
+    api, proxy = lender.api_url, lender.proxy_url("llm")
+    await lender.wait_ready()
+    async with aiohttp.ClientSession() as http:
+        async with http.put(
+            api + "/admin/lending", json={"enabled": False}, headers=bearer(ADMIN)
+        ) as r:
+            assert r.status == 200 and await r.json() == {"lending_enabled": False, "changed": True}
+        async with http.post(proxy + "/v1/chat/completions", json={}, headers=bearer(BORROW)) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "300"
+            body = await r.json()
+            assert body["error"]["code"] == "lending_disabled"
+        async with http.put(
+            api + "/admin/lending", json={"enabled": True}, headers=bearer(ADMIN)
+        ) as r:
+            assert r.status == 200
+        async with http.post(proxy + "/v1/chat/completions", json={}, headers=bearer(BORROW)) as r:
+            assert r.status == 200
+
+        async with http.put(
+            api + "/admin/resources/cpu", json={"enabled": False}, headers=bearer(ADMIN)
+        ) as r:
+            assert r.status == 200 and (await r.json())["enabled"] is False
+        async with http.post(proxy + "/v1/chat/completions", json={}, headers=bearer(BORROW)) as r:
+            assert r.status == 503
+            err = (await r.json())["error"]
+            assert err["code"] == "resource_disabled" and err["resource"] == "cpu"
+        async with http.put(
+            api + "/admin/resources/gpu9", json={"enabled": False}, headers=bearer(ADMIN)
+        ) as r:
+            assert r.status == 404 and "ram" in (await r.json())["error"]["message"]
+        for bad in (b"{", b'{"enabled": "yes"}', b'{"enabled": true, "x": 1}', b"[]"):
+            async with http.put(api + "/admin/lending", data=bad, headers=bearer(ADMIN)) as r:
+                assert r.status == 400, bad
+
+
+async def test_status_and_metrics_describe_the_state(lender: RunningDaemon) -> None:
+    await lender.wait_ready()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(lender.api_url + "/status", headers=bearer(READ)) as r:
+            doc: dict[str, Any] = await r.json()
+        async with http.get(lender.api_url + "/metrics", headers=bearer(READ)) as r:
+            text = await r.text()
+    assert doc["ready"] and doc["lending_enabled"]
+    assert doc["presence"]["source"] == "headless" and doc["presence"]["sampled"]
+    ram, cpu = doc["resources"]["ram"], doc["resources"]["cpu"]
+    assert ram["quality"] == "ready" and ram["free_mib"] > 0 and ram["total_mib"] >= ram["free_mib"]
+    assert cpu["free_mib"] is None and 0 <= cpu["utilization_ratio"] <= 1
+    up = doc["upstreams"]["llm"]
+    assert up["listener"]["bound"] and up["listener"]["address"] == lender.daemon.bound["llm"]
+    assert up["lendable"] and up["refusal"] is None and up["active_work"] == []
+
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    assert samples[("vacancyd_lending_enabled", ())] == 1
+    assert samples[("vacancyd_resource_quality", (("quality", "ready"), ("resource", "ram")))] == 1
+    assert samples[("vacancyd_resource_free_bytes", (("resource", "ram"),))] > 0
+    assert ("vacancyd_resource_free_bytes", (("resource", "cpu"),)) not in samples
+    assert ("vacancyd_resource_utilization_ratio", (("resource", "cpu"),)) in samples
+    assert samples[("vacancyd_active_work", (("phase", "forwarding"), ("upstream", "llm")))] == 0
+    assert samples[("vacancyd_auth_total", (("outcome", "allowed"), ("scope", "read")))] >= 1
+    assert samples[("vacancyd_ready", ())] == 1
+
+    rendered = format_status(doc)
+    assert "lending: on" in rendered and "llm [openai]" in rendered and "lendable" in rendered
+
+
+async def test_status_cli_against_a_live_daemon(
+    lender: RunningDaemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await lender.wait_ready()
+    lender.state.set_lending(False)
+    import asyncio
+
+    code = await asyncio.to_thread(main, ["status", "--url", lender.api_url, "--token", READ])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "lending: OFF" in out and "refusing lending_disabled" in out
+    code = await asyncio.to_thread(main, ["status", "--url", lender.api_url])
+    assert code == 1 and "401" in capsys.readouterr().err
+    code = await asyncio.to_thread(main, ["status", "--url", "http://127.0.0.1:9"])
+    assert code == 1 and "cannot read" in capsys.readouterr().err

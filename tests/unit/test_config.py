@@ -1,0 +1,176 @@
+"""Configuration: parsing, validation errors naming the key, the example and default files."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vacancyd.cli import main
+from vacancyd.config import ConfigError, load_config, load_default_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ISSUE_CONFIG = """
+[server]
+listen = "127.0.0.1:9470"
+trust_loopback = true
+
+[owner]
+presence = "headless"
+
+[[resource]]
+name = "ram"
+kind = "memory"
+
+[[upstream]]
+name = "llama"
+adapter = "llamacpp"
+listen = "127.0.0.1:18081"
+target = "http://127.0.0.1:18080"
+resource = "ram"
+
+[upstream.models]
+default_mib = 512
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(textwrap.dedent(text), "test.toml")
+    assert "test.toml" in str(info.value)
+    return info.value.problems
+
+
+def test_issue_config_means_what_it_says() -> None:
+    s = parse_config(ISSUE_CONFIG)
+    assert s.server.listen == "127.0.0.1:9470" and s.server.trust_loopback
+    assert s.owner.presence == "headless"
+    (up,) = s.upstream
+    assert (up.adapter, up.listen, str(up.target), up.resource) == (
+        "llamacpp",
+        "127.0.0.1:18081",
+        "http://127.0.0.1:18080/",
+        "ram",
+    )
+    assert up.models.default_mib == 512
+    assert s.resource[0].kind == "memory"
+
+
+def test_example_config_is_valid() -> None:
+    s = load_config(ROOT / "vacancyd.example.toml")
+    assert [r.name for r in s.resource] == ["gpu0", "ram"]
+    assert s.upstream[0].models.footprint_mib["qwen2.5-7b-instruct"] == 6000
+
+
+def test_embedded_default_serves_openai_on_loopback_gated_on_memory() -> None:
+    s = load_default_config()
+    (up,) = s.upstream
+    assert up.adapter == "openai" and str(up.target) == "http://127.0.0.1:8080/"
+    assert up.listen.startswith("127.0.0.1:")
+    assert {r.name: r.kind for r in s.resource}[up.resource] == "memory"
+
+
+def test_malformed_toml() -> None:
+    (p,) = problems("[server\nlisten = 1")
+    assert "not valid TOML" in p and "line 1" in p
+
+
+def test_unknown_keys_name_their_path() -> None:
+    ps = problems(
+        """
+        [server]
+        lisen = "127.0.0.1:1"
+        [[resource]]
+        name = "ram"
+        kind = "memory"
+        colour = "red"
+        """
+    )
+    assert "server.lisen: unknown key" in ps
+    assert "resource[0].colour: unknown key" in ps
+
+
+@pytest.mark.parametrize(
+    ("snippet", "needle"),
+    [
+        ('[server]\nlisten = "127.0.0.1:70000"', "server.listen: Value error, port 70000"),
+        ('[server]\nlisten = "nohost"', "server.listen"),
+        ('[server]\nlisten = "example.com:80"', "must be an IP address"),
+        ("[server.limits]\nmax_request_body_mib = 0", "server.limits.max_request_body_mib"),
+        ("[collectors]\npoll_s = -1", "collectors.poll_s"),
+        ('[[resource]]\nname = "Bad Name"\nkind = "gpu"', "resource[0].name"),
+        ('[[resource]]\nname = "g"\nkind = "tpu"', "resource[0].kind"),
+        ('[[resource]]\nname = "c"\nkind = "cpu"\nmin_free_mib = 5', "no byte capacity"),
+        ('[[resource]]\nname = "g"\nkind = "gpu"\nmax_utilization = 1.5', "max_utilization"),
+    ],
+)
+def test_out_of_range_values(snippet: str, needle: str) -> None:
+    ps = problems(snippet)
+    assert any(needle.replace("Value error, ", "") in p for p in ps), ps
+
+
+def test_cross_checks() -> None:
+    base = """
+    [[resource]]
+    name = "ram"
+    kind = "memory"
+    [[upstream]]
+    name = "a"
+    adapter = "openai"
+    listen = "{listen}"
+    target = "{target}"
+    resource = "{resource}"
+    """
+    ps = problems(base.format(listen="127.0.0.1:1", target="http://127.0.0.1:2", resource="gpu"))
+    assert any("names resource 'gpu', which no [[resource]] declares" in p for p in ps)
+    ps = problems(base.format(listen="0.0.0.0:1", target="http://127.0.0.1:2", resource="ram"))
+    assert any(
+        "non-loopback listener needs [[server.tokens]]" in p and "0.0.0.0:1" in p for p in ps
+    )
+    ps = problems(base.format(listen="127.0.0.1:1", target="https://127.0.0.1:2", resource="ram"))
+    assert any("http://" in p for p in ps)
+    ps = problems(base.format(listen="127.0.0.1:1", target="http://127.0.0.1:2/v1", resource="ram"))
+    assert any("no path" in p for p in ps)
+    ps = problems(base.format(listen="127.0.0.1:9470", target="http://127.0.0.1:2", resource="ram"))
+    assert any("listen addresses must be unique" in p for p in ps)
+
+
+def test_remote_listener_allowed_with_tokens_or_escape_hatch() -> None:
+    body = """
+    [[resource]]
+    name = "ram"
+    kind = "memory"
+    [[upstream]]
+    name = "a"
+    adapter = "openai"
+    listen = "0.0.0.0:18081"
+    target = "http://127.0.0.1:2"
+    resource = "ram"
+    """
+    parse_config("[server]\nallow_unauthenticated_remote = true\n" + textwrap.dedent(body))
+    parse_config(
+        '[[server.tokens]]\ntoken = "0123456789abcdef"\nscopes = ["borrow"]\n'
+        + textwrap.dedent(body)
+    )
+    ps = problems('[[server.tokens]]\ntoken = "short"\nscopes = ["borrow"]\n')
+    assert any("at least 16" in p for p in ps)
+    ps = problems('[[server.tokens]]\nscopes = ["borrow"]\n')
+    assert any("exactly one of token or token_file" in p for p in ps)
+    ps = problems('[[server.tokens]]\ntoken = "0123456789abcdef"\nscopes = ["root"]\n')
+    assert any("server.tokens[0].scopes[0]" in p for p in ps)
+
+
+def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "good.toml"
+    good.write_text(ISSUE_CONFIG)
+    assert main(["check-config", str(good)]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[owner]\npresence = 'telepathy'\n")
+    assert main(["check-config", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "owner.presence" in err and str(bad) in err
+    assert main(["check-config", str(tmp_path / "missing.toml")]) == 1
+    assert "cannot read the file" in capsys.readouterr().err

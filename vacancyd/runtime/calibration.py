@@ -1,0 +1,78 @@
+"""The calibration cache: each GPU's learned pressure threshold, kept across restarts (R3).
+
+One JSON file per GPU resource, ``STATE_DIR/calibration/RESOURCE.json``, written atomically
+(a temporary file in the same directory, flushed and fsynced, then renamed over the old one)
+so a crash mid-write leaves the previous calibration intact. A file that cannot be read or
+parsed is logged and ignored: the GPU calibrates again from nothing rather than trust it.
+The file names its GPU by UUID; :meth:`vacancyd.core.pressure.ThresholdLearner.load_cache`
+ignores a cache written for another card. See docs/calibration.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def cache_path(state_dir: Path, resource: str) -> Path:
+    return state_dir / "calibration" / f"{resource}.json"
+
+
+def load_calibrations(state_dir: Path, resources: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Read every resource's saved calibration that exists and parses; never raises."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in resources:
+        path = cache_path(state_dir, name)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("resource %s: cannot read calibration cache %s: %s", name, path, exc)
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            log.warning("resource %s: corrupt calibration cache %s ignored: %s", name, path, exc)
+            continue
+        if not isinstance(data, dict):
+            log.warning("resource %s: calibration cache %s is not an object; ignored", name, path)
+            continue
+        out[name] = data
+    return out
+
+
+def save_calibration(state_dir: Path, resource: str, data: Mapping[str, Any]) -> None:
+    """Write one resource's calibration atomically. Raises OSError when it cannot."""
+    path = cache_path(state_dir, resource)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{resource}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
