@@ -56,12 +56,13 @@ def test_veto_engages_on_one_sample_and_releases_after_clear_run() -> None:
     state = make_state(release_after_s=10.0)
     seen = events(state)
     state.record_presence(OWNER, 1.0)
-    assert state.veto.engaged and ("veto", {"active": True, "detail": "owner present"}) in seen
+    assert state.veto.engaged
+    assert ("veto", {"active": True, "detail": "owner present", "at": 1.0}) in seen
     state.record_presence(CLEAR, 5.0)
     assert state.veto.engaged  # 4 s of clear is not 10
     state.record_presence(CLEAR, 11.0)
     assert not state.veto.engaged
-    assert seen[-1] == ("veto", {"active": False, "detail": "owner away"})
+    assert seen[-1] == ("veto", {"active": False, "detail": "owner away", "at": 11.0})
 
 
 @pytest.mark.parametrize(
@@ -104,6 +105,7 @@ def test_failure_refuses_at_once_and_engages_the_veto_only_once_stale() -> None:
     state.record_presence_failure("ListSessions failed: ServiceUnknown", 16.0)
     assert state.veto.engaged
     assert seen[-1][0] == "veto" and "stale" in str(seen[-1][1]["detail"])
+    assert seen[-1][1]["at"] == 16.0  # the reclaim edge is dated at the engaging failure
     # Readable again and clear: the veto holds until release_after_s since the last match.
     state.record_presence(CLEAR, 17.0)
     assert state.veto.engaged and owner_refusal(state, "host", 17.0) == (Reason.OWNER_ACTIVE, 120)

@@ -188,6 +188,14 @@ def format_status(doc: dict[str, Any]) -> str:
                 for w in work
             )
         )
+        rec = u.get("reclaim")
+        if rec:
+            lines.append(
+                f"    reclaim: {rec.get('phase')} ({rec.get('trigger')}, policy "
+                f"{rec.get('policy')}, {len(rec.get('edge_triggers') or [])} edge(s)"
+                + (f", outcome {rec['outcome']}" if rec.get("outcome") else "")
+                + ")"
+            )
         if u.get("unseen_gpu_work"):
             lines.append(f"    unseen GPU work: {u['unseen_gpu_work']}")
     return "\n".join(lines)

@@ -137,6 +137,8 @@ class SharedState:
         }
         self.unseen_gpu_work: dict[str, str] = {}
         self._unseen_count: dict[str, int] = {}
+        #: Per-upstream reclaim phase as published by vacancyd.control.reclaim (Y5).
+        self.reclaim_views: dict[str, Mapping[str, object]] = {}
 
     # -- change notification -------------------------------------------------------------
 
@@ -329,7 +331,7 @@ class SharedState:
                 "engaged" if self.veto.engaged else "released",
                 f": {reading.detail}" if reading.detail else "",
             )
-            self._emit("veto", active=self.veto.engaged, detail=reading.detail)
+            self._emit("veto", active=self.veto.engaged, detail=reading.detail, at=now)
 
     def record_presence_failure(self, error: str, now: float) -> None:
         """Record that presence could not be read at ``now`` (monotonic s).
@@ -351,7 +353,22 @@ class SharedState:
             detail = f"presence stale and unreadable: {error}"
             if self.veto.observe(True, now):
                 log.warning("host policy veto engaged: %s", detail)
-                self._emit("veto", active=True, detail=detail)
+                self._emit("veto", active=True, detail=detail, at=now)
+
+    def raise_edge(
+        self, trigger: str, now: float, *, resource: str | None = None, detail: str = ""
+    ) -> None:
+        """Raise a reclaim edge (spec "Yield"): ``trigger`` "owner", "pressure" or "admin".
+
+        The host policy veto raises owner edges by itself (``record_presence``); this is the
+        internal event the admin API (POST /admin/reclaim), tests and the pressure tracker use.
+        """
+        self._emit("edge", trigger=trigger, at=now, resource=resource, detail=detail)
+
+    def publish_reclaim(self, upstream: str, view: Mapping[str, object]) -> None:
+        """Record an upstream's reclaim phase for /status and tell subscribers."""
+        self.reclaim_views[upstream] = view
+        self._emit("reclaim", upstream=upstream, phase=view.get("phase"))
 
     def set_listener(
         self, upstream: str, address: str, bound: bool, error: str | None = None

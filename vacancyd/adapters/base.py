@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from yarl import URL
@@ -20,6 +20,52 @@ from vacancyd.core.classify import Route, RouteTable
 from vacancyd.core.snapshot import RequestFacts, ServerState
 
 Observe = Callable[[aiohttp.ClientSession, URL], Awaitable[ServerState]]
+
+
+class UpstreamError(Exception):
+    """A call vacancyd itself made to an upstream failed (unreachable, bad status, bad shape)."""
+
+
+class Controller(Protocol):
+    """What reclaim can do on one upstream server beyond refusing and cutting streams.
+
+    Spec "Yield" (Y6, Y7, T2). Built per upstream by ``Adapter.make_controller``. Every method
+    that does I/O raises :class:`UpstreamError` on failure; callers bound it with a deadline.
+    """
+
+    #: True when the server's queue keeps borrowed work after the HTTP reply (ComfyUI), so
+    #: it is cancelled through the server's API rather than by closing a connection.
+    can_cancel: bool
+
+    def prepare(self, route: Route, body: bytes) -> tuple[bytes, str | None]:
+        """Rewrite a work body before forwarding; returns (body, tracked job key or None)."""
+        ...
+
+    def allows_result(self, route: Route, path: str) -> bool:
+        """Whether a borrower-results read (``RouteClass.RESULTS``) names borrowed work."""
+        ...
+
+    async def wait_done(self, key: str) -> None:
+        """Return once the server no longer runs or queues the tracked job ``key``."""
+        ...
+
+    async def cancel(self, keys: list[str]) -> str:
+        """Cancel the tracked borrowed jobs ``keys``; returns a summary for the log."""
+        ...
+
+    async def unload(self, admitted: frozenset[str]) -> tuple[str, str]:
+        """Hand the server's memory back (Y7); ``admitted``: job keys vacancyd admitted.
+
+        Returns (outcome, detail): outcome ``unloaded`` or ``skipped`` (a metric label).
+        """
+        ...
+
+    async def warm(self, model: str) -> str:
+        """Load ``model`` again once lending resumes (T2)."""
+        ...
+
+
+MakeController = Callable[[aiohttp.ClientSession, URL], Controller]
 
 
 class BadRequest(Exception):
@@ -73,6 +119,13 @@ class Adapter:
     table: RouteTable
     observe: Observe | None = None
     needs_model_observation: bool = False
+    #: Builds the reclaim controller (unload, cancel) for servers that have one; None for
+    #: servers that can only be refused (openai, llamacpp: spec "Yield", Y8).
+    make_controller: MakeController | None = None
+    #: True when a closed connection does not prove the server stopped the work (an
+    #: OpenAI-compatible server or llama-server may keep generating): a job a reclaim cut
+    #: is then held in the ledger until evidence or an administrator releases it (L2, L5).
+    cut_is_uncertain: bool = False
 
     def read_facts(self, route: Route, body: bytes, content_type: str) -> RequestFacts:
         """Read the request facts from a buffered work body. Raises :class:`BadRequest`."""

@@ -76,4 +76,10 @@ async def observe(session: aiohttp.ClientSession, target: URL) -> ServerState:
     return parse_slots(payload)
 
 
-ADAPTER = Adapter(name="llamacpp", table=TABLE, observe=observe, needs_model_observation=True)
+ADAPTER = Adapter(
+    name="llamacpp",
+    table=TABLE,
+    observe=observe,
+    needs_model_observation=True,
+    cut_is_uncertain=True,
+)

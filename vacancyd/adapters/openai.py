@@ -31,4 +31,4 @@ TABLE = RouteTable(
     ),
 )
 
-ADAPTER = Adapter(name="openai", table=TABLE)
+ADAPTER = Adapter(name="openai", table=TABLE, cut_is_uncertain=True)

@@ -2,7 +2,9 @@
 
 Public: ``GET /healthz`` (liveness), ``GET /readyz`` (200/503, no detail). Read scope:
 ``GET /status``, ``GET /metrics``. Admin scope: ``PUT /admin/lending`` and
-``PUT /admin/resources/{name}`` with body ``{"enabled": true|false}``.
+``PUT /admin/resources/{name}`` with body ``{"enabled": true|false}``; ``POST /admin/reclaim``
+with an optional body ``{"resource": NAME}`` raises an operator reclaim edge (docs/reclaim.md);
+``POST /admin/jobs/{id}/release`` frees a held ledger job (product map L5).
 """
 
 from __future__ import annotations
@@ -100,6 +102,46 @@ def make_api(
         log.info("admin set resource %s enabled=%s (from %s)", name, enabled, request.remote)
         return web.json_response({"resource": name, "enabled": enabled, "changed": changed})
 
+    async def post_reclaim(request: web.Request) -> web.Response:
+        try:
+            payload = json.loads(await request.read() or b"{}")
+        except ValueError as exc:
+            return _bad_request(f"body is not valid JSON: {exc}")
+        if not isinstance(payload, dict) or not set(payload) <= {"resource"}:
+            return _bad_request('body must be {} or {"resource": NAME}')
+        resource = payload.get("resource")
+        if resource is not None and resource not in state.resources:
+            return _bad_request(f"no resource named {resource!r}")
+        log.warning(
+            "admin raised a reclaim edge%s (from %s)",
+            f" on {resource}" if resource else "",
+            request.remote,
+        )
+        state.raise_edge("admin", state.clock(), resource=resource, detail="admin request")
+        return web.json_response({"raised": True, "reclaim": dict(state.reclaim_views)})
+
+    async def release_job(request: web.Request) -> web.Response:
+        try:
+            job_id = int(request.match_info["id"])
+        except ValueError:
+            return _bad_request("job id must be an integer")
+        job = state.ledger.get(job_id)
+        if job is None:
+            return web.json_response(
+                error_body(f"no job {job_id}", "not_found_error", "unknown_job"), status=404
+            )
+        log.warning(
+            "admin released job %d (%s, %s) (from %s)",
+            job_id,
+            job.upstream,
+            job.phase,
+            request.remote,
+        )
+        state.released(job_id, state.clock())
+        return web.json_response({"released": job_id, "phase": job.phase.value})
+
+    app.router.add_post("/admin/reclaim", scoped("admin", post_reclaim))
+    app.router.add_post("/admin/jobs/{id}/release", scoped("admin", release_job))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))

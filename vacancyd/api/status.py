@@ -22,7 +22,12 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
                           "server": {"quality", "age_s", "idle", "error"} | null,
                           "unseen_gpu_work": str | null,
-                          "active_work": [{"job", "phase", "model", "age_s"}]}}}
+                          "active_work": [{"job", "phase", "model", "age_s"}],
+                          "reclaim": {"phase", "policy", "trigger", "resource", "edges_age_s",
+                                      "edge_triggers", "deadline_in_s", "outcome"} | null}}}
+
+``reclaim`` is the upstream's latest reclaim (spec "Yield", Y5): phase waiting, stood_down,
+proceeding or done; ``edges_at`` are the ages (s) of the edges it answers, first first.
 """
 
 from __future__ import annotations
@@ -181,5 +186,22 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
                 for job in state.ledger.jobs()
                 if job.upstream == name
             ],
+            "reclaim": _reclaim_doc(state.reclaim_views.get(name), now),
         }
     return doc
+
+
+def _reclaim_doc(view: Any, now: float) -> dict[str, Any] | None:
+    if not view:
+        return None
+    deadline = view.get("deadline")
+    return {
+        "phase": view.get("phase"),
+        "policy": view.get("policy"),
+        "trigger": view.get("trigger"),
+        "resource": view.get("resource"),
+        "edges_age_s": [_round(now - at) for at in view.get("edges_at", [])],
+        "edge_triggers": list(view.get("edge_triggers", [])),
+        "deadline_in_s": None if deadline is None else _round(deadline - now),
+        "outcome": view.get("outcome"),
+    }

@@ -258,7 +258,7 @@ class UpstreamSettings(_Model):
     """One gated listener in front of one inference server (spec "Proxy")."""
 
     name: Name
-    adapter: Literal["openai", "llamacpp"]
+    adapter: Literal["openai", "llamacpp", "ollama", "comfyui"]
     listen: str
     target: AnyHttpUrl
     resource: Name
@@ -271,6 +271,14 @@ class UpstreamSettings(_Model):
     credential: SecretStr | None = None
     credential_file: Path | None = None
     refusal_status: Literal[503, 429] = 503
+    # Reclaim keys (docs/reclaim.md; docs/configuration.md "[[upstream]] (reclaim keys)").
+    on_owner_return: Literal["drain", "cancel", "finish"] = "drain"
+    drain_timeout_s: float = Field(30.0, ge=0, le=86400)
+    completion_timeout_s: float | None = Field(None, ge=0, le=7 * 86400)
+    yield_on_veto: bool = False
+    warm_model: str | None = Field(None, min_length=1, max_length=300)
+    websocket_max_tunnels: int = Field(32, ge=0, le=10_000)
+    websocket_idle_timeout_s: float = Field(300.0, gt=0, le=86400)
 
     _listen = field_validator("listen")(_check_listen)
 
@@ -293,6 +301,15 @@ class UpstreamSettings(_Model):
             raise ValueError("also_requires repeats the primary resource")
         if len(set(self.also_requires)) != len(self.also_requires):
             raise ValueError("also_requires lists a resource twice")
+        if self.yield_on_veto and self.adapter in ("openai", "llamacpp"):
+            raise ValueError(
+                f"yield_on_veto needs a server with an unload API (ollama, comfyui); the "
+                f"{self.adapter!r} adapter can only refuse new work (see docs/reclaim.md)"
+            )
+        if self.warm_model is not None and self.adapter != "ollama":
+            raise ValueError("warm_model applies only to adapter = 'ollama'")
+        if self.completion_timeout_s is not None and self.on_owner_return != "finish":
+            raise ValueError("completion_timeout_s applies only to on_owner_return = 'finish'")
         return self
 
     def upstream_credential(self) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from vacancyd.config.model import ResourceSettings, Settings, UpstreamSettings
 from vacancyd.core.policy import OwnerScope, ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import LearnerSettings, PressurePolicy, max_gap_s
+from vacancyd.core.reclaim import OnOwnerReturn, ReclaimPolicy
 
 
 def resource_policy(settings: Settings, res: ResourceSettings) -> ResourcePolicy:
@@ -53,4 +54,14 @@ def pressure_policy(res: ResourceSettings) -> PressurePolicy | None:
             half_life_s=p.half_life_h * 3600.0,
             max_step_s=max_gap_s(poll_s),
         ),
+    )
+
+
+def reclaim_policy(up: UpstreamSettings) -> ReclaimPolicy:
+    """The reclaim keys of one upstream (docs/reclaim.md)."""
+    return ReclaimPolicy(
+        on_owner_return=OnOwnerReturn(up.on_owner_return),
+        drain_timeout_s=up.drain_timeout_s,
+        completion_timeout_s=up.completion_timeout_s,
+        yield_on_veto=up.yield_on_veto,
     )

@@ -76,6 +76,16 @@ def decide(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy) -> Dec
     return _decide_model(facts, snap, upstream)
 
 
+def decide_owner(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
+    """Steps 2–4 alone; a reclaim's stand-down check reuses them (spec "Yield"; Y5)."""
+    return _decide_owner(snap, upstream)
+
+
+def decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse | None:
+    """Step 5 for one resource alone; a reclaim's stand-down check reuses it (Y5)."""
+    return _decide_resource(view, name, now)
+
+
 def _decide_owner(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
     presence = snap.presence
     if not presence.refuses:

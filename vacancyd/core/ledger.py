@@ -74,6 +74,9 @@ class Ledger:
         if job is not None:
             self._jobs[job_id] = replace(job, phase=phase)
 
+    def get(self, job_id: int) -> Job | None:
+        return self._jobs.get(job_id)
+
     def release(self, job_id: int, now: float) -> Job | None:
         """Release a job's reservations; idempotent. Returns the job, or None if unknown."""
         job = self._jobs.pop(job_id, None)

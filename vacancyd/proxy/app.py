@@ -7,7 +7,15 @@ Order for every request: authenticate (borrow scope) -> classify -> by class:
   refusal says a fresher sample could change it) -> ledger reservation -> forward, streaming
   the response -> release the reservation when the response ends, the client goes away or
   the upstream fails.
-* pass-through and borrower results: forwarded unconditionally.
+* reclaim (spec "Yield"; Y1–Y6): while a reclaim is open on the upstream, work is refused
+  before the body is read; each admitted request registers with the reclaimer, which may
+  cut it — before response headers the borrower gets 503 with the edge's reason, after them
+  the connection is aborted so the stream never ends cleanly. The forwarding runs on its own
+  task so a cut closes the upstream connection at once, even while the borrower is stalled.
+  Work an adapter's controller tracks (ComfyUI prompts) stays reserved in the ``tracking``
+  phase until the server has finished it.
+* pass-through and borrower results: forwarded unconditionally; WebSocket upgrades on them
+  are tunneled (P10, :mod:`vacancyd.proxy.tunnel`).
 * management and unlisted GET/HEAD: 403 ``management_denied`` unless ``management = "allow"``.
 * any other unlisted method: 501, always.
 """
@@ -19,25 +27,28 @@ import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from vacancyd.adapters.base import Adapter, BadRequest
+from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.core import gate
 from vacancyd.core.classify import Classification, RouteClass, classify
-from vacancyd.core.ledger import Job
+from vacancyd.core.ledger import Job, Phase
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import Admit, Reason, Refuse
 from vacancyd.core.refusal import error_body, render_refusal
 from vacancyd.core.snapshot import RequestFacts
-from vacancyd.proxy import bodies, headers
+from vacancyd.proxy import bodies, headers, tunnel
 from vacancyd.state import SharedState
+
+if TYPE_CHECKING:
+    from vacancyd.control.reclaim import Reclaimer, WorkHandle
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -78,8 +89,14 @@ class Proxy:
         metrics: Metrics,
         limits: LimitsSettings,
         session: aiohttp.ClientSession,
+        reclaimer: Reclaimer | None = None,
+        controller: Controller | None = None,
+        tunnels: tunnel.TunnelLimits | None = None,
     ) -> None:
         self.upstream = upstream
+        self.reclaimer = reclaimer
+        self.controller = controller
+        self.tunnels = tunnel.Tunnels(tunnels or tunnel.TunnelLimits())
         self.state = state
         self.auth = auth
         self.metrics = metrics
@@ -113,12 +130,21 @@ class Proxy:
         allow_management = self.upstream.settings.management == "allow"
         if c.klass is RouteClass.WORK:
             return await self._work(request, c, query)
+        if c.klass is RouteClass.RESULTS and self.controller is not None:
+            assert c.route is not None
+            if not self.controller.allows_result(c.route, c.path):
+                return json_error(
+                    404,
+                    f"{c.path} does not name work borrowed through this lender",
+                    "not_found_error",
+                    "unknown_result",
+                )
         if c.klass in (RouteClass.PASSTHROUGH, RouteClass.RESULTS):
-            return await self._forward(request, c, query)
+            return await self._pass(request, c, query)
         readish = request.method in ("GET", "HEAD")
         if c.klass is RouteClass.MANAGEMENT or (c.klass is RouteClass.UNRECOGNIZED and readish):
             if allow_management:
-                return await self._forward(request, c, query)
+                return await self._pass(request, c, query)
             reads = self.upstream.adapter.table.borrower_reads()
             return json_error(
                 403,
@@ -137,6 +163,26 @@ class Proxy:
             "not_implemented",
             "unrecognized_route",
         )
+
+    async def _pass(
+        self, request: web.Request, c: Classification, query: str
+    ) -> web.StreamResponse:
+        """Forward a non-work request; a WebSocket upgrade on it is tunneled (P10)."""
+        if tunnel.is_upgrade(request):
+            up = self.upstream
+            return await self.tunnels.serve(
+                request,
+                self.session,
+                self._url(c, query),
+                headers.request_headers(
+                    request.headers,
+                    target=up.target,
+                    forward_authorization=up.settings.forward_authorization,
+                    credential=up.credential,
+                ),
+                up.name,
+            )
+        return await self._forward(request, c, query)
 
     # -- work ----------------------------------------------------------------------------
 
@@ -172,6 +218,13 @@ class Proxy:
     ) -> web.StreamResponse:
         assert c.route is not None
         name = self.upstream.name
+        if tunnel.is_upgrade(request):
+            return json_error(
+                501,
+                f"{c.path} is a work route; vacancyd does not tunnel WebSocket work",
+                "not_implemented",
+                "websocket_work_unsupported",
+            )
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
@@ -181,6 +234,9 @@ class Proxy:
         early = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
         if early is not None and early.extra.get("refresh") is None:
             return await self._refuse(request, early)
+        reclaiming = self._reclaim_refusal()
+        if reclaiming is not None:
+            return await self._refuse(request, reclaiming)
 
         try:
             body, reservation = await bodies.read_body(
@@ -214,14 +270,167 @@ class Proxy:
             job = decision
             self.metrics.decision(name, "admitted")
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
-            try:
-                return await self._forward(
-                    request, c, query, body=body, on_sent=reservation.release
-                )
-            finally:
-                self.state.released(job.id, asyncio.get_running_loop().time())
+            key: str | None = None
+            if self.controller is not None:
+                body, key = self.controller.prepare(c.route, body)
+            return await self._run_job(request, c, query, job, body, key, reservation.release)
         finally:
             reservation.release()
+
+    def _reclaim_refusal(self) -> Refuse | None:
+        return None if self.reclaimer is None else self.reclaimer.refusal(self.upstream.name)
+
+    async def _run_job(
+        self,
+        request: web.Request,
+        c: Classification,
+        query: str,
+        job: Job,
+        body: bytes,
+        key: str | None,
+        on_sent: Callable[[], None],
+    ) -> web.StreamResponse:
+        """Forward an admitted job on its own task, registered with the reclaimer (Y3, Y6)."""
+        loop = asyncio.get_running_loop()
+        reclaimer = self.reclaimer
+        if reclaimer is None:
+            try:
+                return await self._forward(request, c, query, body=body, on_sent=on_sent)
+            finally:
+                self.state.released(job.id, loop.time())
+        handle = reclaimer.begin(self.upstream.name, job, None, key)
+        tracking = cut = False
+        try:
+            fwd = loop.create_task(
+                self._forward(request, c, query, body=body, on_sent=on_sent, handle=handle),
+                name=f"forward {self.upstream.name} job {job.id}",
+            )
+            handle.task = fwd
+            try:
+                response = await fwd
+            except asyncio.CancelledError:
+                if handle.cut_by is None or not fwd.cancelled():
+                    raise
+                cut = True
+                return self._after_cut(request, handle)
+            tracking = (
+                key is not None
+                and handle.landed
+                and handle.cut_by is None
+                and self.controller is not None
+            )
+            return response
+        finally:
+            if tracking:
+                self._track(handle)
+            elif cut and self.upstream.adapter.cut_is_uncertain:
+                reclaimer.end(handle)
+                self._hold(job)
+            else:
+                reclaimer.end(handle)
+                self.state.released(job.id, loop.time())
+
+    def _hold(self, job: Job) -> None:
+        """L2/L5: a cut job whose server may still be working keeps its reservation.
+
+        llama-server: released by the first server observation taken after the cut that shows
+        every slot idle. A generic OpenAI-compatible server offers no such evidence; an
+        administrator releases the job (``POST /admin/jobs/{id}/release``).
+        """
+        name = self.upstream.name
+        self.state.ledger.set_phase(job.id, Phase.HELD)
+        observable = self.upstream.adapter.observe is not None
+        log.warning(
+            "%s: job %d was cut by a reclaim but the server may still be working on it; "
+            "holding its reservation until %s",
+            name,
+            job.id,
+            "an observation shows the server idle"
+            if observable
+            else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
+        )
+        if not observable or self.reclaimer is None:
+            return
+        cut_at = asyncio.get_running_loop().time()
+        key = f"server:{name}"
+
+        async def await_idle() -> None:
+            while self.state.ledger.get(job.id) is not None:
+                obs = self.state.servers.get(name)
+                if (
+                    obs is not None
+                    and obs.value is not None
+                    and obs.observed_at is not None
+                    and obs.observed_at > cut_at
+                    and obs.value.idle
+                ):
+                    log.info("%s: server idle after the cut; releasing held job %d", name, job.id)
+                    self.state.released(job.id, asyncio.get_running_loop().time())
+                    return
+                if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+                    await asyncio.sleep(REFRESH_WAIT_S)
+
+        self.reclaimer.supervisor.spawn(
+            await_idle(), name=f"hold {name} job {job.id}", essential=False
+        )
+
+    def _after_cut(self, request: web.Request, handle: WorkHandle) -> web.StreamResponse:
+        """Y3: 503 with the edge's reason before headers; an aborted stream after them."""
+        edge = handle.cut_by
+        assert edge is not None
+        name = self.upstream.name
+        if handle.headers_sent:
+            log.info("%s: job %d cut mid-stream by a %s reclaim", name, handle.job.id, edge.trigger)
+            self._cut(request)
+            return handle.response or web.Response(status=499)
+        log.info(
+            "%s: job %d cancelled before its reply by a %s reclaim",
+            name,
+            handle.job.id,
+            edge.trigger,
+        )
+        refusal = Refuse.of(
+            edge.reason, f"the lender reclaimed {name!r} ({edge.trigger}) before the reply"
+        )
+        status, hdrs, rbody = render_refusal(refusal, name, self.upstream.settings.refusal_status)
+        self.metrics.decision(name, "cancelled", refusal.reason.value)
+        return web.json_response(rbody, status=status, headers=hdrs)
+
+    def _track(self, handle: WorkHandle) -> None:
+        """Keep a landed, tracked job reserved until the server finishes it (L2)."""
+        controller = self.controller
+        reclaimer = self.reclaimer
+        assert controller is not None and reclaimer is not None and handle.key is not None
+        job = handle.job
+        self.state.ledger.set_phase(job.id, Phase.TRACKING)
+        handle.job = self.state.ledger.get(job.id) or job
+        key = handle.key
+
+        async def follow() -> None:
+            try:
+                await controller.wait_done(key)
+            except UpstreamError as exc:
+                log.warning(
+                    "%s: lost track of borrowed job %s (%s); holding its reservation until an "
+                    "administrator releases job %d",
+                    self.upstream.name,
+                    key,
+                    exc,
+                    job.id,
+                )
+                self.state.ledger.set_phase(job.id, Phase.HELD)
+                reclaimer.end(handle)  # held work never defers a reclaim (spec "Yield")
+                return
+            except BaseException:
+                reclaimer.end(handle)
+                self.state.released(job.id, asyncio.get_running_loop().time())
+                raise
+            reclaimer.end(handle)
+            self.state.released(job.id, asyncio.get_running_loop().time())
+
+        reclaimer.supervisor.spawn(
+            follow(), name=f"track {self.upstream.name} job {job.id}", essential=False
+        )
 
     async def _decide(self, facts: RequestFacts) -> Job | Refuse:
         """Gate then ledger, with at most one fresh observation in between (product map A8)."""
@@ -239,6 +448,9 @@ class Proxy:
         raise AssertionError("unreachable")
 
     def _reserve(self, admit: Admit, now: float, facts: RequestFacts) -> Job | Refuse:
+        reclaiming = self._reclaim_refusal()
+        if reclaiming is not None:
+            return reclaiming
         if admit.credit is not None and admit.credit.applied:
             log.info(
                 "residency credit on %s for model %r: %s",
@@ -268,6 +480,7 @@ class Proxy:
         *,
         body: bytes | None = None,
         on_sent: Callable[[], None] | None = None,
+        handle: WorkHandle | None = None,
     ) -> web.StreamResponse:
         up = self.upstream
         out_headers = headers.request_headers(
@@ -305,11 +518,19 @@ class Proxy:
         try:
             if on_sent is not None:
                 on_sent()
+            if handle is not None and handle.key is not None and self.reclaimer is not None:
+                if upstream_resp.status == 200:
+                    self.reclaimer.landed(handle)
+                if handle.cut_by is not None:
+                    return self._after_cut(request, handle)
             response = web.StreamResponse(
                 status=upstream_resp.status,
                 reason=upstream_resp.reason,
                 headers=headers.response_headers(upstream_resp.headers, target=up.target),
             )
+            if handle is not None:
+                handle.headers_sent = True
+                handle.response = response
             await response.prepare(request)
             stalled = self.limits.write_stall_timeout_s
             try:

@@ -47,7 +47,7 @@ class CappedTCPSite(web.TCPSite):
     def __init__(
         self, runner: web.BaseRunner, host: str, port: int, *, max_connections: int
     ) -> None:
-        super().__init__(runner, host, port)
+        super().__init__(runner, host, port)  # shutdown_timeout lives on the runner
         self._max_connections = max_connections
 
     async def start(self) -> None:

@@ -10,6 +10,8 @@ Task tree (names as they appear in logs):
 * ``collector presence`` — the presence loop (headless or logind), when one is configured
   (essential); logind's signals wake it through ``state.sample_wanted("presence")``
 * ``observer NAME`` — server observation for adapters that need it (essential)
+* ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
+* ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
 
 Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1).
 """
@@ -36,12 +38,19 @@ from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError
 from vacancyd.config.model import ResourceSettings, Settings, split_listen
-from vacancyd.config.policies import pressure_policy, resource_policy, upstream_policy
+from vacancyd.config.policies import (
+    pressure_policy,
+    reclaim_policy,
+    resource_policy,
+    upstream_policy,
+)
+from vacancyd.control.reclaim import Reclaimer
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import CappedTCPSite
+from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import PressureSample, SharedState
@@ -121,6 +130,7 @@ class Daemon:
     state: SharedState = field(init=False)
     metrics: Metrics = field(init=False)
     supervisor: Supervisor = field(init=False)
+    reclaimer: Reclaimer = field(init=False)
     bound: dict[str, str] = field(default_factory=dict)
     _runners: list[web.AppRunner] = field(default_factory=list)
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
@@ -133,6 +143,14 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics.attach(self.state)
         self.supervisor = Supervisor()
+        self.reclaimer = Reclaimer(
+            self.state,
+            policies={u.name: reclaim_policy(u) for u in self.settings.upstream},
+            controllers={},
+            warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
+            supervisor=self.supervisor,
+            metrics=self.metrics,
+        )
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -177,6 +195,12 @@ class Daemon:
                 connector=aiohttp.TCPConnector(limit=0),
             )
             self._sessions.append(session)
+            controller = None
+            if adapter.make_controller is not None:
+                controller = adapter.make_controller(
+                    self._control_session(credential), upstream.target
+                )
+                self.reclaimer.controllers[up.name] = controller
             proxy = Proxy(
                 upstream,
                 state=self.state,
@@ -184,6 +208,9 @@ class Daemon:
                 metrics=self.metrics,
                 limits=limits,
                 session=session,
+                reclaimer=self.reclaimer,
+                controller=controller,
+                tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(up.name, make_app(proxy), up.listen, limits.max_connections)
@@ -219,6 +246,18 @@ class Daemon:
         self.bound[name] = address
         log.info("%s listening on http://%s", name, address)
         return address
+
+    def _control_session(self, credential: str | None) -> aiohttp.ClientSession:
+        """A session for vacancyd's own calls to an upstream (unload, cancel, queue reads)."""
+        session = aiohttp.ClientSession(
+            trust_env=False,
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=self.settings.server.limits.upstream_connect_timeout_s
+            ),
+            headers={"Authorization": f"Bearer {credential}"} if credential else None,
+        )
+        self._sessions.append(session)
+        return session
 
     def _start_observer(self, upstream: Upstream, credential: str | None) -> None:
         adapter = upstream.adapter

@@ -1,0 +1,1 @@
+"""Effects of the yield policy: reclaim execution (spec "Yield")."""

@@ -1,0 +1,425 @@
+"""Execute reclaim plans: refuse, wait, cut, cancel queued prompts, unload (spec "Yield").
+
+The pure decisions live in :mod:`vacancyd.core.reclaim`; this module owns the effects:
+
+* every admitted borrowed request registers a :class:`WorkHandle` while it runs, so a
+  reclaim can cut it (cancel its forwarding task, which closes the upstream connection at
+  once even when the borrower has stopped reading);
+* edges arrive as state events — ``veto`` (owner return) and ``edge`` (pressure, operator,
+  tests) — and each affected upstream gets one reclaim task (Y2, Y4);
+* each task re-plans on every state change and at its deadline, publishes its phase in
+  /status (Y5), cuts and cancels (Y3, Y6), and unloads through the adapter's controller with
+  a ten-second deadline (Y7). Upstreams reclaim concurrently, on their own tasks, detached
+  from the collectors' sampling loops.
+* when the owner veto releases, upstreams with ``warm_model`` that unloaded load it again
+  (T2, off by default).
+
+Nothing here raises into the caller: upstream failures are logged and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Counter, Histogram
+
+from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.api.metrics import Metrics
+from vacancyd.core.ledger import Job, Phase
+from vacancyd.core.reasons import Refuse
+from vacancyd.core.reclaim import (
+    Edge,
+    OnOwnerReturn,
+    Proceed,
+    Reclaim,
+    ReclaimPhase,
+    ReclaimPolicy,
+    StandDown,
+    Trigger,
+    Wait,
+    affected_upstreams,
+    decided,
+    open_reclaim,
+    plan,
+    trigger_cleared,
+)
+from vacancyd.runtime.tasks import Supervisor
+from vacancyd.state import SharedState
+
+log = logging.getLogger(__name__)
+
+#: Each upstream's unload (and warm reload) must finish within this many seconds (Y7).
+UNLOAD_DEADLINE_S = 10.0
+#: Cancelling tracked borrowed jobs through the server's API has the same bound.
+CANCEL_DEADLINE_S = 10.0
+#: A waiting reclaim re-checks its trigger at least this often (seconds), besides on events.
+RECHECK_S = 0.5
+
+
+@dataclass(eq=False)
+class WorkHandle:
+    """One admitted borrowed request while the proxy handles it.
+
+    ``task``: the task forwarding it (cancelled to cut the stream). ``key``: the job key the
+    adapter's controller tracks (a ComfyUI prompt ID), if any. ``cut_by``: the edge whose
+    reclaim cut it. ``headers_sent``: the borrower already has response headers, so a cut
+    must break the stream rather than answer 503 (Y3). ``landed``: the upstream's reply to a
+    tracked submission arrived (so the job is in its queue).
+    """
+
+    job: Job
+    task: asyncio.Task[Any] | None
+    key: str | None = None
+    cut_by: Edge | None = None
+    headers_sent: bool = False
+    landed: bool = False
+    cancelled_on_server: bool = False
+    response: web.StreamResponse | None = None
+
+
+class Reclaimer:
+    """Owns every upstream's reclaim; one per daemon."""
+
+    def __init__(
+        self,
+        state: SharedState,
+        *,
+        policies: Mapping[str, ReclaimPolicy],
+        controllers: Mapping[str, Controller],
+        warm_models: Mapping[str, str],
+        supervisor: Supervisor,
+        metrics: Metrics,
+    ) -> None:
+        self.state = state
+        self.policies = dict(policies)
+        self.controllers = dict(controllers)
+        self.warm_models = dict(warm_models)
+        self.supervisor = supervisor
+        self.reclaims: dict[str, Reclaim] = {}
+        self._work: dict[str, dict[int, WorkHandle]] = {name: {} for name in self.policies}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._unloaded: set[str] = set()
+        registry = metrics.registry
+        self.m_reclaims = Counter(
+            "vacancyd_reclaims",
+            "Reclaims by upstream, the trigger of their first edge, and outcome "
+            "(stood_down, work_ended, cancelled, timed_out).",
+            ["upstream", "trigger", "outcome"],
+            registry=registry,
+        )
+        self.m_cancelled = Counter(
+            "vacancyd_reclaim_cancelled_jobs",
+            "Borrowed jobs a reclaim cancelled, by kind (stream: a cut connection; "
+            "queued: a job cancelled through the server's queue API).",
+            ["upstream", "kind"],
+            registry=registry,
+        )
+        self.m_unload = Histogram(
+            "vacancyd_unload_duration_seconds",
+            "Time an upstream's unload took, by outcome (unloaded, skipped, failed, timed_out).",
+            ["upstream", "outcome"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+        state.subscribe(self._on_state)
+
+    # -- the proxy's side ----------------------------------------------------------------
+
+    def refusal(self, upstream: str) -> Refuse | None:
+        """Y1: while a reclaim is open on ``upstream``, new work is refused at once."""
+        r = self.reclaims.get(upstream)
+        if r is None or not r.is_open:
+            return None
+        edge = r.first
+        what = {
+            Trigger.OWNER: "the owner returned",
+            Trigger.PRESSURE: f"resource {edge.resource!r} is under owner GPU pressure",
+            Trigger.ADMIN: "an operator reclaimed this upstream",
+        }[edge.trigger]
+        return Refuse.of(
+            edge.reason,
+            f"{what}; accepted work is being handed back ({r.phase})",
+            resource=edge.resource,
+        )
+
+    def begin(
+        self, upstream: str, job: Job, task: asyncio.Task[Any] | None, key: str | None = None
+    ) -> WorkHandle:
+        handle = WorkHandle(job, task, key)
+        self._work.setdefault(upstream, {})[job.id] = handle
+        self._wake(upstream)
+        return handle
+
+    def end(self, handle: WorkHandle) -> None:
+        self._work.get(handle.job.upstream, {}).pop(handle.job.id, None)
+        self._wake(handle.job.upstream)
+
+    def landed(self, handle: WorkHandle) -> None:
+        """A tracked submission's reply arrived; cancel it now if a reclaim already cut it."""
+        handle.landed = True
+        if handle.cut_by is not None and handle.key is not None:
+            self._spawn_cancel(handle.job.upstream, [handle])
+
+    # -- edges ---------------------------------------------------------------------------
+
+    def _on_state(self, kind: str, data: Mapping[str, object]) -> None:
+        now = self.state.clock()
+        if kind == "veto":
+            at = data.get("at")
+            at_s = float(at) if isinstance(at, int | float) else now
+            if data.get("active"):
+                self.raise_edge(Edge(Trigger.OWNER, at_s, detail=str(data.get("detail") or "")))
+            else:
+                self._warm_all()
+        elif kind == "edge":
+            at = data.get("at")
+            try:
+                trigger = Trigger(str(data.get("trigger")))
+            except ValueError:
+                log.error("ignoring a reclaim edge with unknown trigger %r", data.get("trigger"))
+                return
+            resource = data.get("resource")
+            self.raise_edge(
+                Edge(
+                    trigger,
+                    float(at) if isinstance(at, int | float) else now,
+                    resource if isinstance(resource, str) else None,
+                    str(data.get("detail") or ""),
+                )
+            )
+        if kind != "reclaim":
+            for name in list(self._changed):
+                self._wake(name)
+
+    def raise_edge(self, edge: Edge) -> list[str]:
+        """Answer one edge on every upstream it affects; returns their names."""
+        names = affected_upstreams(edge, self.state.upstreams, veto_active=self.state.veto.engaged)
+        names = [n for n in names if n in self.policies]
+        for name in names:
+            reclaim, new = open_reclaim(self.reclaims.get(name), edge, name, self.policies[name])
+            self.reclaims[name] = reclaim
+            self._publish(reclaim)
+            if new:
+                log.info(
+                    "reclaim on %s (%s edge%s): policy %s, deadline in %s",
+                    name,
+                    edge.trigger,
+                    f" on {edge.resource}" if edge.resource else "",
+                    reclaim.policy.on_owner_return,
+                    "none"
+                    if reclaim.deadline is None
+                    else f"{max(0.0, reclaim.deadline - edge.at):g} s",
+                )
+                self._changed[name] = asyncio.Event()
+                self.supervisor.spawn(self._run(name), name=f"reclaim {name}", essential=False)
+            else:
+                log.info("reclaim on %s absorbs a further %s edge", name, edge.trigger)
+                self._wake(name)
+        return names
+
+    # -- one upstream's reclaim ----------------------------------------------------------
+
+    def _active(self, reclaim: Reclaim) -> list[WorkHandle]:
+        """Work admitted no later than the first edge that has not ended (held excluded)."""
+        cutoff = reclaim.first.at
+        return [
+            h
+            for h in self._work.get(reclaim.upstream, {}).values()
+            if h.job.admitted_at <= cutoff and h.job.phase is not Phase.HELD
+        ]
+
+    async def _run(self, name: str) -> None:
+        try:
+            await self._drive(name)
+        except Exception:
+            log.exception("reclaim on %s failed; cutting its work as a fallback", name)
+            r = self.reclaims.get(name)
+            if r is not None and r.is_open:
+                if r.policy.on_owner_return is not OnOwnerReturn.FINISH:
+                    for handle in self._active(r):
+                        handle.cut_by = r.first
+                        if handle.key is None and handle.task is not None:
+                            handle.task.cancel()
+                self._set(
+                    Reclaim(
+                        r.upstream,
+                        r.policy,
+                        r.edges,
+                        r.deadline,
+                        ReclaimPhase.DONE,
+                        self.state.clock(),
+                        "failed",
+                    )
+                )
+
+    async def _drive(self, name: str) -> None:
+        changed = self._changed[name]
+        while True:
+            changed.clear()  # before planning, so a change during the plan wakes the wait
+            reclaim = self.reclaims[name]
+            now = self.state.clock()
+            snap = self.state.snapshot(now)
+            active = self._active(reclaim)
+            action = plan(
+                reclaim,
+                trigger_cleared=trigger_cleared(reclaim, snap, self.state.upstreams[name]),
+                active_work=len(active),
+                now=now,
+            )
+            if isinstance(action, Wait):
+                timeout = RECHECK_S
+                if action.until is not None:
+                    timeout = min(timeout, max(0.0, action.until - now))
+                try:
+                    async with asyncio.timeout(timeout):
+                        await changed.wait()
+                except TimeoutError:
+                    pass
+                continue
+            reclaim = decided(reclaim, action, now)
+            self._set(reclaim)
+            trigger = reclaim.first.trigger.value
+            if isinstance(action, StandDown):
+                log.info("reclaim on %s stands down: %s", name, action.why)
+                self.m_reclaims.labels(name, trigger, "stood_down").inc()
+                return
+            await self._proceed(reclaim, action, active)
+            self.m_reclaims.labels(name, trigger, action.outcome).inc()
+            self._set(
+                Reclaim(
+                    reclaim.upstream,
+                    reclaim.policy,
+                    reclaim.edges,
+                    reclaim.deadline,
+                    ReclaimPhase.DONE,
+                    reclaim.decided_at,
+                    reclaim.outcome,
+                )
+            )
+            return
+
+    async def _proceed(self, reclaim: Reclaim, action: Proceed, active: list[WorkHandle]) -> None:
+        name = reclaim.upstream
+        log.info(
+            "reclaim on %s proceeds (%s): %d borrowed job(s) %s%s",
+            name,
+            action.outcome,
+            len(active),
+            "cut" if action.cut else "left running",
+            ", then unload" if action.unload else "",
+        )
+        if action.cut:
+            tracked: list[WorkHandle] = []
+            for handle in active:
+                handle.cut_by = reclaim.first
+                if handle.key is not None and name in self.controllers:
+                    if handle.landed:
+                        tracked.append(handle)
+                    # not landed yet: the proxy cancels it once the reply lands (Y6)
+                elif handle.task is not None and not handle.task.done():
+                    handle.task.cancel()
+                    self.m_cancelled.labels(name, "stream").inc()
+            if tracked:
+                await self._cancel(name, tracked)
+        if action.unload:
+            await self._unload(name)
+
+    def _spawn_cancel(self, name: str, handles: list[WorkHandle]) -> None:
+        self.supervisor.spawn(
+            self._cancel(name, handles), name=f"reclaim cancel {name}", essential=False
+        )
+
+    async def _cancel(self, name: str, handles: list[WorkHandle]) -> None:
+        controller = self.controllers.get(name)
+        keys = [h.key for h in handles if h.key is not None and not h.cancelled_on_server]
+        if controller is None or not keys:
+            return
+        for h in handles:
+            h.cancelled_on_server = True
+        try:
+            async with asyncio.timeout(CANCEL_DEADLINE_S):
+                summary = await controller.cancel(keys)
+        except (UpstreamError, TimeoutError) as exc:
+            log.warning("reclaim on %s could not cancel borrowed jobs %s: %s", name, keys, exc)
+            return
+        self.m_cancelled.labels(name, "queued").inc(len(keys))
+        log.info("reclaim on %s cancelled borrowed jobs: %s", name, summary)
+
+    async def _unload(self, name: str) -> None:
+        controller = self.controllers.get(name)
+        if controller is None:
+            log.info("%s has no unload API; its residency stays with the server (Y8)", name)
+            return
+        admitted = frozenset(h.key for h in self._work.get(name, {}).values() if h.key is not None)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        outcome = "failed"
+        try:
+            async with asyncio.timeout(UNLOAD_DEADLINE_S):
+                outcome, detail = await controller.unload(admitted)
+        except TimeoutError:
+            outcome, detail = "timed_out", f"no answer within {UNLOAD_DEADLINE_S:g} s"
+        except UpstreamError as exc:
+            detail = str(exc)
+        elapsed = loop.time() - started
+        self.m_unload.labels(name, outcome).observe(elapsed)
+        if outcome == "unloaded":
+            self._unloaded.add(name)
+            log.info("unloaded %s in %.2f s: %s", name, elapsed, detail)
+        elif outcome == "skipped":
+            log.warning("unload of %s skipped: %s", name, detail)
+        else:
+            log.warning("unload of %s %s after %.2f s: %s", name, outcome, elapsed, detail)
+
+    # -- warm reload (T2) ----------------------------------------------------------------
+
+    def _warm_all(self) -> None:
+        for name, model in self.warm_models.items():
+            current = self.reclaims.get(name)
+            if current is not None and current.is_open:
+                continue  # another trigger (pressure, operator) still holds the upstream
+            if name in self._unloaded and name in self.controllers:
+                self._unloaded.discard(name)
+                self.supervisor.spawn(self._warm(name, model), name=f"warm {name}", essential=False)
+
+    async def _warm(self, name: str, model: str) -> None:
+        controller = self.controllers[name]
+        try:
+            async with asyncio.timeout(UNLOAD_DEADLINE_S):
+                detail = await controller.warm(model)
+        except (UpstreamError, TimeoutError) as exc:
+            log.warning("warm reload of %r on %s failed: %s", model, name, exc)
+            return
+        log.info("warm reload of %r on %s: %s", model, name, detail)
+
+    # -- publication ---------------------------------------------------------------------
+
+    def _set(self, reclaim: Reclaim) -> None:
+        self.reclaims[reclaim.upstream] = reclaim
+        self._publish(reclaim)
+
+    def _publish(self, r: Reclaim) -> None:
+        self.state.publish_reclaim(
+            r.upstream,
+            {
+                "phase": r.phase.value,
+                "policy": r.policy.on_owner_return.value,
+                "trigger": r.first.trigger.value,
+                "resource": r.first.resource,
+                "edges_at": [e.at for e in r.edges],
+                "edge_triggers": [e.trigger.value for e in r.edges],
+                "deadline": r.deadline,
+                "decided_at": r.decided_at,
+                "outcome": r.outcome,
+            },
+        )
+
+    def _wake(self, name: str) -> None:
+        event = self._changed.get(name)
+        if event is not None:
+            event.set()

@@ -1,0 +1,246 @@
+"""Reclaim planning: what to do with accepted borrowed work when the owner wants the GPU back.
+
+Spec "Yield"; product map Y1–Y5. Pure: no I/O and no clock; every time is monotonic seconds
+passed in by the caller. ``vacancyd.control.reclaim`` executes the plans.
+
+An *edge* is a rising owner-return (host policy veto), resource-pressure or operator event.
+Each affected upstream gets one :class:`Reclaim`; further edges while it is undecided coalesce
+into it and never move its deadline (Y2: "the first edge fixes the deadline"). A reclaim ends
+in one of two ways:
+
+* **stood down** — a drain or finish wait re-checked its trigger with admission's own checks
+  and found it cleared (Y5). Nothing is cancelled or unloaded.
+* **proceeded** — the affected work ended, or the policy's deadline passed. Drain and cancel
+  cut what is still running; finish never cuts. Upstreams with ``yield_on_veto`` then unload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from vacancyd.core import gate
+from vacancyd.core.observations import Quality
+from vacancyd.core.policy import OwnerScope, UpstreamPolicy
+from vacancyd.core.reasons import Reason
+from vacancyd.core.snapshot import Snapshot
+
+
+class OnOwnerReturn(StrEnum):
+    """An upstream's ``on_owner_return`` policy (spec "Yield"; Y2)."""
+
+    DRAIN = "drain"  #: let accepted work run for ``drain_timeout_s``, then cut it
+    CANCEL = "cancel"  #: cut accepted work at once
+    FINISH = "finish"  #: never cut; unload after work ends or ``completion_timeout_s``
+
+
+class Trigger(StrEnum):
+    """What raised an edge. The values are metric labels and /status strings."""
+
+    OWNER = "owner"  #: host policy veto engaged (owner returned)
+    PRESSURE = "pressure"  #: a resource's attributed GPU pressure engaged
+    ADMIN = "admin"  #: an operator asked for a reclaim (POST /admin/reclaim); never clears
+
+
+class ReclaimPhase(StrEnum):
+    """Published per upstream in /status (Y5)."""
+
+    WAITING = "waiting"
+    STOOD_DOWN = "stood_down"
+    PROCEEDING = "proceeding"
+    DONE = "done"
+
+
+#: Phases in which a reclaim still owns the upstream: new work is refused (Y1).
+OPEN_PHASES = frozenset({ReclaimPhase.WAITING, ReclaimPhase.PROCEEDING})
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimPolicy:
+    """The reclaim keys of one ``[[upstream]]`` (docs/configuration.md).
+
+    ``drain_timeout_s``: seconds accepted work may keep running in drain mode.
+    ``completion_timeout_s``: in finish mode, seconds after which the unload goes ahead even
+    though work still runs (None: wait for the work to end). Finish never cuts work.
+    ``yield_on_veto``: ask the server to unload its models once the work is dealt with (Y7).
+    """
+
+    on_owner_return: OnOwnerReturn = OnOwnerReturn.DRAIN
+    drain_timeout_s: float = 30.0
+    completion_timeout_s: float | None = None
+    yield_on_veto: bool = False
+
+    def deadline(self, first_edge_at: float) -> float | None:
+        """When a reclaim that began at ``first_edge_at`` proceeds regardless of work."""
+        if self.on_owner_return is OnOwnerReturn.CANCEL:
+            return first_edge_at
+        if self.on_owner_return is OnOwnerReturn.DRAIN:
+            return first_edge_at + self.drain_timeout_s
+        if self.completion_timeout_s is None:
+            return None
+        return first_edge_at + self.completion_timeout_s
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One rising edge. ``resource`` is set for pressure edges; ``at`` is monotonic seconds."""
+
+    trigger: Trigger
+    at: float
+    resource: str | None = None
+    detail: str = ""
+
+    @property
+    def reason(self) -> Reason:
+        """The refusal reason for work this edge refuses or cancels before its headers."""
+        if self.trigger is Trigger.OWNER:
+            return Reason.OWNER_ACTIVE
+        if self.trigger is Trigger.PRESSURE:
+            return Reason.RESOURCE_PRESSURED
+        return Reason.RECLAIMED
+
+
+def affected_upstreams(
+    edge: Edge, upstreams: Mapping[str, UpstreamPolicy], *, veto_active: bool
+) -> list[str]:
+    """The upstreams an edge reclaims, by name (spec "Yield", Y4).
+
+    Owner return reclaims host-scoped upstreams only. A pressure edge on a resource reclaims
+    every upstream that depends on it (primary or ``also_requires``); while the owner veto is
+    active it reclaims only resource-scoped ones, since the veto already reclaimed the rest.
+    An operator edge names no resource and reclaims every upstream.
+    """
+    names = []
+    for name, up in sorted(upstreams.items()):
+        if edge.trigger is Trigger.OWNER:
+            hit = up.owner_scope is OwnerScope.HOST
+        elif edge.trigger is Trigger.PRESSURE:
+            hit = edge.resource in up.resources and (
+                not veto_active or up.owner_scope is OwnerScope.RESOURCE
+            )
+        else:
+            hit = edge.resource is None or edge.resource in up.resources
+        if hit:
+            names.append(name)
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """One upstream's reclaim. ``edges`` lists every edge it answers, the first one first.
+
+    ``deadline`` (monotonic s) is fixed by the first edge; None means no time limit (finish
+    without ``completion_timeout_s``). ``outcome`` is set once it leaves ``waiting``.
+    """
+
+    upstream: str
+    policy: ReclaimPolicy
+    edges: tuple[Edge, ...]
+    deadline: float | None
+    phase: ReclaimPhase = ReclaimPhase.WAITING
+    decided_at: float | None = None
+    outcome: str | None = None
+
+    @property
+    def first(self) -> Edge:
+        return self.edges[0]
+
+    @property
+    def is_open(self) -> bool:
+        return self.phase in OPEN_PHASES
+
+
+def open_reclaim(
+    current: Reclaim | None, edge: Edge, upstream: str, policy: ReclaimPolicy
+) -> tuple[Reclaim, bool]:
+    """Answer ``edge`` on ``upstream``: (the reclaim now in charge, whether it is new).
+
+    An open reclaim absorbs the edge and keeps its deadline; otherwise a new one starts with
+    the deadline the policy gives the edge.
+    """
+    if current is not None and current.is_open:
+        return replace(current, edges=(*current.edges, edge)), False
+    return Reclaim(upstream, policy, (edge,), policy.deadline(edge.at)), True
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Nothing to do yet; decide again at ``until`` (None: on the next change)."""
+
+    until: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StandDown:
+    """The trigger cleared during a drain or finish wait: cancel nothing, unload nothing."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Proceed:
+    """Go ahead: ``cut`` accepted work (drain and cancel only), then ``unload`` if configured.
+
+    ``outcome`` is the metric label: ``work_ended`` (nothing left to cut), ``cancelled``
+    (work cut at the deadline), ``timed_out`` (finish mode's completion timeout).
+    """
+
+    cut: bool
+    unload: bool
+    outcome: str
+
+
+Action = Wait | StandDown | Proceed
+
+
+def plan(reclaim: Reclaim, *, trigger_cleared: bool, active_work: int, now: float) -> Action:
+    """Decide the next step of a waiting reclaim (Y2, Y5).
+
+    ``trigger_cleared``: admission's own checks would admit again for every edge this reclaim
+    answers. ``active_work``: borrowed jobs on the upstream admitted before the first edge that
+    have not ended (held jobs excluded: they never defer the unload).
+    """
+    policy = reclaim.policy
+    if trigger_cleared and policy.on_owner_return is not OnOwnerReturn.CANCEL:
+        return StandDown("the trigger cleared before the deadline")
+    if active_work == 0:
+        return Proceed(cut=False, unload=policy.yield_on_veto, outcome="work_ended")
+    if reclaim.deadline is not None and now >= reclaim.deadline:
+        if policy.on_owner_return is OnOwnerReturn.FINISH:
+            return Proceed(cut=False, unload=policy.yield_on_veto, outcome="timed_out")
+        return Proceed(cut=True, unload=policy.yield_on_veto, outcome="cancelled")
+    return Wait(reclaim.deadline)
+
+
+def decided(reclaim: Reclaim, action: StandDown | Proceed, now: float) -> Reclaim:
+    """The reclaim after ``action`` was chosen at ``now``."""
+    if isinstance(action, StandDown):
+        return replace(reclaim, phase=ReclaimPhase.STOOD_DOWN, decided_at=now, outcome="stood_down")
+    return replace(reclaim, phase=ReclaimPhase.PROCEEDING, decided_at=now, outcome=action.outcome)
+
+
+def trigger_cleared(reclaim: Reclaim, snap: Snapshot, upstream: UpstreamPolicy) -> bool:
+    """Would admission's own checks admit ``upstream`` again, for every edge answered? (Y5).
+
+    Owner edges clear when the owner checks pass (presence sampled and fresh; for a
+    host-scoped upstream complete session evidence and no veto). Pressure edges clear when the
+    resource has a fresh, calibrated pressure reading that is not engaged and the resource's
+    own admission checks pass. Operator edges never clear by themselves.
+    """
+    for edge in reclaim.edges:
+        if edge.trigger is Trigger.ADMIN:
+            return False
+        if edge.trigger is Trigger.OWNER:
+            if gate.decide_owner(snap, upstream) is not None:
+                return False
+            continue
+        view = snap.resources.get(edge.resource or "")
+        if view is None or view.pressure is None:
+            return False
+        p = view.pressure
+        if p.quality is not Quality.READY or not p.calibrated or p.engaged:
+            return False
+        if gate.decide_resource(view, view.name, snap.now) is not None:
+            return False
+    return True

@@ -1,0 +1,189 @@
+"""WebSocket tunnels (spec "Proxy", last paragraphs; product map P10).
+
+An authenticated ``Connection: Upgrade`` / ``Upgrade: websocket`` request on a route the
+adapter passes through (ComfyUI's ``GET /ws`` progress channel) is first handshaken with the
+upstream — so a refused upstream handshake is answered as an error before the borrower is
+upgraded — and then relayed message by message in both directions: every text and binary
+frame's payload is passed on unchanged (ComfyUI's binary previews included), pings are
+answered on each leg by its own endpoint. Closing either side closes the other, with the
+close code passed on. Each listener caps its open tunnels (``websocket_max_tunnels``; a
+further upgrade is answered 503) and closes a tunnel that carried nothing either way for
+``websocket_idle_timeout_s`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import WSMsgType, web
+from multidict import CIMultiDict
+from yarl import URL
+
+from vacancyd.core.refusal import error_body
+
+log = logging.getLogger(__name__)
+
+#: Handshake headers aiohttp's client generates itself; the borrower's are not forwarded.
+HANDSHAKE_HEADERS = frozenset(
+    {
+        "sec-websocket-key",
+        "sec-websocket-version",
+        "sec-websocket-extensions",
+        "sec-websocket-protocol",
+    }
+)
+#: Largest single message relayed (bytes); ComfyUI previews are well below this.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+def is_upgrade(request: web.Request) -> bool:
+    """True for a WebSocket upgrade request (RFC 6455 §4.1)."""
+    connection = {t.strip().lower() for t in request.headers.get("Connection", "").split(",")}
+    return "upgrade" in connection and request.headers.get("Upgrade", "").lower() == "websocket"
+
+
+@dataclass(frozen=True, slots=True)
+class TunnelLimits:
+    """``max_tunnels`` open at once per listener; ``idle_timeout_s`` without any message."""
+
+    max_tunnels: int = 32
+    idle_timeout_s: float = 300.0
+
+
+class Tunnels:
+    """The open tunnels of one listener."""
+
+    def __init__(self, limits: TunnelLimits) -> None:
+        self.limits = limits
+        self.open = 0
+
+    async def serve(
+        self,
+        request: web.Request,
+        session: aiohttp.ClientSession,
+        url: URL,
+        out_headers: CIMultiDict[str],
+        upstream: str,
+    ) -> web.StreamResponse:
+        if self.open >= self.limits.max_tunnels:
+            return web.json_response(
+                error_body(
+                    f"{upstream!r} already has {self.open} open WebSocket tunnels "
+                    f"(websocket_max_tunnels = {self.limits.max_tunnels})",
+                    "no_vacancy",
+                    "websocket_tunnels_exhausted",
+                ),
+                status=503,
+                headers={"Retry-After": "5"},
+            )
+        for name in list(out_headers):
+            if name.lower() in HANDSHAKE_HEADERS:
+                del out_headers[name]
+        protocols = [
+            p.strip()
+            for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
+            if p.strip()
+        ]
+        self.open += 1
+        try:
+            up: aiohttp.ClientWebSocketResponse | None = None
+            try:
+                up = await session.ws_connect(
+                    url,
+                    headers=out_headers,
+                    protocols=protocols,
+                    autoping=True,
+                    max_msg_size=MAX_MESSAGE_BYTES,
+                )
+            except aiohttp.WSServerHandshakeError as exc:
+                return web.json_response(
+                    error_body(
+                        f"the upstream of {upstream!r} refused the WebSocket handshake "
+                        f"({exc.status})",
+                        "upstream_error",
+                        "websocket_handshake_refused",
+                    ),
+                    status=502,
+                )
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                return web.json_response(
+                    error_body(
+                        f"the upstream of {upstream!r} could not be reached: "
+                        f"{exc.__class__.__name__}",
+                        "upstream_error",
+                        "upstream_unreachable",
+                    ),
+                    status=502,
+                )
+            assert up is not None
+            try:
+                down = web.WebSocketResponse(
+                    protocols=[up.protocol] if up.protocol else (),
+                    autoping=True,
+                    max_msg_size=MAX_MESSAGE_BYTES,
+                )
+                await down.prepare(request)
+                await self._relay(down, up, upstream)
+                return down
+            finally:
+                await up.close()
+        finally:
+            self.open -= 1
+
+    async def _relay(
+        self, down: web.WebSocketResponse, up: aiohttp.ClientWebSocketResponse, name: str
+    ) -> None:
+        activity = asyncio.Event()
+
+        async def pump(
+            src: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+            dst: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+        ) -> int | None:
+            async for msg in src:
+                activity.set()
+                if msg.type is WSMsgType.TEXT:
+                    await dst.send_str(msg.data)
+                elif msg.type is WSMsgType.BINARY:
+                    await dst.send_bytes(msg.data)
+                elif msg.type is WSMsgType.ERROR:
+                    break
+            return src.close_code
+
+        async def idle() -> None:
+            while True:
+                activity.clear()
+                try:
+                    async with asyncio.timeout(self.limits.idle_timeout_s):
+                        await activity.wait()
+                except TimeoutError:
+                    log.info(
+                        "%s: WebSocket tunnel idle for %g s; closing",
+                        name,
+                        self.limits.idle_timeout_s,
+                    )
+                    return
+
+        loop = asyncio.get_running_loop()
+        tasks = {
+            loop.create_task(pump(down, up), name=f"ws {name} borrower->upstream"),
+            loop.create_task(pump(up, down), name=f"ws {name} upstream->borrower"),
+            loop.create_task(idle(), name=f"ws {name} idle"),
+        }
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        code = 1000
+        for task in done:
+            if not task.cancelled() and task.exception() is None:
+                result = task.result()
+                if isinstance(result, int):
+                    code = result
+        if code in (1004, 1005, 1006, 1015) or not 1000 <= code < 5000:
+            code = 1000  # reserved codes cannot be sent in a close frame (RFC 6455 §7.4.1)
+        await down.close(code=code)
