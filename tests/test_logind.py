@@ -291,6 +291,40 @@ async def test_session_appears_while_borrowed_work_is_admitted(bus: PrivateBus) 
         assert (await in_flight)[0] == 200  # drained by policy: it finished inside drain_timeout_s
 
 
+async def test_owner_login_cancels_borrowed_work_under_cancel_policy(bus: PrivateBus) -> None:
+    """The veto's rising edge from a logind signal is what the reclaimer acts on."""
+    started = asyncio.Event()
+
+    async def slow(_request: web.Request) -> web.Response:
+        started.set()
+        await asyncio.sleep(30)  # a long generation; the reclaim must not wait for it
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", slow)
+    fake = await FakeLogind.start(bus.address, [])
+    try:
+        async with serve_app(app) as target:
+            toml = config(bus.address, target).replace(
+                'resource = "ram"\n\n[[upstream]]',
+                'resource = "ram"\non_owner_return = "cancel"\n\n[[upstream]]',
+                1,
+            )
+            assert 'on_owner_return = "cancel"' in toml
+            async with running_daemon(toml) as d, aiohttp.ClientSession() as http:
+                await d.wait_ready()
+                in_flight = asyncio.get_running_loop().create_task(borrow(d, http))
+                await asyncio.wait_for(started.wait(), 2)
+                fake.add(SessionSpec("8", type="x11"))
+                status, body, _ = await asyncio.wait_for(in_flight, 5)
+                assert status == 503
+                error = body["error"]
+                assert isinstance(error, dict) and error["code"] == "owner_active"
+                assert "reclaimed 'llm' (owner)" in str(error["message"])
+    finally:
+        await fake.stop()
+
+
 async def test_readyz_unready_until_presence_sampled(tmp_path: Path) -> None:
     nowhere = f"unix:path={tmp_path}/no-bus.sock"
     app, _ = openai_like_app()
