@@ -141,6 +141,13 @@ async def next_sample(state: SharedState, timeout_s: float = 2.0) -> None:
             await asyncio.sleep(0.01)
 
 
+async def admitted(d: RunningDaemon, http: aiohttp.ClientSession) -> None:
+    """Once the daemon is ready (capacity measured too), a borrowed request is admitted."""
+    await d.wait_ready()
+    status, body, _ = await borrow(d, http)
+    assert status == 200, body
+
+
 def veto(d: RunningDaemon) -> bool:
     return d.state.veto.engaged
 
@@ -148,7 +155,7 @@ def veto(d: RunningDaemon) -> bool:
 async def test_local_graphical_session_unlocks(bus: PrivateBus) -> None:
     async with lender(bus, [SessionSpec("1", locked=True)]) as (d, fake, http):
         await d.wait_ready()
-        assert (await borrow(d, http))[0] == 200
+        await admitted(d, http)
         fake.session("1").set_locked(False)
         await wait_for(d.state, lambda: veto(d), what="the veto to engage on unlock")
         status, body, retry = await borrow(d, http)
@@ -189,7 +196,7 @@ async def test_session_locks(bus: PrivateBus) -> None:
         assert (await borrow(d, http))[0] == 503
         fake.session("1").set_locked(True)
         await wait_for(d.state, lambda: not veto(d), what="release on lock")
-        assert (await borrow(d, http))[0] == 200
+        await admitted(d, http)
 
 
 async def test_user_goes_idle_and_comes_back(bus: PrivateBus) -> None:
@@ -197,7 +204,7 @@ async def test_user_goes_idle_and_comes_back(bus: PrivateBus) -> None:
         await wait_for(d.state, lambda: veto(d), what="the veto for an active console")
         fake.session("c3").set_idle(True)
         await wait_for(d.state, lambda: not veto(d), what="release on idle")
-        assert (await borrow(d, http))[0] == 200
+        await admitted(d, http)
         async with http.get(f"{d.api_url}/status") as resp:
             (entry,) = (await resp.json())["presence"]["sessions"]
         assert entry["kind"] == "console" and entry["idle"] is True and entry["why"] == "idle"
@@ -225,7 +232,7 @@ async def test_ssh_only_host(bus: PrivateBus) -> None:
     async with lender(bus, [ssh]) as (d, _fake, http):
         await d.wait_ready()
         assert not veto(d)
-        assert (await borrow(d, http))[0] == 200
+        await admitted(d, http)
         async with http.get(f"{d.api_url}/status") as resp:
             presence = (await resp.json())["presence"]
         assert presence["session_counts"]["remote"] == 1
@@ -240,7 +247,7 @@ async def test_ssh_only_host(bus: PrivateBus) -> None:
 async def test_logind_disappears(bus: PrivateBus, caplog: pytest.LogCaptureFixture) -> None:
     async with lender(bus, [SessionSpec("1", locked=True)]) as (d, fake, http):
         await d.wait_ready()
-        assert (await borrow(d, http))[0] == 200
+        await admitted(d, http)
         fake.disappear()  # NameOwnerChanged wakes the loop; no 30 s poll needed
         await next_sample(d.state)
         status, body, retry = await borrow(d, http)
@@ -262,7 +269,7 @@ async def test_method_call_hangs_past_the_deadline(bus: PrivateBus) -> None:
         fake.hang.clear()  # the collector reconnects and reads again
         await wait_for(d.state, lambda: d.state.presence_view(d.state.clock()).evidence_complete)
         assert d.daemon.presence is not None and d.daemon.presence.client.connects >= 2
-        assert (await borrow(d, http))[0] == 200
+        await admitted(d, http)
 
 
 async def test_session_appears_while_borrowed_work_is_admitted(bus: PrivateBus) -> None:
@@ -368,7 +375,7 @@ async def test_malformed_property_types_refuse(
         fake.malformed.clear()
         await wait_for(d.state, lambda: not veto(d), what="release once readable again")
         assert any("session 1 is unreadable no more" in r.getMessage() for r in caplog.records)
-        assert (await borrow(d, http))[0] == 200
+        await admitted(d, http)
 
 
 async def test_session_without_a_user_refuses(bus: PrivateBus) -> None:
@@ -415,7 +422,7 @@ async def test_owner_process_holds_an_idle_desktop(bus: PrivateBus, tmp_path: Pa
     me = SessionSpec("1", uid=os.getuid(), user=_my_user(), idle=True)
     async with lender(bus, [me], poll_s=0.2, processes=["vacancyd-owner-game"]) as (d, _f, http):
         await d.wait_ready()
-        assert (await borrow(d, http))[0] == 200
+        await admitted(d, http)
         proc = await asyncio.create_subprocess_exec(str(game), "30")
         try:
             await wait_for(d.state, lambda: veto(d), what="the veto on an owner process")
