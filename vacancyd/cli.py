@@ -91,6 +91,36 @@ def _yes(flag: object) -> str:
     return "yes" if flag else "no"
 
 
+def format_sessions(presence: dict[str, Any]) -> list[str]:
+    """Lines for the sessions presence saw (see vacancyd.core.presence for the fields)."""
+    lines = []
+    for s in presence.get("sessions", []):
+        if s.get("kind") == "unknown":
+            lines.append(f"  session {s.get('id')} [unknown]: {s.get('why')}")
+            continue
+        state = ", ".join(
+            word
+            for word, on in (
+                ("remote" if s.get("remote") else "local", True),
+                ("locked" if s.get("locked") else "unlocked", True),
+                ("active", s.get("active")),
+                (
+                    f"idle {s['idle_for_s']:.0f}s" if s.get("idle_for_s") is not None else "idle",
+                    s.get("idle"),
+                ),
+            )
+            if on
+        )
+        lines.append(
+            f"  session {s.get('id')} [{s.get('kind')} {s.get('type') or '-'}] {state}: "
+            f"{'OWNER' if s.get('owner') else 'not the owner'} ({s.get('why')})"
+        )
+    exempt = presence.get("exempt_upstreams") or []
+    if exempt:
+        lines.append(f"  exempt from owner presence: {', '.join(exempt)}")
+    return lines
+
+
 def format_status(doc: dict[str, Any]) -> str:
     """Render a /status document for a person (see vacancyd.api.status for its shape)."""
     lines = [
@@ -110,6 +140,7 @@ def format_status(doc: dict[str, Any]) -> str:
     )
     if p.get("detail"):
         lines.append(f"  {p['detail']}")
+    lines.extend(format_sessions(p))
     lines.append("resources:")
     for name, r in doc.get("resources", {}).items():
         cap = ""

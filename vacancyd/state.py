@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from vacancyd.core import presence as presence_rules
 from vacancyd.core.ledger import Ledger
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
@@ -340,8 +341,26 @@ class SharedState:
             self._emit("veto", active=self.veto.engaged, detail=reading.detail, at=now)
 
     def record_presence_failure(self, error: str, now: float) -> None:
-        self.presence.reading = self.presence.reading.failed(error, now)
-        log.warning("owner presence unreadable: %s", error)
+        """Record that presence could not be read at ``now`` (monotonic s).
+
+        The gate refuses host-scoped work at once (evidence incomplete). Once the last good
+        reading is older than the freshness bound and nothing replaced it, the failure also
+        engages the owner veto (spec "Gate" step 2), so release needs ``release_after_s`` of
+        fresh clear readings after presence is readable again.
+        """
+        previous = self.presence.reading
+        self.presence.reading = previous.failed(error, now)
+        if (
+            previous.error != error
+            or previous.failed_at is None
+            or (previous.observed_at is not None and previous.failed_at < previous.observed_at)
+        ):
+            log.warning("owner presence unreadable: %s", error)
+        if presence_rules.stale_engages_veto(previous.observed_at, now, self.presence_max_age_s):
+            detail = f"presence stale and unreadable: {error}"
+            if self.veto.observe(True, now):
+                log.warning("host policy veto engaged: %s", detail)
+                self._emit("veto", active=True, detail=detail, at=now)
 
     def raise_edge(
         self, trigger: str, now: float, *, resource: str | None = None, detail: str = ""

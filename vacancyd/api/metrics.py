@@ -17,6 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd.core import gate
+from vacancyd.core import presence as presence_rules
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
 from vacancyd.core.reasons import Refuse
@@ -62,6 +63,7 @@ class StateCollector(Collector):
             "Host policy veto engaged (1) or released (0).",
             value=1.0 if presence.veto_active else 0.0,
         )
+        yield from _presence_families(state, presence.sampled, presence.evidence_complete)
 
         enabled = GaugeMetricFamily(
             "vacancyd_resource_enabled", "Runtime switch per resource.", labels=["resource"]
@@ -151,6 +153,33 @@ class StateCollector(Collector):
 
         ready, _ = state.ready(now)
         yield GaugeMetricFamily("vacancyd_ready", "1 when /readyz answers 200.", value=float(ready))
+
+
+def _presence_families(
+    state: SharedState, sampled: bool, evidence_complete: bool
+) -> Iterator[GaugeMetricFamily]:
+    """Presence detail: the newest reading's owner signal, evidence and sessions by kind."""
+    reading = state.presence.reading.value
+    if reading is None:
+        return
+    yield GaugeMetricFamily(
+        "vacancyd_presence_owner_signal",
+        "1 when the newest presence reading matched the owner policy.",
+        value=1.0 if reading.owner_signal else 0.0,
+    )
+    yield GaugeMetricFamily(
+        "vacancyd_presence_evidence_complete",
+        "1 when every session in the newest presence reading could be read clearly.",
+        value=1.0 if sampled and evidence_complete else 0.0,
+    )
+    sessions = GaugeMetricFamily(
+        "vacancyd_presence_sessions",
+        "Sessions in the newest presence reading, by kind.",
+        labels=["kind"],
+    )
+    for kind, n in presence_rules.count_kinds(reading.sessions).items():
+        sessions.add_metric([kind], float(n))
+    yield sessions
 
 
 def _pressure_metrics(state: SharedState, now: float) -> Iterator[GaugeMetricFamily]:

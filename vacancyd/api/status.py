@@ -5,7 +5,11 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
     {"version", "uptime_s", "ready", "not_ready": [str],
      "lending_enabled": bool,
      "presence": {"source", "sampled", "age_s", "evidence_complete", "refuses",
-                  "veto": {"active", "release_in_s"}, "detail", "exempt_upstreams": [str]},
+                  "veto": {"active", "release_in_s"}, "detail", "exempt_upstreams": [str],
+                  "sessions": [{"id", "kind", "owner", "why", "type", "class", "seat",
+                                "remote", "active", "locked", "idle", "idle_for_s",
+                                "owner_processes"?}],
+                  "session_counts": {KIND: int}},
      "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
                           "utilization_ratio", "used_mib", "lendable", "why_not", "error",
                           "held_by": {"job", "upstream", "phase"} | null,
@@ -32,6 +36,7 @@ from typing import Any
 
 from vacancyd import __version__
 from vacancyd.core import gate
+from vacancyd.core import presence as presence_rules
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
 from vacancyd.core.reasons import Admit
@@ -99,6 +104,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             },
             "detail": presence.detail,
             "sessions": [dict(s) for s in reading.sessions] if reading else [],
+            "session_counts": presence_rules.count_kinds(reading.sessions if reading else ()),
             "exempt_upstreams": sorted(
                 n for n, u in state.upstreams.items() if u.owner_scope is OwnerScope.RESOURCE
             ),

@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
 
 Scope = Literal["borrow", "read", "admin"]
@@ -129,10 +130,35 @@ class OwnerSettings(_Model):
     """Owner presence (spec "Collectors"). ``presence`` unset: an unknown reading that refuses.
 
     ``release_after_s``: consecutive clear seconds before the host policy veto releases.
+    ``presence``: "logind" reads systemd-logind over D-Bus; "auto" is logind on Linux and an
+    unknown, non-refusing reading elsewhere; "headless" is a fixed logged-out reading.
+    ``bus_address``: D-Bus address of the bus logind is on (default: the system bus).
+    ``processes``: owner-process names that hold the machine while their user's desktop is
+    unlocked, even when it is idle. ``idle_after_s``: seconds a session's idle hint must have
+    held before it counts as away. ``remote_graphical``: "count" treats remote x11/wayland
+    sessions (remote desktop) like local ones. ``signals``: subscribe to logind's change
+    signals (false: polling only).
     """
 
-    presence: Literal["headless"] | None = None
+    presence: Literal["headless", "logind", "auto"] | None = None
     release_after_s: float = Field(60.0, ge=0, le=86400)
+    bus_address: str | None = Field(None, min_length=1)
+    processes: list[str] = []
+    idle_after_s: float = Field(0.0, ge=0, le=86400)
+    remote_graphical: Literal["ignore", "count"] = "ignore"
+    signals: bool = True
+
+    @field_validator("processes")
+    @classmethod
+    def _process_names(cls, names: list[str]) -> list[str]:
+        problems = [
+            f"[{i}] {why}"
+            for i, name in enumerate(names)
+            if (why := presence_rules.validate_process_name(name)) is not None
+        ]
+        if problems:
+            raise ValueError("owner process names must be program names: " + "; ".join(problems))
+        return names
 
 
 class CollectorSettings(_Model):

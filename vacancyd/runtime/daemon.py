@@ -7,7 +7,8 @@ Task tree (names as they appear in logs):
 * ``collector RESOURCE`` — one capacity loop per enabled resource (essential)
 * ``pressure RESOURCE`` — one GPU pressure loop per enabled GPU with pressure (essential)
 * ``calibration saver`` — writes learned thresholds to the state directory (not essential)
-* ``collector presence`` — the presence loop, when a source is configured (essential)
+* ``collector presence`` — the presence loop (headless or logind), when one is configured
+  (essential); logind's signals wake it through ``state.sample_wanted("presence")``
 * ``observer NAME`` — server observation for adapters that need it (essential)
 * ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
 * ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,7 +36,7 @@ from vacancyd.api.app import make_api
 from vacancyd.api.auth import Authenticator, Token
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
-from vacancyd.collectors import presence, system
+from vacancyd.collectors import logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError
@@ -46,6 +48,7 @@ from vacancyd.config.policies import (
     upstream_policy,
 )
 from vacancyd.control.reclaim import Reclaimer
+from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
@@ -89,6 +92,7 @@ def build_state(settings: Settings) -> SharedState:
         )
         for u in settings.upstream
     }
+    source = presence_rules.resolve_source(settings.owner.presence, sys.platform)
     pressure = {
         r.name: policy
         for r in settings.resource
@@ -97,7 +101,8 @@ def build_state(settings: Settings) -> SharedState:
     state = SharedState(
         resources,
         upstreams,
-        presence_source=settings.owner.presence or "none",
+        presence_source=source.value,
+        presence_refuses=source is not presence_rules.PresenceSource.UNSUPPORTED,
         presence_max_age_s=settings.presence_max_age_s,
         release_after_s=settings.owner.release_after_s,
         pressure=pressure,
@@ -135,6 +140,7 @@ class Daemon:
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
+    presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
 
     def __post_init__(self) -> None:
@@ -325,7 +331,17 @@ class Daemon:
                 essential=True,
             )
         self._start_pressure()
-        if self.settings.owner.presence == "headless":
+        source = presence_rules.resolve_source(self.settings.owner.presence, sys.platform)
+        if source is presence_rules.PresenceSource.LOGIND:
+            self._start_logind()
+        elif source is presence_rules.PresenceSource.UNSUPPORTED:
+            log.warning(
+                "no owner-presence backend on %s: presence is unknown and does not refuse; "
+                "lending here depends on capacity alone",
+                sys.platform,
+            )
+            state.record_presence(logind.unsupported_reading(sys.platform), state.clock())
+        elif source is presence_rules.PresenceSource.HEADLESS:
             self.supervisor.spawn(
                 run_probe_loop(
                     "presence",
@@ -343,6 +359,31 @@ class Daemon:
                 "no owner presence source is configured ([owner] presence); host-scoped "
                 "upstreams refuse with owner_active until one is"
             )
+
+    def _start_logind(self) -> None:
+        owner = self.settings.owner
+        cfg = self.settings.collectors
+        wake = self.state.sample_wanted("presence")
+        client = logind.LogindClient(
+            owner.bus_address, signals=owner.signals, on_signal=lambda _member: wake.set()
+        )
+        policy = presence_rules.PresencePolicy(
+            owner_processes=frozenset(owner.processes),
+            idle_after_s=owner.idle_after_s,
+            count_remote_graphical=owner.remote_graphical == "count",
+        )
+        self.presence = logind.LogindPresence(client, policy)
+        self.supervisor.spawn(
+            logind.run_logind_loop(
+                self.presence,
+                self.state,
+                interval_s=cfg.poll_s,
+                timeout_s=cfg.probe_timeout_s,
+                wake=wake,
+            ),
+            name="collector presence",
+            essential=True,
+        )
 
     def _start_pressure(self) -> None:
         """One pressure loop per GPU with pressure (R1–R5), and the calibration saver (R3)."""
