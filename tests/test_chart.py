@@ -7,7 +7,6 @@ rendered objects to a real API server, are in test_kube_e2e.py.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import kube
 from vacancyd.config.load import parse_companion_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,17 +24,8 @@ VALUES = [None, *sorted((CHART / "ci").glob("*.yaml")), ROOT / "manifests" / "va
 
 
 def tool(name: str) -> str:
-    cache = Path(os.environ.get("VACANCYD_TOOLS_CACHE") or Path.home() / ".cache/vacancyd-tools")
-    cached = cache / "kube" / "bin" / name
-    if cached.is_file() and os.access(cached, os.X_OK):
-        return str(cached)
-    found = shutil.which(name)
-    if found:
-        return found
-    message = f"{name} missing; build it with tools/build-kube-tools.sh"
-    if os.environ.get("VACANCYD_REQUIRE_TOOLS") == "1":
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
+    """The tool's path (skips the test without it, fails with VACANCYD_REQUIRE_TOOLS=1)."""
+    return str(kube.require_kube_tools(name)[name])
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:

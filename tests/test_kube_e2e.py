@@ -22,12 +22,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import kube
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from vacancyd.config.load import parse_companion_config
 from vacancyd.k8s.client import KubeClient
 from vacancyd.k8s.companion import Companion
-
-kube = pytest.importorskip("tests.support.kube", reason="tests/support/kube.py not merged yet")
 
 pytestmark = pytest.mark.kube
 
