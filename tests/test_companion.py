@@ -281,3 +281,22 @@ backoff_max_s = 1
     assert len(seen) == 5
     # clean shutdown: not lendable
     assert cond(kube)["reason"] == "Stopped"
+
+
+async def test_a_follower_that_dies_stops_the_companion(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in a follower must not leave a companion that silently publishes nothing."""
+
+    async def broken(self: comp.LenderFollower) -> None:
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(comp.LenderFollower, "run", broken)
+    kube = FakeKube()
+    kube.add_node("pc")
+    async with running_companion(companion_toml("http://127.0.0.1:9"), kube) as companion:
+        async with asyncio.timeout(5):
+            await companion.wait()
+        assert companion.failure is not None
+        assert "follower pc" in companion.failure and "RuntimeError('bug')" in companion.failure
+    assert "the companion stops" in caplog.text

@@ -389,6 +389,8 @@ class Companion:
         self._runner: web.AppRunner | None = None
         self.address: str | None = None
         self._stop = asyncio.Event()
+        #: Why the companion stopped on its own (None: it was asked to).
+        self.failure: str | None = None
 
     async def _default_connect(self) -> KubeApi:
         from vacancyd.k8s.client import KubeClient
@@ -401,8 +403,10 @@ class Companion:
         self.followers = make_followers(self.settings, self.session, self._connect)
         loop = asyncio.get_running_loop()
         for f in self.followers:
-            self._tasks.append(loop.create_task(f.publisher.run(), name=f"publisher {f.name}"))
-            self._tasks.append(loop.create_task(f.run(), name=f"follower {f.name}"))
+            for coro, name in ((f.publisher.run(), "publisher"), (f.run(), "follower")):
+                task = loop.create_task(coro, name=f"{name} {f.name}")
+                task.add_done_callback(self._task_done)
+                self._tasks.append(task)
         self._runner = web.AppRunner(make_health_app(self.followers), handle_signals=False)
         await self._runner.setup()
         host, port = split_listen(self.settings.listen)
@@ -417,6 +421,18 @@ class Companion:
         )
 
     def request_stop(self) -> None:
+        self._stop.set()
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        """A follower or publisher must run until stop: if one ends, so does the companion
+        (exit 1), so that its Deployment restarts it rather than it publishing nothing."""
+        if self._stop.is_set() or task.cancelled():
+            return
+        exc = task.exception()
+        self.failure = f"task {task.get_name()!r} " + (
+            f"failed: {exc!r}" if exc is not None else "exited"
+        )
+        log.critical("%s; the companion stops", self.failure, exc_info=exc)
         self._stop.set()
 
     async def wait(self) -> None:
@@ -455,6 +471,8 @@ async def run_companion(settings: CompanionSettings) -> int:
             log.error("cannot listen on %s: %s", settings.listen, exc)
             return 2
         await companion.wait()
+        if companion.failure is not None:
+            return 1
         log.info("stopping on signal")
         return 0
     finally:
