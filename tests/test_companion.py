@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,6 +19,7 @@ from aiohttp import web
 
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
+from tests.support.gpu import Scenario
 from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions as c
 from vacancyd.k8s import companion as comp
@@ -300,3 +302,55 @@ async def test_a_follower_that_dies_stops_the_companion(
         assert companion.failure is not None
         assert "follower pc" in companion.failure and "RuntimeError('bug')" in companion.failure
     assert "the companion stops" in caplog.text
+
+
+async def test_owner_gpu_load_shows_as_gpu_pressure(nvml: Scenario, tmp_path: Path) -> None:
+    """Real GPU pressure (fake NVML under the real collector) reaches VacancyGPUPressure."""
+    owner_pid = 4_000_001
+    lender_config = f"""
+state_dir = "{tmp_path / "state"}"
+[server]
+listen = "127.0.0.1:0"
+trust_loopback = true
+[owner]
+presence = "headless"
+[collectors]
+poll_s = 0.2
+[[resource]]
+name = "gpu0"
+kind = "gpu"
+device = 0
+[resource.pressure]
+poll_ms = 100
+fixed_threshold = 0.2
+engage_after_s = 0
+release_after_s = 1.5
+[[upstream]]
+name = "chat"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{{target}}"
+resource = "gpu0"
+"""
+    kube = FakeKube()
+    kube.add_node("pc")
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        async with running_daemon(lender_config.replace("{target}", target)) as lender:
+            await lender.wait_ready()
+            async with running_companion(companion_toml(lender.api_url), kube):
+                await until(lambda: cond(kube, c.GPU_PRESSURE).get("status") == "False")
+                assert cond(kube, c.GPU_PRESSURE)["reason"] == "NoPressure"
+
+                nvml.procs = [(0, "graphics", owner_pid, 3000)]
+                nvml.sample(owner_pid, 70)
+                nvml.write()
+                await until(lambda: cond(kube, c.GPU_PRESSURE).get("status") == "True")
+                assert cond(kube, c.GPU_PRESSURE)["reason"] == "ResourcePressured"
+                assert "gpu0" in cond(kube, c.GPU_PRESSURE)["message"]
+                assert cond(kube)["reason"] == "ResourcePressured"
+                assert ready(kube) is False and ready(kube, "vacancyd-chat-direct") is True
+
+                # no more owner samples: released after release_after_s of quiet
+                await until(lambda: cond(kube, c.GPU_PRESSURE).get("status") == "False", 8.0)
+                await until(lambda: cond(kube).get("status") == "True", 5.0)
