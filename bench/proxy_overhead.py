@@ -93,7 +93,12 @@ async def until_admitted(url: str, timeout_s: float = 60) -> None:
     async with aiohttp.ClientSession() as http:
         while time.monotonic() < deadline:
             try:
-                async with http.post(url, json={"model": "m", "max_tokens": 1}) as r:
+                body = {
+                    "model": "m",
+                    "max_tokens": 1,
+                    "messages": [{"role": "user", "content": "x"}],
+                }
+                async with http.post(url, json=body) as r:
                     await r.read()
                     if r.status == 200:
                         return
