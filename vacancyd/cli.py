@@ -21,14 +21,22 @@ def _load(path: Path | None) -> Settings:
     return load_default_config() if path is None else load_config(path)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _configure_logging(args: argparse.Namespace) -> bool:
+    """Set up logging from --log-level/--log-format; False (after saying why) when invalid."""
     from vacancyd.runtime import logging as vlogging
-    from vacancyd.runtime.daemon import run_daemon
 
     try:
         vlogging.configure(args.log_level, args.log_format)
     except ValueError as exc:
         print(f"vacancyd: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from vacancyd.runtime.daemon import run_daemon
+
+    if not _configure_logging(args):
         return 2
     try:
         settings = _load(args.config)
@@ -46,12 +54,8 @@ def cmd_companion(args: argparse.Namespace) -> int:
     """Run the in-cluster companion (vacancyd.k8s.companion) until SIGTERM."""
     from vacancyd.config.load import load_companion_config
     from vacancyd.k8s.companion import run_companion
-    from vacancyd.runtime import logging as vlogging
 
-    try:
-        vlogging.configure(args.log_level, args.log_format)
-    except ValueError as exc:
-        print(f"vacancyd: {exc}", file=sys.stderr)
+    if not _configure_logging(args):
         return 2
     try:
         settings = load_companion_config(args.config)

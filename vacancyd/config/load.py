@@ -5,9 +5,9 @@ from __future__ import annotations
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from vacancyd.config.model import CompanionSettings, Settings
 
@@ -47,46 +47,45 @@ def _describe(err: dict[str, Any]) -> str:
     return f"{loc}: {msg}"
 
 
-def parse_config(text: str, source: str = "<string>") -> Settings:
-    """Parse TOML text into Settings. Raises :class:`ConfigError`."""
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def _parse(text: str, source: str, model: type[ModelT]) -> ModelT:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(source, [f"not valid TOML: {exc}"]) from exc
     try:
-        return Settings.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(source, [_describe(e) for e in exc.errors()]) from exc  # type: ignore[arg-type]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), [f"cannot read the file: {exc}"]) from exc
+
+
+def parse_config(text: str, source: str = "<string>") -> Settings:
+    """Parse TOML text into Settings. Raises :class:`ConfigError`."""
+    return _parse(text, source, Settings)
 
 
 def parse_companion_config(text: str, source: str = "<string>") -> CompanionSettings:
     """Parse the companion's TOML file. Raises :class:`ConfigError`."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(source, [f"not valid TOML: {exc}"]) from exc
-    try:
-        return CompanionSettings.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(source, [_describe(e) for e in exc.errors()]) from exc  # type: ignore[arg-type]
+    return _parse(text, source, CompanionSettings)
 
 
 def load_companion_config(path: Path) -> CompanionSettings:
     """Read and validate a companion config file. Raises :class:`ConfigError`."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), [f"cannot read the file: {exc}"]) from exc
-    return parse_companion_config(text, str(path))
+    return parse_companion_config(_read(path), str(path))
 
 
 def load_config(path: Path) -> Settings:
     """Read and validate a config file. Raises :class:`ConfigError` (also for I/O errors)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), [f"cannot read the file: {exc}"]) from exc
-    return parse_config(text, str(path))
+    return parse_config(_read(path), str(path))
 
 
 def default_config_text() -> str:
