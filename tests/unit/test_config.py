@@ -61,6 +61,8 @@ def test_issue_config_means_what_it_says() -> None:
 def test_example_config_is_valid() -> None:
     s = load_config(ROOT / "vacancyd.example.toml")
     assert [r.name for r in s.resource] == ["gpu0", "ram"]
+    assert [u.adapter for u in s.upstream] == ["llamacpp", "ollama"]
+    assert s.owner.presence == "logind"
     assert s.upstream[0].models.footprint_mib["qwen2.5-7b-instruct"] == 6000
 
 
