@@ -66,8 +66,11 @@ def cmd_companion(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from vacancyd.config.secrets import read_secrets
+
     try:
         settings = load_config(args.file)
+        read_secrets(settings, str(args.file))
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -200,3 +200,17 @@ async def test_status_cli_against_a_live_daemon(
     assert code == 1 and "401" in capsys.readouterr().err
     code = await asyncio.to_thread(main, ["status", "--url", "http://127.0.0.1:9"])
     assert code == 1 and "cannot read" in capsys.readouterr().err
+
+
+async def test_api_errors_are_json_and_deep_bodies_are_400(lender: RunningDaemon) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(lender.api_url + "/nope") as r:
+            assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
+        async with http.post(lender.api_url + "/status", headers=bearer(READ)) as r:
+            assert r.status == 405 and (await r.json())["error"]["code"] == "method_not_allowed"
+        deep = b"[" * 5000 + b"]" * 5000
+        async with http.put(
+            lender.api_url + "/admin/lending", data=deep, headers=bearer(ADMIN)
+        ) as r:
+            assert r.status == 400 and "too deeply" in (await r.json())["error"]["message"]
+    assert lender.state.lending_enabled

@@ -546,3 +546,67 @@ async def test_encoded_request_bodies_are_forwarded_decoded(
         assert r.status == 400
         assert (await r.json())["error"]["code"] == "invalid_request_body"
     assert lender.state.ledger.jobs() == []
+
+
+async def test_body_is_read_as_json_whatever_its_content_type(
+    upstream: tuple[str, list[dict[str, Any]]], http: aiohttp.ClientSession
+) -> None:
+    """Inference servers parse the body as JSON whatever Content-Type says, so a borrower
+    cannot dodge the footprint check (or the background refusal) by mislabelling it."""
+    extra = '[upstream.models.footprint_mib]\n"big" = 100000000'
+    toml = config(upstream[0]) + extra
+    async with running_daemon(toml) as d:
+        await d.wait_ready()
+        url = d.proxy_url("up") + "/v1/chat/completions"
+        body = json.dumps({"model": "big", "messages": []}).encode()
+        for content_type in (
+            "application/json",
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            None,
+        ):
+            headers = dict(AUTH)
+            if content_type:
+                headers["Content-Type"] = content_type
+            async with http.post(url, data=body, headers=headers) as r:
+                assert r.status == 503, content_type
+                assert (await r.json())["error"]["code"] == "insufficient_capacity"
+        async with http.post(
+            d.proxy_url("up") + "/v1/responses",
+            data=b'{"model": "m", "background": true}',
+            headers={**AUTH, "Content-Type": "text/plain"},
+        ) as r:
+            assert r.status == 400
+        async with http.post(
+            url, data=b'{"model":', headers={**AUTH, "Content-Type": "text/plain"}
+        ) as r:
+            assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_request_body"
+        deep = b'{"model": "m", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        async with http.post(url, data=deep, headers=AUTH) as r:
+            assert r.status == 400
+            assert "too deeply" in (await r.json())["error"]["message"]
+        # multipart (OpenAI's audio routes): the model is a form field
+        form = aiohttp.FormData()
+        form.add_field("model", "big")
+        form.add_field("file", b"RIFF....", filename="a.wav", content_type="audio/wav")
+        async with http.post(
+            d.proxy_url("up") + "/v1/audio/transcriptions", data=form, headers=AUTH
+        ) as r:
+            assert r.status == 503
+            assert (await r.json())["error"]["code"] == "insufficient_capacity"
+        assert d.state.ledger.jobs() == []
+
+
+async def test_non_utf8_bearer_token_is_a_401(lender: RunningDaemon) -> None:
+    for listener, path in (("up", "/v1/models"), ("api", "/status")):
+        host, port = lender.daemon.bound[listener].rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n".encode()
+            + b"Authorization: Bearer \xff\xfe\xe9abc\r\n\r\n"
+        )
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert data.startswith(b"HTTP/1.1 401"), data[:80]
+        assert b"invalid_token" in data

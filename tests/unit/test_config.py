@@ -176,3 +176,53 @@ def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "owner.presence" in err and str(bad) in err
     assert main(["check-config", str(tmp_path / "missing.toml")]) == 1
     assert "cannot read the file" in capsys.readouterr().err
+
+
+def test_check_config_reads_secrets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    big = tmp_path / "big.token"
+    big.write_text("x" * (65 * 1024))
+    empty = tmp_path / "empty.token"
+    empty.write_text("  \n")
+    cfg = tmp_path / "v.toml"
+    cfg.write_text(
+        f"""
+[[server.tokens]]
+name = "a"
+token = "same-secret-0123456789"
+scopes = ["borrow"]
+[[server.tokens]]
+name = "b"
+token = "same-secret-0123456789"
+scopes = ["admin"]
+[[server.tokens]]
+token_file = "/dev/urandom"
+scopes = ["read"]
+[[server.tokens]]
+token_file = "{tmp_path / "missing.token"}"
+scopes = ["read"]
+[[server.tokens]]
+token_file = "{big}"
+scopes = ["read"]
+[[server.tokens]]
+token_file = "{empty}"
+scopes = ["read"]
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "up"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "http://127.0.0.1:1"
+resource = "ram"
+credential_file = "{tmp_path}"
+"""
+    )
+    assert main(["check-config", str(cfg)]) == 1
+    err = capsys.readouterr().err
+    assert "server.tokens[1] (b) has the same secret as server.tokens[0]" in err
+    assert "server.tokens[2].token_file: /dev/urandom is not a regular file" in err
+    assert "server.tokens[3].token_file: cannot read" in err
+    assert "server.tokens[4].token_file:" in err and "larger than 64 KiB" in err
+    assert "server.tokens[5].token_file:" in err and "is empty" in err
+    assert "upstream[0].credential_file (up):" in err

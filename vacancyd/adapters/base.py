@@ -8,9 +8,11 @@ adding one module and registering it in ``vacancyd.adapters.ADAPTERS``.
 
 from __future__ import annotations
 
+import email.policy
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from email.parser import BytesParser
 from typing import Any, Protocol
 
 import aiohttp
@@ -79,19 +81,41 @@ class BadRequest(Exception):
         self.code = code
 
 
-def parse_json_body(body: bytes, content_type: str) -> dict[str, Any] | None:
-    """Parse a JSON object body, or return None for an empty or non-JSON body.
+def parse_form_fields(body: bytes, content_type_header: str) -> dict[str, Any]:
+    """The text fields of a ``multipart/form-data`` body (OpenAI's audio routes send the
+    model as a form field). Raises :class:`BadRequest` when the body is not valid multipart.
+    """
+    head = f"Content-Type: {content_type_header}\r\nMIME-Version: 1.0\r\n\r\n".encode()
+    message = BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    if not message.is_multipart():
+        raise BadRequest("multipart/form-data body could not be parsed")
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str) and part.get_filename() is None:
+            payload = part.get_payload(decode=True)
+            if isinstance(payload, bytes):
+                fields[name] = payload.decode("utf-8", "replace")
+    return fields
 
-    Raises :class:`BadRequest` when the body claims (or looks like) JSON and is not a JSON
-    object.
+
+def parse_json_body(body: bytes, content_type_header: str) -> dict[str, Any] | None:
+    """Read a work body the way inference servers do, or None when it is empty.
+
+    Servers parse the body as JSON whatever its Content-Type says (llama-server, Ollama and
+    vLLM do), so the proxy must too: a body is JSON unless it is ``multipart/form-data``,
+    whose text fields are returned instead. Raises :class:`BadRequest` for anything that is
+    not a JSON object (including JSON nested too deeply to parse safely).
     """
     if not body.strip():
         return None
-    is_json = content_type in ("", "application/json") or content_type.endswith("+json")
-    if not is_json:
-        return None
+    mime = content_type_header.split(";", 1)[0].strip().lower()
+    if mime == "multipart/form-data":
+        return parse_form_fields(body, content_type_header)
     try:
         payload = json.loads(body)
+    except RecursionError as exc:
+        raise BadRequest("request body nests JSON too deeply to read") from exc
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
@@ -127,9 +151,12 @@ class Adapter:
     #: is then held in the ledger until evidence or an administrator releases it (L2, L5).
     cut_is_uncertain: bool = False
 
-    def read_facts(self, route: Route, body: bytes, content_type: str) -> RequestFacts:
-        """Read the request facts from a buffered work body. Raises :class:`BadRequest`."""
-        payload = parse_json_body(body, content_type)
+    def read_facts(self, route: Route, body: bytes, content_type_header: str) -> RequestFacts:
+        """Read the request facts from a buffered work body. Raises :class:`BadRequest`.
+
+        ``content_type_header`` is the request's whole Content-Type header ("" if absent).
+        """
+        payload = parse_json_body(body, content_type_header)
         if (
             payload is not None
             and payload.get("background") is True

@@ -34,11 +34,41 @@ def _bad_request(message: str) -> web.Response:
     )
 
 
-async def _read_enabled(request: web.Request) -> bool | web.Response:
+async def _read_json(request: web.Request, empty: bytes) -> object | web.Response:
+    """The request's JSON body (``empty`` when there is none), or a 400 saying what is wrong."""
     try:
-        payload = json.loads(await request.read() or b"null")
-    except ValueError as exc:
+        payload: object = json.loads(await request.read() or empty)
+    except RecursionError:
+        return _bad_request("body nests JSON too deeply")
+    except (ValueError, UnicodeDecodeError) as exc:
         return _bad_request(f"body is not valid JSON: {exc}")
+    return payload
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer aiohttp's own errors (404, 405, 413) as JSON like every other API error."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
+            exc.status, "http_error"
+        )
+        return web.json_response(
+            error_body(
+                f"{request.method} {request.path}: {exc.reason}", "invalid_request_error", code
+            ),
+            status=exc.status,
+            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
+        )
+
+
+async def _read_enabled(request: web.Request) -> bool | web.Response:
+    payload = await _read_json(request, b"null")
+    if isinstance(payload, web.Response):
+        return payload
     if not isinstance(payload, dict) or set(payload) != {"enabled"}:
         return _bad_request('body must be exactly {"enabled": true|false}')
     enabled = payload["enabled"]
@@ -55,7 +85,7 @@ def make_api(
     started_at: float,
     events_keepalive_s: float = events.KEEPALIVE_S,
 ) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024)
+    app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     events.install(app)
 
     def scoped(scope: str, handler: Handler) -> Handler:
@@ -111,10 +141,9 @@ def make_api(
         return web.json_response({"resource": name, "enabled": enabled, "changed": changed})
 
     async def post_reclaim(request: web.Request) -> web.Response:
-        try:
-            payload = json.loads(await request.read() or b"{}")
-        except ValueError as exc:
-            return _bad_request(f"body is not valid JSON: {exc}")
+        payload = await _read_json(request, b"{}")
+        if isinstance(payload, web.Response):
+            return payload
         if not isinstance(payload, dict) or not set(payload) <= {"resource"}:
             return _bad_request('body must be {} or {"resource": NAME}')
         resource = payload.get("resource")

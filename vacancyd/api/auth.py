@@ -64,10 +64,12 @@ class Authenticator:
                 status=401,
                 headers={"WWW-Authenticate": 'Bearer realm="vacancyd"'},
             )
-        presented = presented.strip()
+        # Header values arrive decoded with surrogateescape; bytes that are not UTF-8 must
+        # compare as bytes (and never match), not raise.
+        presented_bytes = presented.strip().encode("utf-8", "surrogateescape")
         match = None
         for token in self._tokens:
-            if hmac.compare_digest(token.secret.encode(), presented.encode()):
+            if hmac.compare_digest(token.secret.encode(), presented_bytes):
                 match = token
         if match is None:
             self._metrics.auth(scope, "invalid")

@@ -7,6 +7,8 @@ Unknown keys are errors (``extra="forbid"``) and the models are frozen.
 from __future__ import annotations
 
 import ipaddress
+import os
+import stat
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -60,6 +62,33 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+#: Secrets are short; a token file larger than this is a mistake (or /dev/urandom).
+SECRET_FILE_MAX_BYTES = 64 * 1024
+
+
+def read_secret_file(path: Path) -> str:
+    """Read a token or credential file: a regular file of at most 64 KiB, UTF-8, stripped.
+
+    Raises ValueError (with the reason) for anything else, including I/O errors.
+    """
+    try:
+        with path.open("rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ValueError(f"{path} is not a regular file")
+            data = f.read(SECRET_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if len(data) > SECRET_FILE_MAX_BYTES:
+        raise ValueError(f"{path} is larger than {SECRET_FILE_MAX_BYTES // 1024} KiB")
+    try:
+        secret = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+    if not secret:
+        raise ValueError(f"{path} is empty")
+    return secret
+
+
 def _check_listen(value: str) -> str:
     host, _ = split_listen(value)
     if host != "localhost":
@@ -87,11 +116,11 @@ class TokenSettings(_Model):
         return self
 
     def secret(self) -> str:
-        """The token value; reads ``token_file`` (stripped). Raises OSError if unreadable."""
+        """The token value; reads ``token_file``. Raises ValueError if it cannot be used."""
         if self.token is not None:
             return self.token.get_secret_value()
         assert self.token_file is not None
-        return self.token_file.read_text(encoding="utf-8").strip()
+        return read_secret_file(self.token_file)
 
 
 class LimitsSettings(_Model):
@@ -315,11 +344,14 @@ class UpstreamSettings(_Model):
         return self
 
     def upstream_credential(self) -> str | None:
-        """The credential sent to the upstream as a bearer token, if any."""
+        """The credential sent to the upstream as a bearer token, if any.
+
+        Raises ValueError when ``credential_file`` cannot be used.
+        """
         if self.credential is not None:
             return self.credential.get_secret_value()
         if self.credential_file is not None:
-            return self.credential_file.read_text(encoding="utf-8").strip()
+            return read_secret_file(self.credential_file)
         return None
 
 
@@ -477,11 +509,11 @@ class LenderSettings(_Model):
         return host
 
     def secret(self) -> str | None:
-        """The read token; reads ``token_file`` (stripped). Raises OSError if unreadable."""
+        """The read token; reads ``token_file``. Raises ValueError if it cannot be used."""
         if self.token is not None:
             return self.token.get_secret_value()
         if self.token_file is not None:
-            return self.token_file.read_text(encoding="utf-8").strip()
+            return read_secret_file(self.token_file)
         return None
 
 

@@ -97,8 +97,8 @@ class LenderFollower:
     def _headers(self) -> dict[str, str]:
         try:
             token = self.settings.secret()
-        except OSError as exc:
-            log.error("lender %s: cannot read token_file: %s", self.name, exc)
+        except ValueError as exc:
+            log.error("lender %s: cannot use token_file: %s", self.name, exc)
             token = None
         return {"Authorization": f"Bearer {token}"} if token else {}
 

@@ -260,7 +260,7 @@ class Proxy:
         try:
             try:
                 facts = self.upstream.adapter.read_facts(
-                    c.route, body, request.content_type if request.body_exists else ""
+                    c.route, body, request.headers.get("Content-Type", "")
                 )
             except BadRequest as exc:
                 return json_error(400, str(exc), "invalid_request_error", exc.code)

@@ -47,6 +47,7 @@ from vacancyd.config.policies import (
     resource_policy,
     upstream_policy,
 )
+from vacancyd.config.secrets import Secrets, read_secrets
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
@@ -113,19 +114,8 @@ def build_state(settings: Settings) -> SharedState:
     return state
 
 
-def read_tokens(settings: Settings) -> list[Token]:
-    tokens = []
-    for i, t in enumerate(settings.server.tokens):
-        try:
-            secret = t.secret()
-        except OSError as exc:
-            raise ConfigError("server.tokens", [f"server.tokens[{i}].token_file: {exc}"]) from exc
-        if len(secret) < 16:
-            raise ConfigError(
-                "server.tokens", [f"server.tokens[{i}]: token shorter than 16 characters"]
-            )
-        tokens.append(Token(t.name, secret, frozenset(t.scopes)))
-    return tokens
+def read_tokens(secrets: Secrets) -> list[Token]:
+    return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens]
 
 
 @dataclass
@@ -165,7 +155,8 @@ class Daemon:
         settings = self.settings
         loop = asyncio.get_running_loop()
         started_at = loop.time()
-        tokens = read_tokens(settings)
+        secrets = read_secrets(settings)
+        tokens = read_tokens(secrets)
         auth = Authenticator(
             tokens, trust_loopback=settings.server.trust_loopback, metrics=self.metrics
         )
@@ -175,10 +166,7 @@ class Daemon:
         await self._serve("api", api, settings.server.listen, limits.max_connections)
 
         for up in settings.upstream:
-            try:
-                credential = up.upstream_credential()
-            except OSError as exc:
-                raise ConfigError(up.name, [f"upstream {up.name}: credential_file: {exc}"]) from exc
+            credential = secrets.credentials.get(up.name)
             adapter = ADAPTERS[up.adapter]
             upstream = Upstream(
                 settings=up,
