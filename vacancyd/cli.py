@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import sys
 import urllib.error
@@ -89,8 +90,8 @@ def _fetch_status(url: str, token: str | None, timeout_s: float = 5.0) -> dict[s
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=timeout_s) as resp:
         data = json.load(resp)
-    if not isinstance(data, dict):
-        raise ValueError("/status did not return a JSON object")
+    if not isinstance(data, dict) or not {"version", "resources", "upstreams"} <= data.keys():
+        raise ValueError("the answer is not a vacancyd /status document (is this vacancyd's API?)")
     return data
 
 
@@ -242,7 +243,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         detail = exc.read().decode("utf-8", "replace")[:300]
         print(f"vacancyd status: {url} answered {exc.code}: {detail}", file=sys.stderr)
         return 1
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         print(f"vacancyd status: cannot read {url}/status: {exc}", file=sys.stderr)
         return 1
     if args.json:

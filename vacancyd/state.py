@@ -118,6 +118,8 @@ class SharedState:
         self.upstreams = dict(upstreams)
         self.clock = clock or (lambda: asyncio.get_running_loop().time())
         self.lending_enabled = True
+        #: Set once by the daemon's shutdown: refuse new work, report not ready.
+        self.stopping = False
         self.switches = {name: p.enabled for name, p in resources.items()}
         self.capacity: dict[str, Observation[CapacityReading]] = {
             name: Observation() for name in resources
@@ -503,6 +505,7 @@ class SharedState:
                 for name, policy in self.resources.items()
             },
             servers=dict(self.servers),
+            stopping=self.stopping,
         )
 
     def ready(self, now: float) -> tuple[bool, list[str]]:
@@ -510,7 +513,7 @@ class SharedState:
 
         Returns (ready, reasons-not-ready) — the reasons are for /status, never /readyz.
         """
-        why: list[str] = []
+        why: list[str] = ["stopping"] if self.stopping else []
         for name, listener in sorted(self.listeners.items()):
             if not listener.bound:
                 why.append(f"listener {name} not bound")

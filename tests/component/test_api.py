@@ -214,3 +214,34 @@ async def test_api_errors_are_json_and_deep_bodies_are_400(lender: RunningDaemon
         ) as r:
             assert r.status == 400 and "too deeply" in (await r.json())["error"]["message"]
     assert lender.state.lending_enabled
+
+
+async def test_status_cli_refuses_what_is_not_vacancyd(capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    app = web.Application()
+
+    async def other(_: web.Request) -> web.Response:
+        return web.json_response({"hello": "world"})
+
+    app.router.add_get("/status", other)
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"\x00\x01 not http\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with serve_app(app) as url:
+            code = await asyncio.to_thread(main, ["status", "--url", url])
+            assert code == 1 and "not a vacancyd /status document" in capsys.readouterr().err
+        code = await asyncio.to_thread(main, ["status", "--url", f"http://127.0.0.1:{port}"])
+        assert code == 1 and "cannot read" in capsys.readouterr().err
+    finally:
+        server.close()
+        await server.wait_closed()

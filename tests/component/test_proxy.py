@@ -610,3 +610,27 @@ async def test_non_utf8_bearer_token_is_a_401(lender: RunningDaemon) -> None:
         writer.close()
         assert data.startswith(b"HTTP/1.1 401"), data[:80]
         assert b"invalid_token" in data
+
+
+async def test_upstream_sending_garbage_is_a_502_protocol_error(
+    http: aiohttp.ClientSession,
+) -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"this is not HTTP\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with running_daemon(config(f"http://127.0.0.1:{port}")) as d:
+            await d.wait_ready()
+            async with http.get(d.proxy_url("up") + "/v1/models", headers=AUTH) as r:
+                assert r.status == 502
+                err = (await r.json())["error"]
+            assert err["code"] == "upstream_protocol_error"
+            assert "did not send a valid HTTP response" in err["message"]
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -38,6 +38,8 @@ def decide_before_body(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | Non
     change costs the borrower no upload. Returns None when the request may proceed to step 6.
     """
     now = snap.now
+    if snap.stopping:
+        return Refuse.of(Reason.LENDING_DISABLED, "vacancyd on this host is shutting down")
     if not snap.lending_enabled:
         return Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
 

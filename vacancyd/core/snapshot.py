@@ -91,6 +91,8 @@ class Snapshot:
     presence: PresenceView
     resources: Mapping[str, ResourceView]
     servers: Mapping[str, Observation[ServerState]] = field(default_factory=dict)
+    #: The daemon is shutting down: no new borrowed work, whatever else holds.
+    stopping: bool = False
 
 
 @dataclass(frozen=True, slots=True)

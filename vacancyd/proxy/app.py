@@ -503,16 +503,25 @@ class Proxy:
                 allow_redirects=False,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            self.metrics.upstream_errors.labels(up.name, "connect").inc()
+            # Connecting failed (refused, timed out) or the server answered with something
+            # that is not a valid HTTP response (garbage, oversized headers, a hang-up).
+            unreachable = isinstance(exc, aiohttp.ClientConnectorError | TimeoutError)
+            stage = "connect" if unreachable else "response"
+            self.metrics.upstream_errors.labels(up.name, stage).inc()
             log.warning(
-                "upstream %s unreachable for %s %s: %s", up.name, request.method, c.path, exc
+                "upstream %s %s for %s %s: %r",
+                up.name,
+                "unreachable" if unreachable else "sent no valid response",
+                request.method,
+                c.path,
+                exc,
             )
+            what = "could not be reached" if unreachable else "did not send a valid HTTP response"
             return json_error(
                 502,
-                f"the upstream server of {up.name!r} could not be reached: "
-                f"{exc.__class__.__name__}",
+                f"the upstream server of {up.name!r} {what} ({exc.__class__.__name__})",
                 "upstream_error",
-                "upstream_unreachable",
+                "upstream_unreachable" if unreachable else "upstream_protocol_error",
                 upstream=up.name,
             )
         try:

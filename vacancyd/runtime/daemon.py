@@ -63,6 +63,10 @@ from vacancyd.state import PressureSample, SharedState
 log = logging.getLogger(__name__)
 
 
+#: Seconds in-flight responses get to finish when the daemon stops (SIGTERM/SIGINT).
+SHUTDOWN_GRACE_S = 5.0
+
+
 class StartupError(Exception):
     """The daemon could not start (a listener could not bind, a secret could not be read)."""
 
@@ -126,7 +130,8 @@ class Daemon:
     supervisor: Supervisor = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     bound: dict[str, str] = field(default_factory=dict)
-    _runners: list[web.AppRunner] = field(default_factory=list)
+    #: runner per listener name ("api" and each upstream's name)
+    _runners: dict[str, web.AppRunner] = field(default_factory=dict)
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
@@ -237,14 +242,16 @@ class Daemon:
             app,
             handle_signals=False,
             handler_cancellation=True,
-            shutdown_timeout=5.0,
+            # aiohttp waits this long for handlers, then cancels them and waits as long
+            # again before closing the connection: half the grace each keeps the total to it.
+            shutdown_timeout=SHUTDOWN_GRACE_S / 2,
             keepalive_timeout=limits.header_read_timeout_s,
             lingering_time=0,
             access_log=logging.getLogger(f"vacancyd.access.{name}"),
             access_log_format='%a "%r" %s %b %Tfs',
         )
         await runner.setup()
-        self._runners.append(runner)
+        self._runners[name] = runner
         host, port = split_listen(listen)
         site = CappedTCPSite(runner, host, port, max_connections=cap)
         try:
@@ -443,10 +450,24 @@ class Daemon:
         With ``[kubernetes]``, the cluster is told first that this lender stops (bounded by
         the request timeout), so it routes away before the listeners close.
         """
+        self.state.stopping = True  # new work refused and /readyz 503 from here on
+        in_flight = self.state.ledger.jobs()
+        if in_flight:
+            log.warning(
+                "stopping with %d borrowed job(s) in flight (%s); they have %.0f s to finish "
+                "before their connections are closed",
+                len(in_flight),
+                ", ".join(f"{j.upstream} job {j.id}" for j in in_flight),
+                SHUTDOWN_GRACE_S,
+            )
         if self.kubernetes is not None:
             await self.kubernetes.stop()
-        for runner in reversed(self._runners):
-            await runner.cleanup()
+        # Every proxy listener stops accepting at once and shares one grace period; the
+        # API listener goes last so /healthz and /readyz answer during the grace.
+        api = self._runners.pop("api", None)
+        await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
+        if api is not None:
+            await api.cleanup()
         await self.supervisor.stop()
         await self.save_calibrations()
         for session in self._sessions:
