@@ -17,9 +17,10 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                        "owner_load_ratio", "borrower_load_ratio",
                                        "calibration_observed_s", "calibration_needed_s",
                                        "release_in_s", "gpu", "detail", "last_edge"} | null}},
-     "upstreams": {NAME: {"adapter", "target", "resource", "also_requires", "owner_scope",
+     "upstreams": {NAME: {"adapter", "resource", "also_requires", "owner_scope",
                           "listener": {"address", "bound", "error"},
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
+                          "busy",
                           "server": {"quality", "age_s", "idle", "error"} | null,
                           "unseen_gpu_work": str | null,
                           "active_work": [{"job", "phase", "model", "age_s"}],
@@ -173,6 +174,9 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             if listener is None
             else {"address": listener.address, "bound": listener.bound, "error": listener.error},
             "lendable": refusal is None,
+            # Lendable says what the gate would decide; busy says whether a borrowed job
+            # holds one of its resources right now (the ledger refuses resource_busy).
+            "busy": any(state.ledger.holder(r) is not None for r in policy.resources),
             "refusal": refusal,
             "server": server_doc,
             "unseen_gpu_work": state.unseen_gpu_work.get(name),
