@@ -634,3 +634,38 @@ async def test_upstream_sending_garbage_is_a_502_protocol_error(
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_expect_100_continue_refuses_before_the_upload(lender: RunningDaemon) -> None:
+    """A work request the gate would refuse anyway is answered instead of 100 Continue, so
+    the borrower never uploads the body; an admissible one gets 100 Continue."""
+    host, port = lender.daemon.bound["up"].rsplit(":", 1)
+    body = json.dumps({"model": "m", "messages": [], "pad": "x" * 500_000}).encode()
+
+    async def send_headers() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            + f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n".encode()
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        )
+        await writer.drain()
+        return reader, writer
+
+    lender.state.set_lending(False)
+    reader, writer = await send_headers()
+    status_line = await asyncio.wait_for(reader.readline(), 5)
+    assert status_line.startswith(b"HTTP/1.1 503"), status_line
+    rest = await asyncio.wait_for(reader.read(), 5)
+    assert b"lending_disabled" in rest
+    writer.close()
+
+    lender.state.set_lending(True)
+    reader, writer = await send_headers()
+    assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 100")
+    await reader.readline()
+    writer.write(body)
+    await writer.drain()
+    assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 200")
+    writer.close()
+    await lender.wait_until(lambda: not lender.state.ledger.jobs(), 5)

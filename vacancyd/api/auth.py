@@ -46,15 +46,21 @@ class Authenticator:
         self._trust_loopback = trust_loopback
         self._metrics = metrics
 
-    def check(self, request: web.Request, scope: str) -> web.Response | None:
-        """None when ``request`` holds ``scope``; else the 401/403 JSON response to send."""
+    def check(
+        self, request: web.Request, scope: str, *, record: bool = True
+    ) -> web.Response | None:
+        """None when ``request`` holds ``scope``; else the 401/403 JSON response to send.
+
+        ``record=False`` leaves ``vacancyd_auth_total`` alone (a look-ahead that the real
+        check will repeat).
+        """
         if self._trust_loopback and is_loopback_peer(request):
-            self._metrics.auth(scope, "allowed")
+            self._record(record, scope, "allowed")
             return None
         header = request.headers.get("Authorization", "")
         kind, _, presented = header.partition(" ")
         if kind.lower() != "bearer" or not presented.strip():
-            self._metrics.auth(scope, "missing")
+            self._record(record, scope, "missing")
             return web.json_response(
                 error_body(
                     "authentication required: send Authorization: Bearer <token>",
@@ -72,7 +78,7 @@ class Authenticator:
             if hmac.compare_digest(token.secret.encode(), presented_bytes):
                 match = token
         if match is None:
-            self._metrics.auth(scope, "invalid")
+            self._record(record, scope, "invalid")
             return web.json_response(
                 error_body(
                     "the bearer token is not valid", "authentication_error", "invalid_token"
@@ -81,7 +87,7 @@ class Authenticator:
                 headers={"WWW-Authenticate": 'Bearer realm="vacancyd", error="invalid_token"'},
             )
         if not match.grants(scope):
-            self._metrics.auth(scope, "forbidden")
+            self._record(record, scope, "forbidden")
             return web.json_response(
                 error_body(
                     f"token {match.name!r} lacks the {scope!r} scope",
@@ -90,5 +96,9 @@ class Authenticator:
                 ),
                 status=403,
             )
-        self._metrics.auth(scope, "allowed")
+        self._record(record, scope, "allowed")
         return None
+
+    def _record(self, record: bool, scope: str, outcome: str) -> None:
+        if record:
+            self._metrics.auth(scope, outcome)

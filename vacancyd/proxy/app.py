@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError
@@ -184,9 +185,51 @@ class Proxy:
             )
         return await self._forward(request, c, query)
 
+    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` (RFC 9110 §10.1.1): a work request that would be refused
+        whatever its body says is answered now, before the borrower uploads the body.
+
+        Anything else gets aiohttp's usual treatment (100 Continue, or 417 for an unknown
+        expectation); a returned response replaces the handler.
+        """
+        if (
+            request.version != aiohttp.HttpVersion11
+            or request.headers.get("Expect", "").lower() != "100-continue"
+        ):
+            return await _default_expect_handler(request)  # type: ignore[func-returns-value]
+        answer = self._answer_before_body(request)
+        if answer is not None:
+            return answer
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
+        return None
+
+    def _answer_before_body(self, request: web.Request) -> web.Response | None:
+        if self.auth.check(request, "borrow", record=False) is not None:
+            return self.auth.check(request, "borrow")
+        path, _, query = request.raw_path.partition("?")
+        c = classify(request.method, path, query, self.upstream.adapter.table)
+        if c.klass is not RouteClass.WORK:
+            return None
+        answer: web.Response | None = None
+        try:
+            bodies.check_declared_length(request, self.max_body)
+        except bodies.BodyError as exc:
+            answer = json_error(exc.status, str(exc), "invalid_request_error", exc.code)
+        else:
+            refusal = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
+            if refusal is not None and refusal.extra.get("refresh") is not None:
+                refusal = None  # a fresh sample may still admit it: let the body come
+            refusal = refusal or self._reclaim_refusal()
+            if refusal is not None:
+                answer = self._refusal_response(request, refusal)
+        if answer is not None:
+            self.metrics.proxied.labels(self.upstream.name, c.klass.value, str(answer.status)).inc()
+        return answer
+
     # -- work ----------------------------------------------------------------------------
 
-    async def _refuse(self, request: web.Request, refusal: Refuse) -> web.StreamResponse:
+    def _refusal_response(self, request: web.Request, refusal: Refuse) -> web.Response:
         status, hdrs, body = render_refusal(
             refusal, self.upstream.name, self.upstream.settings.refusal_status
         )
@@ -199,9 +242,10 @@ class Proxy:
             refusal.reason,
             refusal.detail,
         )
-        return await self._answer_and_drain(
-            request, web.json_response(body, status=status, headers=hdrs)
-        )
+        return web.json_response(body, status=status, headers=hdrs)
+
+    async def _refuse(self, request: web.Request, refusal: Refuse) -> web.StreamResponse:
+        return await self._answer_and_drain(request, self._refusal_response(request, refusal))
 
     async def _answer_and_drain(
         self, request: web.Request, response: web.StreamResponse
@@ -580,5 +624,5 @@ class Proxy:
 
 def make_app(proxy: Proxy) -> web.Application:
     app = web.Application(client_max_size=proxy.max_body)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    app.router.add_route("*", "/{tail:.*}", proxy.handle, expect_handler=proxy.expect)
     return app
