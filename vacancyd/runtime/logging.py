@@ -5,6 +5,27 @@ from __future__ import annotations
 import logging
 import sys
 
+from aiohttp.http_exceptions import HttpProcessingError
+
+
+class MalformedRequestFilter(logging.Filter):
+    """aiohttp logs each malformed request (an over-long line, a bad method, an undecodable
+    body) at ERROR with a traceback; anyone who can connect can cause that. Keep one
+    WARNING line naming the problem instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            detail = " ".join(str(exc.message).split())
+            original = record.getMessage()
+            record.msg = "%s: malformed request (%s)"
+            record.args = (original, detail[:200])
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno = logging.WARNING
+            record.levelname = "WARNING"
+        return True
+
 
 def configure(level: str = "info", fmt: str = "plain") -> None:
     """Configure the root logger. Raises ValueError for an unknown level or format."""
@@ -33,3 +54,6 @@ def configure(level: str = "info", fmt: str = "plain") -> None:
     root.handlers[:] = [handler]
     root.setLevel(numeric)
     logging.getLogger("aiohttp.access").setLevel(max(numeric, logging.INFO))
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequestFilter) for f in server_log.filters):
+        server_log.addFilter(MalformedRequestFilter())
