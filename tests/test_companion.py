@@ -20,43 +20,13 @@ from aiohttp import web
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
 from tests.support.gpu import Scenario
+from tests.support.k8s_lender import BORROW, READ, lender_toml
 from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions as c
 from vacancyd.k8s import companion as comp
 from vacancyd.k8s.companion import Companion
 
-READ = "r" * 24
-BORROW = "b" * 24
 NS = "vacancy"
-
-
-def lender_toml(target: str, *, kubernetes: str = "") -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-[[server.tokens]]
-name = "reader"
-token = "{READ}"
-scopes = ["read"]
-[[server.tokens]]
-name = "borrower"
-token = "{BORROW}"
-scopes = ["borrow"]
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-{kubernetes}
-"""
 
 
 def companion_toml(url: str, *, timeout_s: float = 1.0, poll_s: float = 30.0) -> str:

@@ -8,33 +8,8 @@ import json
 import aiohttp
 
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
+from tests.support.k8s_lender import READ, lender_toml
 from vacancyd.api import events
-
-READ = "r" * 24
-
-
-def lender_toml(target: str) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-[[server.tokens]]
-name = "reader"
-token = "{READ}"
-scopes = ["read"]
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-"""
 
 
 async def read_event(stream: aiohttp.StreamReader) -> tuple[str, dict[str, object]]:

@@ -11,12 +11,12 @@ import aiohttp
 import pytest
 
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
+from tests.support.k8s_lender import READ, lender_toml
 from vacancyd import cli
 from vacancyd.config import ConfigError, parse_config
 from vacancyd.config.load import parse_companion_config
 
 ROOT = Path(__file__).resolve().parent.parent
-READ = "r" * 24
 
 
 def test_only_the_client_imports_kubernetes_asyncio() -> None:
@@ -94,26 +94,7 @@ def test_cli_companion_reports_a_bad_config(
 
 async def test_upstream_lendable_gauge_follows_the_gate() -> None:
     app, _ = openai_like_app()
-    toml = f"""
-[server]
-listen = "127.0.0.1:0"
-[[server.tokens]]
-token = "{READ}"
-scopes = ["read"]
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "http://127.0.0.1:9"
-resource = "ram"
-"""
+    toml = lender_toml("http://127.0.0.1:9")
     async with serve_app(app), running_daemon(toml) as d, aiohttp.ClientSession() as http:
         await d.wait_ready()
 

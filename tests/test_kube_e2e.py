@@ -24,6 +24,7 @@ import yaml
 
 from tests.support import kube
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
+from tests.support.k8s_lender import BORROW, READ, lender_toml
 from vacancyd.config.load import parse_companion_config
 from vacancyd.k8s.client import KubeClient
 from vacancyd.k8s.companion import Companion
@@ -35,8 +36,6 @@ CHART = ROOT / "charts" / "vacancyd"
 NS = "vacancyd"
 NODE = "gaming-pc"
 SA = "vacancyd-companion"
-READ = "r" * 24
-BORROW = "b" * 24
 
 
 @pytest.fixture(scope="module")
@@ -132,35 +131,6 @@ def sa_kubeconfig(api: Any, path: Path) -> Path:
         )
     )
     return path
-
-
-def lender_toml(target: str, kubernetes: str = "") -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-[[server.tokens]]
-name = "reader"
-token = "{READ}"
-scopes = ["read"]
-[[server.tokens]]
-name = "borrower"
-token = "{BORROW}"
-scopes = ["borrow"]
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-{kubernetes}
-"""
 
 
 def companion_toml(
