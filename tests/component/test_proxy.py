@@ -669,3 +669,20 @@ async def test_expect_100_continue_refuses_before_the_upload(lender: RunningDaem
     assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 200")
     writer.close()
     await lender.wait_until(lambda: not lender.state.ledger.jobs(), 5)
+
+
+async def test_vllm_adapter_end_to_end(
+    upstream: tuple[str, list[dict[str, Any]]], http: aiohttp.ClientSession
+) -> None:
+    """Adding a server kind is one adapter module: vLLM's table behind a real listener."""
+    async with running_daemon(config(upstream[0], adapter="vllm")) as d:
+        await d.wait_ready()
+        base = d.proxy_url("up")
+        async with http.post(base + "/v1/chat/completions", json={"model": "m"}, headers=AUTH) as r:
+            assert r.status == 200
+        async with http.get(base + "/health", headers=AUTH) as r:
+            assert r.status == 200
+        async with http.get(base + "/load", headers=AUTH) as r:
+            assert r.status == 403 and (await r.json())["error"]["code"] == "management_denied"
+        async with http.post(base + "/sleep?level=1", headers=AUTH) as r:
+            assert r.status == 403

@@ -87,3 +87,28 @@ def test_borrower_reads_lists_pass_through_gets_only() -> None:
     reads = llamacpp.TABLE.borrower_reads()
     assert "/v1/models" in reads and "/health" in reads
     assert "/slots" not in reads and "/props" not in reads and "/metrics" not in reads
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "klass"),
+    [
+        ("POST", "/v1/chat/completions", W),
+        ("POST", "/tokenize", W),
+        ("POST", "/v2/rerank", W),
+        ("POST", "/pooling", W),
+        ("GET", "/health", P),
+        ("GET", "/ping", P),
+        ("GET", "/version", P),
+        ("GET", "/load", M),
+        ("GET", "/metrics", M),
+        ("POST", "/sleep", M),
+        ("POST", "/wake_up", M),
+        ("GET", "/is_sleeping", M),
+        ("POST", "/collective_rpc", M),
+        ("POST", "/v1/load_lora_adapter", U),
+    ],
+)
+def test_vllm_table(method: str, path: str, klass: RouteClass) -> None:
+    from vacancyd.adapters import vllm
+
+    assert classify(method, path, "", vllm.TABLE).klass is klass

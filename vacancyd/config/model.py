@@ -289,7 +289,7 @@ class UpstreamSettings(_Model):
     """One gated listener in front of one inference server (spec "Proxy")."""
 
     name: Name
-    adapter: Literal["openai", "llamacpp", "ollama", "comfyui"]
+    adapter: Literal["openai", "llamacpp", "ollama", "comfyui", "vllm"]
     listen: str
     target: AnyHttpUrl
     resource: Name
@@ -332,7 +332,7 @@ class UpstreamSettings(_Model):
             raise ValueError("also_requires repeats the primary resource")
         if len(set(self.also_requires)) != len(self.also_requires):
             raise ValueError("also_requires lists a resource twice")
-        if self.yield_on_veto and self.adapter in ("openai", "llamacpp"):
+        if self.yield_on_veto and self.adapter in ("openai", "llamacpp", "vllm"):
             raise ValueError(
                 f"yield_on_veto needs a server with an unload API (ollama, comfyui); the "
                 f"{self.adapter!r} adapter can only refuse new work (see docs/reclaim.md)"
