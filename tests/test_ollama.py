@@ -141,3 +141,46 @@ async def test_warm_reload_after_lending_resumes() -> None:
         assert fake.loaded == {} or not d.state.veto.engaged
         await d.wait_until(lambda: not d.state.veto.engaged, 5)
         await d.wait_until(lambda: "tiny:latest" in fake.loaded, 5)
+
+
+@pytest.mark.parametrize(
+    ("name", "canonical"),
+    [
+        ("llama3.2", "llama3.2:latest"),
+        ("Llama3.2", "llama3.2:latest"),
+        ("library/llama3.2:latest", "llama3.2:latest"),
+        ("registry.ollama.ai/library/qwen2.5:7b", "qwen2.5:7b"),
+        ("someone/custom:q4", "someone/custom:q4"),
+        ("hf.co/org/model:Q4_K_M", "hf.co/org/model:q4_k_m"),
+    ],
+)
+def test_model_names_are_canonical_the_way_ollama_matches_them(name: str, canonical: str) -> None:
+    from vacancyd.adapters.ollama import canonical_model
+
+    assert canonical_model(name) == canonical
+
+
+async def test_footprints_match_whatever_spelling_ollama_accepts() -> None:
+    """The footprint table says ``llama3.2``; a request for ``Library/Llama3.2:latest`` is
+    the same model to Ollama, so it is charged the same footprint (gate step 6)."""
+    fake = FakeOllama(tokens=1)
+    extra = "\n".join(
+        [
+            "[upstream.models]",
+            "default_mib = 1",
+            "[upstream.models.footprint_mib]",
+            '"llama3.2" = 100000000',
+        ]
+    )
+    async with lender(fake.app(), adapter="ollama", extra=extra) as (d, client):
+        url = d.proxy_url("up") + "/api/generate"
+        for spelling in (
+            "llama3.2",
+            "Library/Llama3.2:latest",
+            "registry.ollama.ai/library/llama3.2",
+        ):
+            async with client.post(url, json={"model": spelling, "prompt": "x"}) as r:
+                assert r.status == 503, spelling
+                assert (await r.json())["error"]["code"] == "insufficient_capacity"
+        async with client.post(url, json={"model": "tiny", "prompt": "x", "stream": False}) as r:
+            assert r.status == 200

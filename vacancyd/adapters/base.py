@@ -150,6 +150,9 @@ class Adapter:
     #: OpenAI-compatible server or llama-server may keep generating): a job a reclaim cut
     #: is then held in the ledger until evidence or an administrator releases it (L2, L5).
     cut_is_uncertain: bool = False
+    #: The server's own name rule, so a footprint listed as ``llama3.2`` matches a request
+    #: for ``Llama3.2:latest`` when the server treats them as one model.
+    canonical_model: Callable[[str], str] = str
 
     def read_facts(self, route: Route, body: bytes, content_type_header: str) -> RequestFacts:
         """Read the request facts from a buffered work body. Raises :class:`BadRequest`.
@@ -167,4 +170,5 @@ class Adapter:
                 "release the reservation",
                 "background_unsupported",
             )
-        return RequestFacts(model=model_from(payload, route))
+        model = model_from(payload, route)
+        return RequestFacts(model=None if model is None else self.canonical_model(model))

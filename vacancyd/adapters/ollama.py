@@ -178,4 +178,21 @@ class OllamaController:
         return "loaded"
 
 
-ADAPTER = Adapter(name="ollama", table=TABLE, make_controller=OllamaController)
+def canonical_model(name: str) -> str:
+    """Ollama's shortest display name (``types/model/name.go`` ``DisplayShortest``; matched
+    case-insensitively, routes.go ``getExistingName``): the default host
+    ``registry.ollama.ai`` and namespace ``library`` dropped, the tag always present
+    (``:latest`` by default), lower case. ``Library/Llama3.2`` -> ``llama3.2:latest``."""
+    parts = name.strip().lower().split("/")
+    if len(parts) == 3 and parts[0] == "registry.ollama.ai":
+        parts = parts[1:]
+    if len(parts) == 2 and parts[0] == "library":
+        parts = parts[1:]
+    if ":" not in parts[-1] and "@" not in parts[-1]:
+        parts[-1] += ":latest"
+    return "/".join(parts)
+
+
+ADAPTER = Adapter(
+    name="ollama", table=TABLE, make_controller=OllamaController, canonical_model=canonical_model
+)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from vacancyd.config.model import ResourceSettings, Settings, UpstreamSettings
 from vacancyd.core.policy import OwnerScope, ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import LearnerSettings, PressurePolicy, max_gap_s
@@ -20,8 +22,15 @@ def resource_policy(settings: Settings, res: ResourceSettings) -> ResourcePolicy
 
 
 def upstream_policy(
-    settings: Settings, up: UpstreamSettings, *, needs_model_observation: bool
+    settings: Settings,
+    up: UpstreamSettings,
+    *,
+    needs_model_observation: bool,
+    canonical_model: Callable[[str], str] = str,
 ) -> UpstreamPolicy:
+    """The gate's view of one upstream. ``canonical_model`` is the adapter's name rule
+    (Ollama: ``Llama3.2`` is ``llama3.2:latest``), applied to the footprint table's keys as
+    the adapter applies it to each request's model."""
     return UpstreamPolicy(
         name=up.name,
         adapter=up.adapter,
@@ -29,7 +38,7 @@ def upstream_policy(
         also_requires=tuple(up.also_requires),
         owner_scope=OwnerScope(up.owner_scope),
         default_mib=up.models.default_mib,
-        footprint_mib=dict(up.models.footprint_mib),
+        footprint_mib={canonical_model(k): v for k, v in up.models.footprint_mib.items()},
         resident_min_free_mib=up.resident_min_free_mib,
         needs_model_observation=needs_model_observation,
         model_observation_max_age_s=settings.stale_after_default_s,

@@ -93,7 +93,10 @@ def build_state(settings: Settings) -> SharedState:
     resources = {r.name: resource_policy(settings, r) for r in settings.resource}
     upstreams = {
         u.name: upstream_policy(
-            settings, u, needs_model_observation=ADAPTERS[u.adapter].needs_model_observation
+            settings,
+            u,
+            needs_model_observation=ADAPTERS[u.adapter].needs_model_observation,
+            canonical_model=ADAPTERS[u.adapter].canonical_model,
         )
         for u in settings.upstream
     }
