@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -237,8 +238,17 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(exc, file=sys.stderr)
             return 2
     url = url or DEFAULT_URL
+    token = args.token or os.environ.get("VACANCYD_TOKEN") or None
+    if args.token_file is not None:
+        from vacancyd.config.model import read_secret_file
+
+        try:
+            token = read_secret_file(args.token_file)
+        except ValueError as exc:
+            print(f"vacancyd status: --token-file: {exc}", file=sys.stderr)
+            return 2
     try:
-        doc = _fetch_status(url, args.token)
+        doc = _fetch_status(url, token)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace")[:300]
         print(f"vacancyd status: {url} answered {exc.code}: {detail}", file=sys.stderr)
@@ -281,7 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="show a running daemon's state")
     status.add_argument("--url", help=f"API base URL (default: from --config, else {DEFAULT_URL})")
-    status.add_argument("--token", help="bearer token with the read scope")
+    status.add_argument(
+        "--token",
+        help="bearer token with the read scope (visible to other users in ps: prefer "
+        "--token-file or the VACANCYD_TOKEN environment variable)",
+    )
+    status.add_argument("--token-file", type=Path, help="file holding the read-scope token")
     status.add_argument("--config", type=Path, help="take the API address from this config")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
     status.set_defaults(func=cmd_status)

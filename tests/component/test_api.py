@@ -4,6 +4,7 @@ admin switches and their scopes, and the ``vacancyd status`` CLI against a live 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -245,3 +246,28 @@ async def test_status_cli_refuses_what_is_not_vacancyd(capsys: pytest.CaptureFix
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_status_cli_token_from_file_or_environment(
+    lender: RunningDaemon,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    await lender.wait_ready()
+    token_file = tmp_path / "read.token"
+    token_file.write_text(READ + "\n")
+    code = await asyncio.to_thread(
+        main, ["status", "--url", lender.api_url, "--token-file", str(token_file)]
+    )
+    assert code == 0 and "lending: on" in capsys.readouterr().out
+    monkeypatch.setenv("VACANCYD_TOKEN", READ)
+    code = await asyncio.to_thread(main, ["status", "--url", lender.api_url])
+    assert code == 0
+    capsys.readouterr()
+    code = await asyncio.to_thread(
+        main, ["status", "--url", lender.api_url, "--token-file", str(tmp_path / "nope")]
+    )
+    assert code == 2 and "--token-file" in capsys.readouterr().err

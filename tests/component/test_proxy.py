@@ -686,3 +686,23 @@ async def test_vllm_adapter_end_to_end(
             assert r.status == 403 and (await r.json())["error"]["code"] == "management_denied"
         async with http.post(base + "/sleep?level=1", headers=AUTH) as r:
             assert r.status == 403
+
+
+async def test_absolute_form_request_target(lender: RunningDaemon) -> None:
+    """HTTP/1.1 servers must accept ``GET http://host/path``; it is classified by its path."""
+    from vacancyd.proxy.app import origin_form
+
+    assert origin_form("http://h:1/v1/models?x=1") == "/v1/models?x=1"
+    assert origin_form("http://h:1?x") == "/?x"
+    assert origin_form("/v1/%73lots") == "/v1/%73lots"
+    host, port = lender.daemon.bound["up"].rsplit(":", 1)
+    for target, status in (("/v1/models", b"200"), ("/%73lots", b"403")):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"GET http://lender.example{target} HTTP/1.1\r\nHost: lender.example\r\n".encode()
+            + f"Authorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n".encode()
+        )
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert data.startswith(b"HTTP/1.1 " + status), (target, data[:60])

@@ -74,6 +74,18 @@ class Upstream:
         return self.settings.name
 
 
+def origin_form(raw_target: str) -> str:
+    """The request target as path and query (RFC 9112 §3.2): an absolute-form target
+    (``http://host/v1/models``, which servers must accept) loses its scheme and authority;
+    the path stays exactly as sent, so classification sees what the borrower wrote."""
+    scheme, sep, rest = raw_target.partition("://")
+    if not sep or "/" in scheme or scheme.lower() not in ("http", "https"):
+        return raw_target
+    cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    tail = rest[cut:]
+    return tail if tail.startswith("/") else "/" + tail
+
+
 def json_error(status: int, message: str, type_: str, code: str, **extra: Any) -> web.Response:
     return web.json_response(error_body(message, type_, code, **extra), status=status)
 
@@ -116,7 +128,7 @@ class Proxy:
             if denied is not None:
                 response = denied
                 return denied
-            path, _, query = request.raw_path.partition("?")
+            path, _, query = origin_form(request.raw_path).partition("?")
             c = classify(request.method, path, query, self.upstream.adapter.table)
             klass = c.klass.value
             response = await self._dispatch(request, c, query)
@@ -207,7 +219,7 @@ class Proxy:
     def _answer_before_body(self, request: web.Request) -> web.Response | None:
         if self.auth.check(request, "borrow", record=False) is not None:
             return self.auth.check(request, "borrow")
-        path, _, query = request.raw_path.partition("?")
+        path, _, query = origin_form(request.raw_path).partition("?")
         c = classify(request.method, path, query, self.upstream.adapter.table)
         if c.klass is not RouteClass.WORK:
             return None
