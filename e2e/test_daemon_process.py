@@ -154,3 +154,52 @@ def test_bad_config_exits_2_with_the_key(tmp_path: Path, proc_env: dict[str, str
 def test_version() -> None:
     r = subprocess.run(vacancyd("--version"), capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and r.stdout.startswith("vacancyd ")
+
+
+def test_systemd_notify_ready_and_stopping(tmp_path: Path, proc_env: dict[str, str]) -> None:
+    """Type=notify: READY=1 once every listener is bound, STOPPING=1 on SIGTERM."""
+    api = free_port()
+    cfg = tmp_path / "v.toml"
+    cfg.write_text(
+        f"""
+[server]
+listen = "127.0.0.1:{api}"
+trust_loopback = true
+[owner]
+presence = "headless"
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "up"
+adapter = "openai"
+listen = "127.0.0.1:{free_port()}"
+target = "http://127.0.0.1:{free_port()}"
+resource = "ram"
+"""
+    )
+    sock_path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(sock_path)
+        sock.settimeout(20)
+        env = {**proc_env, "NOTIFY_SOCKET": sock_path}
+        p = subprocess.Popen(
+            vacancyd("run", "--config", str(cfg)),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            ready = sock.recv(4096).decode()
+            assert ready.startswith("READY=1")
+            # by READY=1 the listeners are bound: the API answers at once
+            code, _ = get_json(f"http://127.0.0.1:{api}/healthz")
+            assert code == 200
+            p.send_signal(signal.SIGTERM)
+            assert sock.recv(4096).decode() == "STOPPING=1"
+            p.communicate(timeout=15)
+            assert p.returncode == 0
+        finally:
+            if p.poll() is None:
+                p.kill()

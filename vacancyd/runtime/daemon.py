@@ -56,7 +56,7 @@ from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration
+from vacancyd.runtime import calibration, sdnotify
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import PressureSample, SharedState
 
@@ -489,6 +489,7 @@ async def run_daemon(settings: Settings) -> int:
         except (StartupError, ConfigError) as exc:
             log.error("%s", exc)
             return 2
+        sdnotify.notify(f"READY=1\nSTATUS=lending through {len(settings.upstream)} listener(s)")
         code = await daemon.wait()
         if code:
             log.error("%s", daemon.supervisor.failure)
@@ -496,6 +497,7 @@ async def run_daemon(settings: Settings) -> int:
             log.info("stopping on signal")
         return code
     finally:
+        sdnotify.notify("STOPPING=1")
         await daemon.shutdown()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
