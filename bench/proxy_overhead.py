@@ -27,6 +27,9 @@ from pathlib import Path
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.support.daemon import single_upstream_toml
+
 UPSTREAM = r"""
 import asyncio, sys
 from aiohttp import web
@@ -131,22 +134,9 @@ def start_vacancyd(
     api, listen = free_port(), free_port()
     cfg = tmp / f"{adapter}-{target_port}.toml"
     cfg.write_text(
-        f"""
-[server]
-listen = "127.0.0.1:{api}"
-trust_loopback = true
-[owner]
-presence = "headless"
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "{adapter}"
-listen = "127.0.0.1:{listen}"
-target = "http://127.0.0.1:{target_port}"
-resource = "ram"
-"""
+        single_upstream_toml(
+            api=api, proxy=listen, target=f"http://127.0.0.1:{target_port}", adapter=adapter
+        )
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "vacancyd", "run", "--config", str(cfg), "--log-level", "warning"],
@@ -183,7 +173,6 @@ async def main() -> None:
                 "first SSE chunk", await first_chunk(direct, n), await first_chunk(proxied, n)
             )
             if args.llama:
-                sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
                 from tests.support.llamacpp import llama_server_binary, running_llama_server
 
                 if llama_server_binary() is None:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.daemon import single_upstream_toml
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -90,22 +92,13 @@ def test_config_file_and_port_in_use(tmp_path: Path, proc_env: dict[str, str]) -
     api, proxy = free_port(), free_port()
     cfg = tmp_path / "v.toml"
     cfg.write_text(
-        f"""
-[server]
-listen = "127.0.0.1:{api}"
-trust_loopback = true
-[owner]
-presence = "headless"
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "llama"
-adapter = "llamacpp"
-listen = "127.0.0.1:{proxy}"
-target = "http://127.0.0.1:{free_port()}"
-resource = "ram"
-"""
+        single_upstream_toml(
+            api=api,
+            proxy=proxy,
+            target=f"http://127.0.0.1:{free_port()}",
+            adapter="llamacpp",
+            name="llama",
+        )
     )
     p = subprocess.Popen(
         vacancyd("run", "--config", str(cfg)),
@@ -161,22 +154,7 @@ def test_systemd_notify_ready_and_stopping(tmp_path: Path, proc_env: dict[str, s
     api = free_port()
     cfg = tmp_path / "v.toml"
     cfg.write_text(
-        f"""
-[server]
-listen = "127.0.0.1:{api}"
-trust_loopback = true
-[owner]
-presence = "headless"
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "openai"
-listen = "127.0.0.1:{free_port()}"
-target = "http://127.0.0.1:{free_port()}"
-resource = "ram"
-"""
+        single_upstream_toml(api=api, proxy=free_port(), target=f"http://127.0.0.1:{free_port()}")
     )
     sock_path = str(tmp_path / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:

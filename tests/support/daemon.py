@@ -135,3 +135,27 @@ def openai_like_app(
     for (method, path), handler in (extra or {}).items():
         app.router.add_route(method, path, handler)
     return app, seen
+
+
+def single_upstream_toml(
+    *, api: int, proxy: int, target: str, adapter: str = "openai", name: str = "up"
+) -> str:
+    """A loopback-trusting lender with one upstream gated on system memory, presence
+    headless, on fixed ports: the config the process-level tests and benchmarks start
+    ``vacancyd run --config`` with."""
+    return f"""
+[server]
+listen = "127.0.0.1:{api}"
+trust_loopback = true
+[owner]
+presence = "headless"
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "{name}"
+adapter = "{adapter}"
+listen = "127.0.0.1:{proxy}"
+target = "{target}"
+resource = "ram"
+"""
