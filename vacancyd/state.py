@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vacancyd.core import presence as presence_rules
-from vacancyd.core.ledger import Ledger
+from vacancyd.core import residency
+from vacancyd.core.ledger import Job, Ledger
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import (
@@ -141,6 +142,14 @@ class SharedState:
         self._unseen_count: dict[str, int] = {}
         #: Per-upstream reclaim phase as published by vacancyd.control.reclaim (Y5).
         self.reclaim_views: dict[str, Mapping[str, object]] = {}
+        #: Per resource, when a reclaim last unloaded an upstream depending on it (monotonic).
+        self.yielded_at: dict[str, float] = {}
+        #: Per upstream, what it learned of its models' contexts (Ollama; persisted).
+        self.learning: dict[str, residency.ContextLearning] = {}
+        #: Per upstream, the last released job whose loaded context is still to be read.
+        self._to_learn: dict[str, tuple[Job, float]] = {}
+        #: Called after ``learning`` changes, so the daemon can persist it.
+        self.on_learning: Callable[[str], None] | None = None
 
     # -- change notification -------------------------------------------------------------
 
@@ -320,7 +329,70 @@ class SharedState:
 
     def record_server(self, upstream: str, state: ServerState, now: float) -> None:
         self.servers[upstream] = self.servers.get(upstream, Observation()).succeeded(state, now)
+        changed = False
+        learned = self.learning.get(upstream, residency.ContextLearning())
+        if state.modelfile_num_ctx:
+            merged = {**learned.modelfile_num_ctx, **state.modelfile_num_ctx}
+            if merged != learned.modelfile_num_ctx:
+                learned = residency.ContextLearning(learned.contexts, merged)
+                changed = True
+        pending = self._to_learn.get(upstream)
+        if pending is not None and now > pending[1] and state.models is not None:
+            del self._to_learn[upstream]
+            job, _ = pending
+            contexts = self._learn_from(upstream, job, state, learned.contexts)
+            if contexts is not None:
+                learned = residency.ContextLearning(contexts, learned.modelfile_num_ctx)
+                changed = True
+        if changed:
+            self.learning[upstream] = learned
+            if self.on_learning is not None:
+                self.on_learning(upstream)
         self._wake(self._observed, f"server:{upstream}")
+
+    def _learn_from(
+        self,
+        upstream: str,
+        job: Job,
+        state: ServerState,
+        contexts: Mapping[residency.ContextKey, int],
+    ) -> dict[residency.ContextKey, int] | None:
+        """The learned context map after job ``job``, or None when it teaches nothing.
+
+        The first observation after a borrowed job ended shows the context that job's kind of
+        request loads, as long as no other job has been admitted since (the ledger admits one
+        at a time per resource, so the model was not touched by other borrowed work).
+        """
+        facts = job.facts
+        if facts is None or facts.model is None or facts.runner_options or facts.dialect is None:
+            return None
+        if any(j.upstream == upstream for j in self.ledger.jobs()):
+            return None
+        model = residency.find_model(state.models or (), facts.model)
+        if model is None or model.digest is None or model.context_length is None:
+            return None
+        key = residency.ContextKey(model.digest, facts.num_ctx, facts.dialect)
+        if contexts.get(key) == model.context_length:
+            return None
+        log.info(
+            "upstream %s: requests for %s (num_ctx %s, /%s) load context %d",
+            upstream,
+            facts.model,
+            "unset" if facts.num_ctx is None else facts.num_ctx,
+            facts.dialect,
+            model.context_length,
+        )
+        return residency.learn_context(contexts, key, model.context_length)
+
+    def yielded(self, upstream: str, now: float) -> None:
+        """A reclaim unloaded (or tried to unload) ``upstream`` at ``now`` (monotonic s): no
+        residency is credited on its resources from an observation older than this."""
+        policy = self.upstreams.get(upstream)
+        if policy is None:
+            return
+        for name in policy.resources:
+            self.yielded_at[name] = now
+        self._to_learn.pop(upstream, None)
 
     def record_server_failure(self, upstream: str, error: str, now: float) -> None:
         previous = self.servers.get(upstream, Observation())
@@ -391,6 +463,9 @@ class SharedState:
         if job is not None:
             for name in job.resources:
                 self.request_sample(name)
+            if job.facts is not None and job.facts.dialect is not None:
+                self._to_learn[job.upstream] = (job, now)
+                self.request_sample(f"server:{job.upstream}")
 
     # -- fresh samples on demand ---------------------------------------------------------
 
@@ -501,11 +576,13 @@ class SharedState:
                     capacity=self.capacity[name],
                     released_at=self.ledger.released_at(name),
                     pressure=self.pressure_view(name, at),
+                    yielded_at=self.yielded_at.get(name),
                 )
                 for name, policy in self.resources.items()
             },
             servers=dict(self.servers),
             stopping=self.stopping,
+            learning=dict(self.learning),
         )
 
     def ready(self, now: float) -> tuple[bool, list[str]]:

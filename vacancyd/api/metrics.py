@@ -20,7 +20,7 @@ from vacancyd.core import gate
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
-from vacancyd.core.reasons import Refuse
+from vacancyd.core.reasons import Credit, Refuse
 from vacancyd.core.snapshot import RequestFacts
 
 if TYPE_CHECKING:
@@ -275,6 +275,14 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.residency_credits = Counter(
+            "vacancyd_residency_credits",
+            "Residency proofs at the per-model step, by outcome (applied, denied) and reason "
+            "code (resident, allocator, not_loaded, stale, expiring, context_unknown, ...).",
+            ["upstream", "outcome", "reason"],
+            registry=self.registry,
+        )
+
     def attach(self, state: SharedState) -> None:
         self.registry.register(StateCollector(state))
 
@@ -283,3 +291,8 @@ class Metrics:
 
     def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
         self.decisions.labels(upstream, outcome, reason).inc()
+
+    def residency(self, upstream: str, credit: Credit) -> None:
+        """Count one residency proof's outcome (admitted or refused at the per-model step)."""
+        outcome = "applied" if credit.applied else "denied"
+        self.residency_credits.labels(upstream, outcome, credit.code or "unknown").inc()

@@ -21,9 +21,19 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "listener": {"address", "bound", "error"},
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
                           "busy",
-                          "server": {"quality", "age_s", "idle", "error"} | null,
+                          "server": {"quality", "age_s", "idle", "error",
+                                     "version"?, "models"?: [{"name", "digest",
+                                     "context_length", "size_mib", "size_vram_mib",
+                                     "expires_in_s", "expires_error"}],
+                                     "allocator_mib"?, "devices"?} | null,
                           "unseen_gpu_work": str | null,
-                          "active_work": [{"job", "phase", "model", "age_s"}],
+                          "active_work": [{"job", "phase", "model", "age_s", "charged_mib",
+                                           "residency": {"applied", "why", "code",
+                                                         "added_mib"} | null}],
+                          "learned_contexts": {"contexts": [{"digest", "num_ctx",
+                                               "dialect", "loads"}],
+                                               "modelfile_num_ctx": {DIGEST: int|null}}
+                                              | null,
                           "reclaim": {"phase", "policy", "trigger", "resource", "edges_age_s",
                                       "edge_triggers", "deadline_in_s", "outcome"} | null}}}
 
@@ -40,7 +50,8 @@ from vacancyd.core import gate
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
-from vacancyd.core.reasons import Admit
+from vacancyd.core.reasons import Admit, Credit
+from vacancyd.core.residency import ContextLearning
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.state import SharedState
 
@@ -152,19 +163,40 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             }
         listener = state.listeners.get(name)
         server = snap.servers.get(name)
-        server_doc = None
+        server_doc: dict[str, Any] | None = None
         if policy.needs_model_observation or server is not None:
             sq = (
                 server.quality(now, policy.model_observation_max_age_s)
                 if server is not None
                 else Quality.UNKNOWN
             )
+            sv = server.value if server else None
             server_doc = {
                 "quality": sq.value,
                 "age_s": _round(server.age_s(now)) if server else None,
-                "idle": server.value.idle if server and server.value else None,
+                "idle": sv.idle if sv else None,
                 "error": server.error if server and sq is Quality.UNKNOWN else None,
             }
+            if sv is not None and sv.models is not None:
+                age = server.age_s(now) if server else None
+                server_doc["version"] = sv.version
+                server_doc["models"] = [
+                    {
+                        "name": m.name,
+                        "digest": m.digest,
+                        "context_length": m.context_length,
+                        "size_mib": _round(m.size_mib),
+                        "size_vram_mib": _round(m.size_vram_mib),
+                        "expires_in_s": None
+                        if m.expires_in_s is None or age is None
+                        else _round(m.expires_in_s - age),
+                        "expires_error": m.expires_error,
+                    }
+                    for m in sv.models
+                ]
+            if sv is not None and sv.allocator_mib is not None:
+                server_doc["allocator_mib"] = _round(sv.allocator_mib)
+                server_doc["devices"] = sv.devices
         doc["upstreams"][name] = {
             "adapter": policy.adapter,
             "resource": policy.resource,
@@ -186,13 +218,42 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
                     "phase": job.phase.value,
                     "model": job.model,
                     "age_s": _round(now - job.admitted_at),
+                    "charged_mib": job.charged_mib,
+                    "residency": _credit_doc(job.credit),
                 }
                 for job in state.ledger.jobs()
                 if job.upstream == name
             ],
+            "learned_contexts": _learning_doc(state.learning.get(name)),
             "reclaim": _reclaim_doc(state.reclaim_views.get(name), now),
         }
     return doc
+
+
+def _credit_doc(credit: Credit | None) -> dict[str, Any] | None:
+    if credit is None:
+        return None
+    return {
+        "applied": credit.applied,
+        "why": credit.why,
+        "code": credit.code,
+        "added_mib": _round(credit.added_mib) if credit.added_mib else None,
+    }
+
+
+def _learning_doc(learning: ContextLearning | None) -> dict[str, Any] | None:
+    if learning is None:
+        return None
+    return {
+        "contexts": [
+            {"digest": k.digest, "num_ctx": k.num_ctx, "dialect": k.dialect, "loads": v}
+            for k, v in sorted(
+                learning.contexts.items(),
+                key=lambda kv: (kv[0].digest, kv[0].num_ctx or 0, kv[0].dialect),
+            )
+        ],
+        "modelfile_num_ctx": dict(sorted(learning.modelfile_num_ctx.items())),
+    }
 
 
 def _reclaim_doc(view: Any, now: float) -> dict[str, Any] | None:

@@ -14,7 +14,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from vacancyd.core.reasons import Reason, Refuse
+from vacancyd.core.reasons import Credit, Reason, Refuse
+from vacancyd.core.snapshot import RequestFacts
 
 
 class Phase(StrEnum):
@@ -32,7 +33,11 @@ class Phase(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One admitted borrowed request. ``admitted_at`` is monotonic seconds."""
+    """One admitted borrowed request. ``admitted_at`` is monotonic seconds.
+
+    ``facts``: what the gate decided on; ``charged_mib``: MiB the per-model step charged
+    (None without byte capacity); ``credit``: the residency proof's outcome, for /status.
+    """
 
     id: int
     upstream: str
@@ -40,6 +45,9 @@ class Job:
     phase: Phase
     admitted_at: float
     model: str | None = None
+    facts: RequestFacts | None = None
+    charged_mib: int | None = None
+    credit: Credit | None = None
 
 
 @dataclass
@@ -50,7 +58,15 @@ class Ledger:
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def reserve(
-        self, upstream: str, resources: tuple[str, ...], now: float, model: str | None = None
+        self,
+        upstream: str,
+        resources: tuple[str, ...],
+        now: float,
+        model: str | None = None,
+        *,
+        facts: RequestFacts | None = None,
+        charged_mib: int | None = None,
+        credit: Credit | None = None,
     ) -> Job | Refuse:
         """Reserve every resource in ``resources`` for a new job, or refuse ``resource_busy``."""
         for name in resources:
@@ -63,7 +79,17 @@ class Ledger:
                     f"{other.phase})",
                     resource=name,
                 )
-        job = Job(next(self._ids), upstream, resources, Phase.FORWARDING, now, model)
+        job = Job(
+            next(self._ids),
+            upstream,
+            resources,
+            Phase.FORWARDING,
+            now,
+            model,
+            facts=facts,
+            charged_mib=charged_mib,
+            credit=credit,
+        )
         self._jobs[job.id] = job
         for name in resources:
             self._holders[name] = job.id

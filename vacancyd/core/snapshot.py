@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy
+from vacancyd.core.residency import ContextLearning, ResidentModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,8 @@ class ResourceView:
 
     ``released_at``: when the ledger last released a job on it (monotonic s); the gate admits
     into it again only on a capacity sample taken after that (product map L3).
+    ``yielded_at``: when a reclaim last unloaded an upstream that depends on it (monotonic
+    s); no residency is credited from a server observation older than that.
     """
 
     policy: ResourcePolicy
@@ -61,6 +64,7 @@ class ResourceView:
     capacity: Observation[CapacityReading]
     released_at: float | None = None
     pressure: PressureView | None = None
+    yielded_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -75,11 +79,23 @@ class ServerState:
     """What an adapter observed of its upstream server (llama.cpp /slots and the like).
 
     ``resident_models``: models proved loaded; None means "the one model a single-model server
-    holds", which serves any model name. ``idle``: no slot is processing.
+    holds", which serves any model name. ``idle``: no slot is processing; None when the
+    server does not report it (Ollama's /api/ps does not).
+    ``models``: per loaded model, what the server reports of it (Ollama), else None.
+    ``allocator_mib``: memory the server's own allocator holds and reuses for its next job
+    (ComfyUI ``torch_vram_total``, MiB), with ``devices`` the number of GPUs it reports.
+    ``version``: the server's version string, when the adapter reads it.
+    ``modelfile_num_ctx``: per model digest, the ``num_ctx`` its Modelfile sets (None: none),
+    for the digests this observer read (Ollama ``/api/show``).
     """
 
     resident_models: frozenset[str] | None
-    idle: bool
+    idle: bool | None
+    models: tuple[ResidentModel, ...] | None = None
+    allocator_mib: float | None = None
+    devices: int | None = None
+    version: str | None = None
+    modelfile_num_ctx: Mapping[str, int | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +109,21 @@ class Snapshot:
     servers: Mapping[str, Observation[ServerState]] = field(default_factory=dict)
     #: The daemon is shutting down: no new borrowed work, whatever else holds.
     stopping: bool = False
+    #: Per upstream, what it learned about its models' contexts (Ollama residency).
+    learning: Mapping[str, ContextLearning] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
-    """What the proxy read from a work request: the model name, if the route carries one."""
+    """What the proxy read from a work request.
+
+    ``model``: the canonical model name, if the route carries one. ``num_ctx``: the context
+    length the request asks for explicitly (Ollama ``options.num_ctx``), else None.
+    ``runner_options``: other load-time options it sets (names, sorted). ``dialect``: which
+    family of routes it came by (Ollama: ``"api"`` or ``"v1"``), None where it does not matter.
+    """
 
     model: str | None = None
+    num_ctx: int | None = None
+    runner_options: tuple[str, ...] = ()
+    dialect: str | None = None

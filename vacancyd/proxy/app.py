@@ -246,6 +246,8 @@ class Proxy:
             refusal, self.upstream.name, self.upstream.settings.refusal_status
         )
         self.metrics.decision(self.upstream.name, "refused", refusal.reason.value)
+        if refusal.credit is not None:
+            self.metrics.residency(self.upstream.name, refusal.credit)
         log.debug(
             "refused %s %s on %s: %s (%s)",
             request.method,
@@ -395,7 +397,7 @@ class Proxy:
         """
         name = self.upstream.name
         self.state.ledger.set_phase(job.id, Phase.HELD)
-        observable = self.upstream.adapter.observe is not None
+        observable = self.upstream.adapter.observable
         log.warning(
             "%s: job %d was cut by a reclaim but the server may still be working on it; "
             "holding its reservation until %s",
@@ -489,32 +491,52 @@ class Proxy:
         )
 
     async def _decide(self, facts: RequestFacts) -> Job | Refuse:
-        """Gate then ledger, with at most one fresh observation in between (product map A8)."""
-        for attempt in (1, 2):
+        """Gate then ledger. A refusal that a fresher sample could change takes one fresh
+        sample of what it names and decides again; each input (a resource's capacity after
+        the last job, the server observation behind a residency proof) is refreshed at most
+        once, so a request waits for at most two samples."""
+        refreshed: set[str] = set()
+        while True:
             snap = self.state.snapshot()
             decision = gate.decide(facts, snap, self.upstream.policy)
             if isinstance(decision, Admit):
                 return self._reserve(decision, snap.now, facts)
             refresh = decision.extra.get("refresh")
-            if attempt == 2 or refresh is None:
+            if refresh is None:
                 return decision
             key = f"server:{self.upstream.name}" if refresh == "server" else decision.resource
-            if key is None or not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+            if key is None or key in refreshed:
                 return decision
-        raise AssertionError("unreachable")
+            refreshed.add(key)
+            if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+                return decision
 
     def _reserve(self, admit: Admit, now: float, facts: RequestFacts) -> Job | Refuse:
         reclaiming = self._reclaim_refusal()
         if reclaiming is not None:
             return reclaiming
-        if admit.credit is not None and admit.credit.applied:
-            log.info(
-                "residency credit on %s for model %r: %s",
-                self.upstream.name,
-                facts.model,
-                admit.credit.why,
-            )
-        return self.state.ledger.reserve(self.upstream.name, admit.resources, now, facts.model)
+        job = self.state.ledger.reserve(
+            self.upstream.name,
+            admit.resources,
+            now,
+            facts.model,
+            facts=facts,
+            charged_mib=admit.charged_mib,
+            credit=admit.credit,
+        )
+        credit = admit.credit
+        if isinstance(job, Job) and credit is not None:
+            self.metrics.residency(self.upstream.name, credit)
+            if credit.applied:
+                log.info(
+                    "residency credit on %s for model %r (job %d, charged %s MiB): %s",
+                    self.upstream.name,
+                    facts.model,
+                    job.id,
+                    admit.charged_mib,
+                    credit.why,
+                )
+        return job
 
     # -- forwarding ----------------------------------------------------------------------
 

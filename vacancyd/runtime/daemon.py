@@ -24,7 +24,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -52,6 +52,7 @@ from vacancyd.control.reclaim import Reclaimer
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
+from vacancyd.core.snapshot import ServerState
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import CappedTCPSite
@@ -216,7 +217,7 @@ class Daemon:
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(up.name, make_app(proxy), up.listen, limits.max_connections)
             self.state.set_listener(up.name, address, bound=True)
-            if adapter.observe is not None:
+            if adapter.observable:
                 self._start_observer(upstream, credential)
 
         self._start_collectors()
@@ -282,8 +283,6 @@ class Daemon:
 
     def _start_observer(self, upstream: Upstream, credential: str | None) -> None:
         adapter = upstream.adapter
-        assert adapter.observe is not None
-        observe = adapter.observe
         session = aiohttp.ClientSession(
             trust_env=False,
             timeout=aiohttp.ClientTimeout(total=self.settings.collectors.probe_timeout_s),
@@ -293,11 +292,23 @@ class Daemon:
         name = upstream.name
         state = self.state
         poll = min(self.settings.collectors.poll_s, 2.0)
+        probe: Callable[[], Awaitable[ServerState]]
+        if adapter.make_observer is not None:
+
+            def known() -> Mapping[str, int | None]:
+                learned = state.learning.get(name)
+                return {} if learned is None else learned.modelfile_num_ctx
+
+            probe = adapter.make_observer(session, upstream.target, known)
+        else:
+            observe = adapter.observe
+            assert observe is not None
+            probe = lambda: observe(session, upstream.target)  # noqa: E731
 
         self.supervisor.spawn(
             run_async_probe_loop(
                 f"observer {name}",
-                lambda: observe(session, upstream.target),
+                probe,
                 interval_s=poll,
                 timeout_s=self.settings.collectors.probe_timeout_s,
                 on_sample=lambda s, t: state.record_server(name, s, t),
