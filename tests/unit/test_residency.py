@@ -358,3 +358,16 @@ def test_request_options_and_dialect() -> None:
     assert ollama.read_options(gen, {"options": [1]})[1] == ("options (not an object)",)
     assert ollama.read_options(v1, {"options": {"num_gpu": 1}}) == (None, (), "v1")
     assert ollama.read_options(gen, None) == (None, (), "api")
+
+
+def test_comfyui_system_stats() -> None:
+    from vacancyd.adapters.comfyui import parse_system_stats
+
+    gpu = {"type": "cuda", "torch_vram_total": 2048 * 1024 * 1024}
+    cpu = {"type": "cpu", "torch_vram_total": 0}
+    assert parse_system_stats({"devices": [gpu, cpu]}) == (2048.0, 1)
+    assert parse_system_stats({"devices": [gpu, gpu]}) == (None, 2)
+    assert parse_system_stats({"devices": []}) == (None, 0)
+    for bad in ({"devices": "gpu"}, [], {"devices": [1]}, {"devices": [{"type": "cuda"}]}):
+        with pytest.raises(ProbeError):
+            parse_system_stats(bad)
