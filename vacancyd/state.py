@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from vacancyd.core import footprint, residency
 from vacancyd.core import presence as presence_rules
-from vacancyd.core import residency
 from vacancyd.core.ledger import Job, Ledger
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
@@ -150,6 +150,16 @@ class SharedState:
         self._to_learn: dict[str, tuple[Job, float]] = {}
         #: Called after ``learning`` changes, so the daemon can persist it.
         self.on_learning: Callable[[str], None] | None = None
+        #: Per upstream, per model: learned footprint priors in MiB (persisted).
+        self.priors: dict[str, dict[str, int]] = {}
+        #: Per resource, the last released job whose memory drop is still to be measured.
+        self._to_measure: dict[str, tuple[Job, float]] = {}
+        #: Called after ``priors`` changes, so the daemon can persist it.
+        self.on_priors: Callable[[str], None] | None = None
+        #: Per resource, why a durable state file it depends on could not be used.
+        self.state_errors: dict[str, str] = {}
+        #: Per durable state file (or the directory), why its newest write failed.
+        self.write_errors: dict[str, str] = {}
 
     # -- change notification -------------------------------------------------------------
 
@@ -187,9 +197,19 @@ class SharedState:
             self._emit("resource_switch", resource=name, enabled=enabled)
         return changed
 
+    def free_mib(self, resource: str) -> float | None:
+        """The newest free-memory reading of ``resource`` in MiB, or None."""
+        capacity = self.capacity.get(resource)
+        value = capacity.value if capacity is not None else None
+        return value.free_mib if value is not None else None
+
     def record_capacity(self, name: str, reading: CapacityReading, now: float) -> None:
         before = self.capacity[name].quality(now, self.resources[name].stale_after_s)
         self.capacity[name] = self.capacity[name].succeeded(reading, now)
+        pending = self._to_measure.get(name)
+        if pending is not None and now > pending[1]:
+            del self._to_measure[name]
+            self._learn_prior(pending[0], reading)
         if before is not Quality.READY:
             log.info("resource %s measured", name)
             self._emit("capacity", resource=name, quality=Quality.READY.value)
@@ -384,6 +404,34 @@ class SharedState:
         )
         return residency.learn_context(contexts, key, model.context_length)
 
+    def _learn_prior(self, job: Job, after: CapacityReading) -> None:
+        """Raise the model's footprint prior to the memory drop its job was seen to cause.
+
+        Only when no other job was admitted on the resource meanwhile, and only for a job
+        that may have loaded its model (no residency credit applied).
+        """
+        if job.model is None or (job.credit is not None and job.credit.applied):
+            return
+        if any(job.resources[0] in j.resources for j in self.ledger.jobs()):
+            return
+        drop = footprint.observed_drop(job.free_before_mib, after.free_mib)
+        if drop is None:
+            return
+        priors = footprint.learn_prior(self.priors.get(job.upstream, {}), job.model, drop)
+        if priors is None:
+            return
+        self.priors[job.upstream] = priors
+        log.info(
+            "upstream %s: loading %s took %d MiB of %s; footprint prior raised to %d MiB",
+            job.upstream,
+            job.model,
+            drop,
+            job.resources[0],
+            drop,
+        )
+        if self.on_priors is not None:
+            self.on_priors(job.upstream)
+
     def yielded(self, upstream: str, now: float) -> None:
         """A reclaim unloaded (or tried to unload) ``upstream`` at ``now`` (monotonic s): no
         residency is credited on its resources from an observation older than this."""
@@ -463,6 +511,8 @@ class SharedState:
         if job is not None:
             for name in job.resources:
                 self.request_sample(name)
+            if job.model is not None and job.free_before_mib is not None:
+                self._to_measure[job.resources[0]] = (job, now)
             if job.facts is not None and job.facts.dialect is not None:
                 self._to_learn[job.upstream] = (job, now)
                 self.request_sample(f"server:{job.upstream}")
@@ -577,12 +627,14 @@ class SharedState:
                     released_at=self.ledger.released_at(name),
                     pressure=self.pressure_view(name, at),
                     yielded_at=self.yielded_at.get(name),
+                    state_error=self.state_errors.get(name),
                 )
                 for name, policy in self.resources.items()
             },
             servers=dict(self.servers),
             stopping=self.stopping,
             learning=dict(self.learning),
+            priors={k: dict(v) for k, v in self.priors.items()},
         )
 
     def ready(self, now: float) -> tuple[bool, list[str]]:

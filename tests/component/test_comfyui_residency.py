@@ -4,7 +4,6 @@ the next prompt and that the fake GPU's free memory loses."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import aiohttp

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd.core import gate
@@ -24,6 +24,7 @@ from vacancyd.core.reasons import Credit, Refuse
 from vacancyd.core.snapshot import RequestFacts
 
 if TYPE_CHECKING:
+    from vacancyd.runtime.learned import LearnedSaver
     from vacancyd.state import SharedState
 
 MIB = 1024 * 1024
@@ -120,6 +121,7 @@ class StateCollector(Collector):
             lendable.add_metric([name], 1.0 if ok else 0.0)
         yield from (enabled, quality, age_g, free, total, used, util, lendable)
         yield from _pressure_metrics(state, now)
+        yield from _learned_metrics(state)
 
         active = GaugeMetricFamily(
             "vacancyd_active_work",
@@ -243,6 +245,53 @@ def _pressure_metrics(state: SharedState, now: float) -> Iterator[GaugeMetricFam
     yield from (quality, engaged, calibrated, threshold, owner, borrower, observed, unseen)
 
 
+def _learned_metrics(state: SharedState) -> Iterator[GaugeMetricFamily]:
+    """Learned footprint priors, learned contexts, and resources refusing on unusable state."""
+    priors = GaugeMetricFamily(
+        "vacancyd_footprint_prior_bytes",
+        "Learned footprint prior per model: the most memory loading it was seen to take.",
+        labels=["upstream", "model"],
+    )
+    for upstream, models in sorted(state.priors.items()):
+        for model, mib in sorted(models.items()):
+            priors.add_metric([upstream, model], mib * MIB)
+    contexts = GaugeMetricFamily(
+        "vacancyd_learned_contexts",
+        "Entries in an upstream's learned context map (Ollama residency).",
+        labels=["upstream"],
+    )
+    for upstream, learned in sorted(state.learning.items()):
+        contexts.add_metric([upstream], float(len(learned.contexts)))
+    broken = GaugeMetricFamily(
+        "vacancyd_resource_state_unusable",
+        "1 while a resource refuses because a durable state file it depends on is unusable.",
+        labels=["resource"],
+    )
+    for name in sorted(state.resources):
+        broken.add_metric([name], 1.0 if name in state.state_errors else 0.0)
+    yield from (priors, contexts, broken)
+
+
+class SaverCollector(Collector):
+    """Durable-state write health."""
+
+    def __init__(self, saver: LearnedSaver) -> None:
+        self._saver = saver
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        failures = CounterMetricFamily(
+            "vacancyd_state_write_failures",
+            "Durable state files that could not be written (read-only directory, full disk).",
+        )
+        failures.add_metric([], float(self._saver.failures))
+        yield failures
+        yield GaugeMetricFamily(
+            "vacancyd_state_unwritable_files",
+            "Durable state files whose newest write failed.",
+            value=float(len(self._saver.errors)),
+        )
+
+
 class Metrics:
     """The daemon's private registry and its counters."""
 
@@ -285,6 +334,9 @@ class Metrics:
 
     def attach(self, state: SharedState) -> None:
         self.registry.register(StateCollector(state))
+
+    def attach_saver(self, saver: LearnedSaver) -> None:
+        self.registry.register(SaverCollector(saver))
 
     def auth(self, scope: str, outcome: str) -> None:
         self.auth_decisions.labels(scope, outcome).inc()

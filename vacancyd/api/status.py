@@ -10,9 +10,11 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                 "remote", "active", "locked", "idle", "idle_for_s",
                                 "owner_processes"?}],
                   "session_counts": {KIND: int}},
+     "durable_state": {"write_errors": {PATH: str}},
      "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
                           "utilization_ratio", "used_mib", "lendable", "why_not", "error",
                           "held_by": {"job", "upstream", "phase"} | null,
+                          "state_error": str | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
                                        "owner_load_ratio", "borrower_load_ratio",
                                        "calibration_observed_s", "calibration_needed_s",
@@ -30,6 +32,7 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "active_work": [{"job", "phase", "model", "age_s", "charged_mib",
                                            "residency": {"applied", "why", "code",
                                                          "added_mib"} | null}],
+                          "footprint_priors_mib": {MODEL: int},
                           "learned_contexts": {"contexts": [{"digest", "num_ctx",
                                                "dialect", "loads"}],
                                                "modelfile_num_ctx": {DIGEST: int|null}}
@@ -123,6 +126,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
         },
         "resources": {},
         "upstreams": {},
+        "durable_state": {"write_errors": dict(sorted(state.write_errors.items()))},
     }
     for name, view in snap.resources.items():
         q = view.quality(now)
@@ -130,6 +134,8 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
         why_not = None
         if not view.switch_on:
             why_not = "switched off"
+        elif view.state_error is not None:
+            why_not = f"durable state unusable: {view.state_error}"
         elif q is not Quality.READY:
             why_not = f"capacity {q}"
         elif value is not None:
@@ -151,6 +157,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             if holder is None
             else {"job": holder.id, "upstream": holder.upstream, "phase": holder.phase.value},
             "pressure": _pressure_doc(state, name, now),
+            "state_error": view.state_error,
         }
     for name, policy in state.upstreams.items():
         decision = gate.decide(RequestFacts(), snap, policy)
@@ -225,6 +232,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
                 if job.upstream == name
             ],
             "learned_contexts": _learning_doc(state.learning.get(name)),
+            "footprint_priors_mib": dict(sorted(state.priors.get(name, {}).items())),
             "reclaim": _reclaim_doc(state.reclaim_views.get(name), now),
         }
     return doc

@@ -8,6 +8,7 @@ The order of checks is the spec's "Gate" section, steps 1–6, with product-map 
 4. host policy veto (host scope)                 -> owner_active          120 s
 5. per resource (primary, then also_requires):
    switch off                                    -> resource_disabled     300 s
+   its durable state unreadable at startup       -> resource_unmeasured    30 s
    capacity unknown or stale                     -> resource_unmeasured    30 s
    no sample since the ledger's last release     -> resource_busy           2 s  (L3)
    probe policy not lendable                     -> insufficient_capacity  30 s
@@ -17,14 +18,15 @@ The order of checks is the spec's "Gate" section, steps 1–6, with product-map 
 6. per-model footprint vs live free memory       -> insufficient_capacity  30 s
    with a residency credit on proof: resident_min_free_mib charged in place of the
    footprint (a loaded model reused as loaded), or the server's reusable allocator memory
-   added back to free memory (ComfyUI).
+   added back to free memory (ComfyUI). Without a credit the charge is the larger of the
+   configured footprint and the model's learned prior (vacancyd.core.footprint).
 
 It never raises and never reads a clock: ``snap.now`` is the time.
 """
 
 from __future__ import annotations
 
-from vacancyd.core import residency
+from vacancyd.core import footprint, residency
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, ResourceKind, UpstreamPolicy
 from vacancyd.core.reasons import Admit, Credit, Decision, Reason, Refuse
@@ -133,6 +135,13 @@ def _decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse
     if not view.switch_on:
         return Refuse.of(
             Reason.RESOURCE_DISABLED, f"resource {name!r} is switched off", resource=name
+        )
+    if view.state_error is not None:
+        return Refuse.of(
+            Reason.RESOURCE_UNMEASURED,
+            f"durable state for {name!r} is unusable, so what it holds is unknown: "
+            f"{view.state_error}",
+            resource=name,
         )
     quality = view.quality(now)
     if quality is not Quality.READY:
@@ -286,6 +295,11 @@ def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy)
     if not primary.policy.has_bytes:
         return Admit(resources=upstream.resources)
     need, source = upstream.footprint_for(facts.model)
+    if facts.model is not None:
+        prior = snap.priors.get(upstream.name, {}).get(facts.model)
+        need, learned = footprint.charge_for(need, prior)
+        if learned:
+            source = "learned"
     credit = prove_residency(facts, snap, upstream)
     added = credit.added_mib if credit.applied else 0.0
     resident = credit.applied and not added

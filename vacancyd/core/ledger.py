@@ -48,6 +48,8 @@ class Job:
     facts: RequestFacts | None = None
     charged_mib: int | None = None
     credit: Credit | None = None
+    #: Free MiB of the primary resource when it was admitted (for the learned prior).
+    free_before_mib: float | None = None
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Ledger:
         facts: RequestFacts | None = None,
         charged_mib: int | None = None,
         credit: Credit | None = None,
+        free_before_mib: float | None = None,
     ) -> Job | Refuse:
         """Reserve every resource in ``resources`` for a new job, or refuse ``resource_busy``."""
         for name in resources:
@@ -89,6 +92,7 @@ class Ledger:
             facts=facts,
             charged_mib=charged_mib,
             credit=credit,
+            free_before_mib=free_before_mib,
         )
         self._jobs[job.id] = job
         for name in resources:

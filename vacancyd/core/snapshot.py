@@ -57,6 +57,7 @@ class ResourceView:
     into it again only on a capacity sample taken after that (product map L3).
     ``yielded_at``: when a reclaim last unloaded an upstream that depends on it (monotonic
     s); no residency is credited from a server observation older than that.
+    ``state_error``: why a durable state file it depends on is unusable, if one is.
     """
 
     policy: ResourcePolicy
@@ -65,6 +66,9 @@ class ResourceView:
     released_at: float | None = None
     pressure: PressureView | None = None
     yielded_at: float | None = None
+    #: Set when durable state this resource depends on could not be read at startup: the
+    #: resource refuses borrowed work rather than lend on a guess.
+    state_error: str | None = None
 
     @property
     def name(self) -> str:
@@ -111,6 +115,8 @@ class Snapshot:
     stopping: bool = False
     #: Per upstream, what it learned about its models' contexts (Ollama residency).
     learning: Mapping[str, ContextLearning] = field(default_factory=dict)
+    #: Per upstream, per model: the learned footprint prior in MiB (vacancyd.core.footprint).
+    priors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -523,6 +523,7 @@ class Proxy:
             facts=facts,
             charged_mib=admit.charged_mib,
             credit=admit.credit,
+            free_before_mib=self.state.free_mib(self.upstream.policy.resource),
         )
         credit = admit.credit
         if isinstance(job, Job) and credit is not None:

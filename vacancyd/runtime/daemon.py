@@ -7,6 +7,8 @@ Task tree (names as they appear in logs):
 * ``collector RESOURCE`` — one capacity loop per enabled resource (essential)
 * ``pressure RESOURCE`` — one GPU pressure loop per enabled GPU with pressure (essential)
 * ``calibration saver`` — writes learned thresholds to the state directory (not essential)
+* ``state saver`` — writes learned contexts and footprint priors as they change (not
+  essential; see vacancyd.runtime.learned)
 * ``collector presence`` — the presence loop (headless or logind), when one is configured
   (essential); logind's signals wake it through ``state.sample_wanted("presence")``
 * ``observer NAME`` — server observation for adapters that need it (essential)
@@ -57,7 +59,7 @@ from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, sdnotify
+from vacancyd.runtime import calibration, learned, sdnotify
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import PressureSample, SharedState
 
@@ -119,6 +121,7 @@ def build_state(settings: Settings) -> SharedState:
     saved = calibration.load_calibrations(settings.state_dir, pressure)
     for name, data in saved.items():
         state.pressure[name].pending_cache = data
+    learned.load_learned(state, settings.state_dir)
     return state
 
 
@@ -141,12 +144,15 @@ class Daemon:
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
+    saver: learned.LearnedSaver = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
         self.metrics = Metrics()
         self.metrics.attach(self.state)
         self.supervisor = Supervisor()
+        self.saver = learned.LearnedSaver(self.state, self.settings.state_dir)
+        self.metrics.attach_saver(self.saver)
         self.reclaimer = Reclaimer(
             self.state,
             policies={u.name: reclaim_policy(u) for u in self.settings.upstream},
@@ -221,7 +227,26 @@ class Daemon:
                 self._start_observer(upstream, credential)
 
         self._start_collectors()
+        self._check_state_dir()
+        self.supervisor.spawn(self.saver.run(), name="state saver", essential=False)
         self._start_kubernetes(started_at)
+
+    def _check_state_dir(self) -> None:
+        """Say at startup, not at the first save, when the state directory is unusable."""
+        path = self.settings.state_dir
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".vacancyd-write-check"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            log.error(
+                "state directory %s is not writable (%s): learned calibration, contexts, "
+                "footprint priors and held jobs will not survive a restart",
+                path,
+                exc.strerror or exc,
+            )
+            self.saver.errors[str(path)] = f"not writable: {exc.strerror or exc}"
 
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes
@@ -484,6 +509,7 @@ class Daemon:
             await api.cleanup()
         await self.supervisor.stop()
         await self.save_calibrations()
+        await self.saver.flush()
         for session in self._sessions:
             await session.close()
 
