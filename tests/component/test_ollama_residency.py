@@ -104,7 +104,7 @@ async def refusal(d: RunningDaemon, body: dict[str, Any], path: str = "/api/gene
 async def test_follow_ups_reuse_the_loaded_model_and_reloads_are_charged_in_full(
     nvml: Scenario, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "vacancyd.proxy.app")
+    caplog.set_level(logging.INFO, "vacancyd.control.work")
     async with world(nvml, tmp_path) as (d, fake, borrower):
         await d.wait_until(lambda: free_mib(d) > 15_000)
         first = await borrower.generate(model="big", prompt="hi")
