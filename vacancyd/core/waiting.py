@@ -20,8 +20,11 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from vacancyd.core.reasons import Decision, Reason, Refuse
+from vacancyd.core.reasons import Reason, Refuse
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +120,15 @@ class WaitQueue:
             extra={"waited_s": round(waiter.waited_s(now), 3)},
         )
 
-    def serve(self, decide: Callable[[Waiter], Decision]) -> list[tuple[Waiter, Decision]]:
+    def serve(self, decide: Callable[[Waiter], T | Refuse]) -> list[tuple[Waiter, T | Refuse]]:
         """Serve waiters from the head while they can be answered.
 
-        ``decide(waiter)`` runs the gate and ledger for that waiter (and, on Admit, must
-        already have reserved its job). An Admit or a final refusal removes the waiter and
-        is returned; the first refusal that :func:`waits_on` stops the pass, so one pass costs
-        one decision per answered waiter plus one.
+        ``decide(waiter)`` runs the gate and ledger for that waiter and returns its admission
+        (a reserved job, say) or a refusal. An admission or a final refusal removes the waiter
+        and is returned; the first refusal that :func:`waits_on` stops the pass, so one pass
+        costs one decision per answered waiter plus one.
         """
-        answered: list[tuple[Waiter, Decision]] = []
+        answered: list[tuple[Waiter, T | Refuse]] = []
         while (head := self.head()) is not None:
             decision = decide(head)
             if isinstance(decision, Refuse) and waits_on(decision):
