@@ -128,7 +128,7 @@ class SharedState:
         self.presence = PresenceState(presence_source, refuses=presence_refuses)
         self.presence_max_age_s = presence_max_age_s
         self.veto = VetoTracker(release_after_s)
-        self.ledger = Ledger()
+        self.ledger = Ledger(self.upstreams)
         self.listeners: dict[str, ListenerState] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
         self._observed: dict[str, asyncio.Event] = {}
@@ -501,11 +501,13 @@ class SharedState:
                     capacity=self.capacity[name],
                     released_at=self.ledger.released_at(name),
                     pressure=self.pressure_view(name, at),
+                    charged_mib=self.ledger.charged_mib(name),
                 )
                 for name, policy in self.resources.items()
             },
             servers=dict(self.servers),
             stopping=self.stopping,
+            active_jobs=dict(self.ledger.jobs_per_upstream()),
         )
 
     def ready(self, now: float) -> tuple[bool, list[str]]:
