@@ -133,6 +133,8 @@ class SharedState:
         self._sample_wanted: dict[str, asyncio.Event] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []
+        #: Called after every capacity or server sample (the wait queues re-decide on them).
+        self.sample_hooks: list[Callable[[], None]] = []
         self.pressure: dict[str, PressureState] = {
             name: PressureState(p, p.new_learner(), p.new_tracker())
             for name, p in (pressure or {}).items()
@@ -185,6 +187,7 @@ class SharedState:
             log.info("resource %s measured", name)
             self._emit("capacity", resource=name, quality=Quality.READY.value)
         self._wake(self._observed, name)
+        self._sampled()
 
     def record_capacity_failure(self, name: str, error: str, now: float) -> None:
         previous = self.capacity[name]
@@ -321,6 +324,14 @@ class SharedState:
     def record_server(self, upstream: str, state: ServerState, now: float) -> None:
         self.servers[upstream] = self.servers.get(upstream, Observation()).succeeded(state, now)
         self._wake(self._observed, f"server:{upstream}")
+        self._sampled()
+
+    def _sampled(self) -> None:
+        for hook in list(self.sample_hooks):
+            try:
+                hook()
+            except Exception:  # a broken hook must not break a collector
+                log.exception("sample hook failed")
 
     def record_server_failure(self, upstream: str, error: str, now: float) -> None:
         previous = self.servers.get(upstream, Observation())

@@ -153,7 +153,9 @@ async def test_waiters_are_served_in_arrival_order() -> None:
         for i in range(3):
             await fake.until_arrived(2 + i)
             fake.release(f"w{i}")
-        assert (await first)[0] == 200 and [s for s, _ in await asyncio.gather(*queued)] == [200] * 3
+        assert (await first)[0] == 200 and [s for s, _ in await asyncio.gather(*queued)] == [
+            200
+        ] * 3
         assert fake.arrived == ["first", "w0", "w1", "w2"]
         text = await metrics(d, client)
         assert 'vacancyd_wait_seconds_count{outcome="admitted",upstream="up"} 3.0' in text
@@ -265,7 +267,9 @@ async def test_a_thousand_requests_at_once_stay_bounded_and_leave_no_task() -> N
         assert waiting(d) == 50
         refused = [t.result() for t in burst if t.done()]
         assert all(s == 503 and b["error"]["code"] == "resource_busy" for s, (b, _) in refused)
-        assert all("wait queue is full (50 waiting)" in b["error"]["message"] for _, (b, _) in refused)
+        assert all(
+            "wait queue is full (50 waiting)" in b["error"]["message"] for _, (b, _) in refused
+        )
         d.state.set_lending(False)
         answers = await asyncio.gather(*burst)
         assert sum(b["error"]["code"] == "lending_disabled" for _, (b, _) in answers) == 50

@@ -52,7 +52,9 @@ class WaitRooms(Generic[J]):
 
     ``clock``: monotonic seconds (the loop's clock). ``request_sample(key)``: ask a collector
     for a sample now (a refusal's ``refresh`` hint names the key). ``observe(upstream,
-    outcome, waited_s)``: called once per finished wait, for metrics.
+    outcome, waited_s)``: called once per finished wait, for metrics. ``counts``: a mapping
+    kept equal to the number of waiting requests per upstream (the ledger reads it for the
+    priority of exclusive upstreams).
     """
 
     def __init__(
@@ -61,10 +63,12 @@ class WaitRooms(Generic[J]):
         *,
         request_sample: Callable[[str], None] | None = None,
         observe: Observe | None = None,
+        counts: dict[str, int] | None = None,
     ) -> None:
         self.clock = clock
         self.request_sample = request_sample
         self.observe = observe
+        self._counts = counts if counts is not None else {}
         self._rooms: dict[str, _Room[J]] = {}
         self._order: list[str] = []
         self._serving = False
@@ -114,6 +118,7 @@ class WaitRooms(Generic[J]):
         future: asyncio.Future[J | Refuse] = asyncio.get_running_loop().create_future()
         room.futures[waiter.id] = future
         room.attempts[waiter.id] = attempt
+        self._counts[upstream] = len(room.queue)
         outcome = DISCONNECTED
         try:
             self.serve()
@@ -131,6 +136,7 @@ class WaitRooms(Generic[J]):
         finally:
             was_head = room.queue.head() == waiter
             room.queue.leave(waiter.id)
+            self._counts[upstream] = len(room.queue)
             room.futures.pop(waiter.id, None)
             room.attempts.pop(waiter.id, None)
             if outcome == DISCONNECTED and future.done() and not future.cancelled():
@@ -163,31 +169,31 @@ class WaitRooms(Generic[J]):
         now = self.clock()
         for gone in room.queue.expire(now):
             self._answer(room, gone, room.queue.timed_out(gone, now))
+        self._counts[name] = len(room.queue)
 
         def attempt(waiter: Waiter) -> J | Refuse:
             # A waiter is in the queue exactly while its future is pending: answering
             # removes it first, and a request that leaves removes it in its ``finally``.
             decision = room.attempts[waiter.id]()
             if isinstance(decision, Refuse) and waits_on(decision):
-                self._refresh(decision)
+                self._refresh(name, decision)
             return decision
 
         for waiter, decision in room.queue.serve(attempt):
             self._answer(room, waiter, decision)
+        self._counts[name] = len(room.queue)
 
     def _answer(self, room: _Room[J], waiter: Waiter, decision: J | Refuse) -> None:
         future = room.futures.get(waiter.id)
         if future is not None and not future.done():
             future.set_result(decision)
 
-    def _refresh(self, refusal: Refuse) -> None:
+    def _refresh(self, upstream: str, refusal: Refuse) -> None:
+        """Ask for the sample a head's refusal waits on; its arrival serves the queue again."""
         hint = refusal.extra.get("refresh")
         if self.request_sample is None or hint is None:
             return
-        key = refusal.resource if hint == "capacity" else None
-        if hint == "server":
-            upstream = refusal.extra.get("server")
-            key = f"server:{upstream}" if isinstance(upstream, str) else None
+        key = f"server:{upstream}" if hint == "server" else refusal.resource
         if key is not None:
             self.request_sample(key)
 

@@ -58,10 +58,12 @@ class Ledger:
     """Active jobs and per-resource release times.
 
     ``policies``: the upstreams' policies, for their slots and exclusivity; an upstream not
-    listed gets one slot and no exclusivity.
+    listed gets one slot and no exclusivity. ``waiting``: requests waiting per upstream, kept
+    current by the wait queues (an exclusive upstream's waiting request goes first).
     """
 
     policies: Mapping[str, UpstreamPolicy] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
     _jobs: dict[int, Job] = field(default_factory=dict)
     _holders: dict[str, list[int]] = field(default_factory=dict)
     _released_at: dict[str, float] = field(default_factory=dict)
@@ -77,7 +79,12 @@ class Ledger:
         )
         if policy.resources != resources:
             policy = replace(policy, resource=resources[0], also_requires=resources[1:])
-        return slot_refusal(policy, self.holders_by_upstream(), self.policies, waiting or {})
+        return slot_refusal(
+            policy,
+            self.holders_by_upstream(),
+            self.policies,
+            self.waiting if waiting is None else waiting,
+        )
 
     def reserve(
         self,
@@ -99,6 +106,12 @@ class Ledger:
         for name in resources:
             self._holders.setdefault(name, []).append(job.id)
         return job
+
+    def set_charge(self, job_id: int, charged_mib: int | None) -> None:
+        """Replace a job's charge (an exclusive job is charged again after the unload)."""
+        job = self._jobs.get(job_id)
+        if job is not None:
+            self._jobs[job_id] = replace(job, charged_mib=charged_mib)
 
     def set_phase(self, job_id: int, phase: Phase) -> None:
         job = self._jobs.get(job_id)
