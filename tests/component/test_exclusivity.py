@@ -168,7 +168,7 @@ async def test_an_unload_that_does_not_complete_in_time_is_the_configured_choice
     choice: str,
 ) -> None:
     extra = f'unload_timeout_s = 0.5\non_unload_timeout = "{choice}"'
-    async with card(extra, tokens=200, token_interval_s=0.02) as (d, ollama, comfy, calls, client):
+    async with card(extra, tokens=200, token_interval_s=0.02) as (d, ollama, _, calls, client):
         # the owner's own request, straight to Ollama, keeps the model resident
         owner = asyncio.create_task(
             client.post(
