@@ -102,7 +102,7 @@ class Work:
         )
         self.rooms.set_order(serve_order(state.upstreams))
         # Anything that may change a waiting request's answer serves the queues again.
-        state.subscribe(lambda _kind, _data: self.rooms.serve())
+        state.subscribe(lambda _event: self.rooms.serve())
         state.sample_hooks.append(self.rooms.serve)
         #: Exclusivity effects; None until :meth:`share_cards` (no upstream is exclusive).
         self.card: CardSharing | None = None
