@@ -236,7 +236,9 @@ def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolic
             failed_only_for_age=True,
             code="stale",
         )
-    if state.idle is False:
+    if state.idle is False and not snap.active_jobs.get(upstream.name):
+        # A busy server proves nothing about memory unless the work it runs is borrowed
+        # work this ledger already charged (concurrent jobs on one resident model).
         return Credit(False, "the server is processing other work", code="busy")
     if state.models is not None:
         model = None if facts.model is None else residency.find_model(state.models, facts.model)
@@ -306,8 +308,13 @@ def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy)
     charge = min(upstream.resident_min_free_mib, need) if resident else need
     reading = primary.capacity.value
     assert reading is not None and reading.free_mib is not None  # checked in step 5
-    available = reading.free_mib + added - primary.policy.min_free_mib
+    available = reading.free_mib + added - primary.policy.min_free_mib - primary.charged_mib
     if available < charge:
+        beside = (
+            f" beside {primary.charged_mib} MiB charged to running jobs"
+            if primary.charged_mib
+            else ""
+        )
         if resident:
             what = f"{charge} MiB (resident_min_free_mib; residency credit: {credit.why})"
         elif added:
@@ -322,7 +329,7 @@ def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy)
             )
         return Refuse.of(
             Reason.INSUFFICIENT_CAPACITY,
-            f"{primary.name!r} has {available:.0f} MiB to lend, the request needs {what}",
+            f"{primary.name!r} has {available:.0f} MiB to lend{beside}, the request needs {what}",
             resource=primary.name,
             credit=credit,
             extra={"refresh": "server"} if credit.failed_only_for_age else {},

@@ -71,6 +71,8 @@ class ResourceView:
     ``yielded_at``: when a reclaim last unloaded an upstream that depends on it (monotonic
     s); no residency is credited from a server observation older than that.
     ``state_error``: why a durable state file it depends on is unusable, if one is.
+    ``charged_mib``: MiB the gate charged the jobs still running on it; a new admission must
+    fit beside them, so concurrent jobs together never take more than the resource can lend.
     """
 
     policy: ResourcePolicy
@@ -82,6 +84,7 @@ class ResourceView:
     #: Set when durable state this resource depends on could not be read at startup: the
     #: resource refuses borrowed work rather than lend on a guess.
     state_error: str | None = None
+    charged_mib: int = 0
 
     @property
     def name(self) -> str:
@@ -130,6 +133,8 @@ class Snapshot:
     learning: Mapping[str, ContextLearning] = field(default_factory=dict)
     #: Per upstream, per model: the learned footprint prior in MiB (vacancyd.core.footprint).
     priors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: Borrowed jobs running per upstream (the ledger's), for residency proofs under concurrency.
+    active_jobs: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
