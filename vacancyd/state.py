@@ -158,6 +158,19 @@ class SharedState:
 
     # -- writers -------------------------------------------------------------------------
 
+    def set_stopping(self) -> None:
+        """Mark the daemon as shutting down: new work is refused, /readyz turns 503, and
+        followers of ``/events`` are told at once (event ``stopping``)."""
+        if not self.stopping:
+            self.stopping = True
+            self._emit("stopping")
+
+    def note_lendability(self, upstreams: Mapping[str, object]) -> None:
+        """Tell subscribers that what a borrowed request would get changed (event
+        ``lendable``): ``upstreams`` maps each upstream to its new summary. The daemon's
+        lendability watcher calls this; not every such change is another transition."""
+        self._emit("lendable", upstreams=dict(upstreams))
+
     def set_lending(self, enabled: bool) -> bool:
         """Flip the global lending switch; returns True when it changed."""
         changed = self.lending_enabled != enabled

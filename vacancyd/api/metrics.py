@@ -21,7 +21,7 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
 from vacancyd.core.reasons import Refuse
-from vacancyd.core.snapshot import RequestFacts
+from vacancyd.core.snapshot import RequestFacts, Snapshot
 
 if TYPE_CHECKING:
     from vacancyd.state import SharedState
@@ -150,9 +150,50 @@ class StateCollector(Collector):
             ok_now = not isinstance(gate.decide(RequestFacts(), snap, policy), Refuse)
             upstream_lendable.add_metric([name], 1.0 if ok_now else 0.0)
         yield upstream_lendable
+        yield from _headroom_metrics(state, snap)
 
         ready, _ = state.ready(now)
         yield GaugeMetricFamily("vacancyd_ready", "1 when /readyz answers 200.", value=float(ready))
+
+
+def _headroom_metrics(state: SharedState, snap: Snapshot) -> Iterator[GaugeMetricFamily]:
+    """What fits now: lendable bytes per resource and upstream, and the largest model."""
+    resource = GaugeMetricFamily(
+        "vacancyd_resource_lendable_bytes",
+        "Free bytes the resource could lend now (free minus min_free_mib; 0 when not lendable).",
+        labels=["resource"],
+    )
+    for name, view in sorted(snap.resources.items()):
+        reading = view.capacity.value
+        if not view.policy.has_bytes or reading is None or reading.free_mib is None:
+            continue
+        passes = gate.decide_resource(view, name, snap.now) is None
+        spare = max(0.0, reading.free_mib - view.policy.min_free_mib) if passes else 0.0
+        resource.add_metric([name], spare * MIB)
+    upstream = GaugeMetricFamily(
+        "vacancyd_upstream_headroom_bytes",
+        "Bytes a borrowed request on the upstream could use now (0 while it refuses all).",
+        labels=["upstream"],
+    )
+    largest = GaugeMetricFamily(
+        "vacancyd_upstream_largest_model_bytes",
+        "Footprint of the largest configured model a request would be admitted for now "
+        "(0 when none would be).",
+        labels=["upstream"],
+    )
+    info = GaugeMetricFamily(
+        "vacancyd_upstream_largest_model_info",
+        "1 for the largest configured model a request would be admitted for now.",
+        labels=["upstream", "model"],
+    )
+    for name, policy in sorted(state.upstreams.items()):
+        room = gate.headroom(snap, policy)
+        if room.lendable_mib is not None:
+            upstream.add_metric([name], room.lendable_mib * MIB)
+        largest.add_metric([name], float(room.largest_model_mib or 0) * MIB)
+        if room.largest_model is not None:
+            info.add_metric([name, room.largest_model], 1.0)
+    yield from (resource, upstream, largest, info)
 
 
 def _presence_families(

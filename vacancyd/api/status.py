@@ -3,7 +3,7 @@
 Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
 
     {"version", "uptime_s", "ready", "not_ready": [str],
-     "lending_enabled": bool,
+     "lending_enabled": bool, "stopping": bool,
      "presence": {"source", "sampled", "age_s", "evidence_complete", "refuses",
                   "veto": {"active", "release_in_s"}, "detail", "exempt_upstreams": [str],
                   "sessions": [{"id", "kind", "owner", "why", "type", "class", "seat",
@@ -11,7 +11,8 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                 "owner_processes"?}],
                   "session_counts": {KIND: int}},
      "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
-                          "utilization_ratio", "used_mib", "lendable", "why_not", "error",
+                          "utilization_ratio", "used_mib", "lendable", "lendable_mib",
+                          "why_not", "error",
                           "held_by": {"job", "upstream", "phase"} | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
                                        "owner_load_ratio", "borrower_load_ratio",
@@ -21,11 +22,19 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "listener": {"address", "bound", "error"},
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
                           "busy",
+                          "headroom": {"lendable_mib", "largest_model", "largest_model_mib"},
                           "server": {"quality", "age_s", "idle", "error"} | null,
                           "unseen_gpu_work": str | null,
                           "active_work": [{"job", "phase", "model", "age_s"}],
                           "reclaim": {"phase", "policy", "trigger", "resource", "edges_age_s",
                                       "edge_triggers", "deadline_in_s", "outcome"} | null}}}
+
+``stopping`` is true from the moment the daemon starts shutting down. ``lendable_mib`` is
+what the resource could lend now (free minus ``min_free_mib``; 0 while it is not lendable;
+null without byte capacity or a reading). An upstream's ``headroom`` is the same for its
+primary resource, 0 while the upstream refuses every borrowed request, plus the configured
+model (``models.footprint_mib``) with the largest footprint that a request would be admitted
+for now (null when none would be).
 
 ``reclaim`` is the upstream's latest reclaim (spec "Yield", Y5): phase waiting, stood_down,
 proceeding or done; ``edges_at`` are the ages (s) of the edges it answers, first first.
@@ -93,6 +102,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
         "ready": ready,
         "not_ready": not_ready,
         "lending_enabled": snap.lending_enabled,
+        "stopping": snap.stopping,
         "presence": {
             "source": presence.source,
             "sampled": presence.sampled,
@@ -124,6 +134,11 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
         elif value is not None:
             why_not = view.policy.evaluate(value)
         holder = state.ledger.holder(name)
+        lendable_mib: float | None = None
+        if value is not None and value.free_mib is not None and view.policy.has_bytes:
+            lendable_mib = (
+                max(0.0, value.free_mib - view.policy.min_free_mib) if why_not is None else 0.0
+            )
         doc["resources"][name] = {
             "kind": view.policy.kind.value,
             "enabled": view.switch_on,
@@ -133,6 +148,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             "total_mib": _round(value.total_mib) if value else None,
             "utilization_ratio": _round(value.utilization, 3) if value else None,
             "lendable": why_not is None,
+            "lendable_mib": _round(lendable_mib),
             "why_not": why_not,
             "error": view.capacity.error if q is Quality.UNKNOWN else None,
             "used_mib": _round(value.used_mib) if value else None,
@@ -178,6 +194,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             # holds one of its resources right now (the ledger refuses resource_busy).
             "busy": any(state.ledger.holder(r) is not None for r in policy.resources),
             "refusal": refusal,
+            "headroom": _headroom_doc(gate.headroom(snap, policy)),
             "server": server_doc,
             "unseen_gpu_work": state.unseen_gpu_work.get(name),
             "active_work": [
@@ -193,6 +210,14 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             "reclaim": _reclaim_doc(state.reclaim_views.get(name), now),
         }
     return doc
+
+
+def _headroom_doc(room: gate.Headroom) -> dict[str, Any]:
+    return {
+        "lendable_mib": _round(room.lendable_mib),
+        "largest_model": room.largest_model,
+        "largest_model_mib": room.largest_model_mib,
+    }
 
 
 def _reclaim_doc(view: Any, now: float) -> dict[str, Any] | None:

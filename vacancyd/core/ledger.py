@@ -53,6 +53,18 @@ class Ledger:
         self, upstream: str, resources: tuple[str, ...], now: float, model: str | None = None
     ) -> Job | Refuse:
         """Reserve every resource in ``resources`` for a new job, or refuse ``resource_busy``."""
+        busy = self.busy(resources)
+        if busy is not None:
+            return busy
+        job = Job(next(self._ids), upstream, resources, Phase.FORWARDING, now, model)
+        self._jobs[job.id] = job
+        for name in resources:
+            self._holders[name] = job.id
+        return job
+
+    def busy(self, resources: tuple[str, ...]) -> Refuse | None:
+        """The ``resource_busy`` refusal :meth:`reserve` would give now, or None; reserves
+        nothing (the lendability probe asks this)."""
         for name in resources:
             holder = self._holders.get(name)
             if holder is not None:
@@ -63,11 +75,7 @@ class Ledger:
                     f"{other.phase})",
                     resource=name,
                 )
-        job = Job(next(self._ids), upstream, resources, Phase.FORWARDING, now, model)
-        self._jobs[job.id] = job
-        for name in resources:
-            self._holders[name] = job.id
-        return job
+        return None
 
     def set_phase(self, job_id: int, phase: Phase) -> None:
         job = self._jobs.get(job_id)

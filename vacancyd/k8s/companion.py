@@ -330,6 +330,7 @@ def make_followers(
             resync_s=cluster.resync_s,
             request_timeout_s=cluster.request_timeout_s,
             backoff_max_s=cluster.backoff_max_s,
+            lendable_stable_s=cluster.lendable_stable_s,
         )
         followers.append(
             LenderFollower(

@@ -1,0 +1,143 @@
+"""The lendability probe: would a borrowed request on this upstream be admitted now?
+
+A balancer's health check points here instead of at the upstream's own health route (which
+vacancyd passes through, so it stays green while the lender refuses everything). Two places
+answer it, with the same decision:
+
+* ``GET|HEAD /.well-known/vacancyd/lendable`` on the upstream's own proxy listener (a path
+  no inference server serves), so a health check on the backend's own address and port
+  works unchanged;
+* ``GET|HEAD /lendable/{upstream}`` on the API listener.
+
+``?model=NAME`` asks about that model's footprint (a name of the upstream's
+``models.footprint_mib`` table, matched by the adapter's name rule). The answer is ``200``
+with ``{"lendable": true, ...}``, or the upstream's ``refusal_status`` (503 by default) with
+``Retry-After`` and ``{"lendable": false, "reason": CODE, "retry_after_s": N, ...}``: the
+gate's reason code only, never its detail, so the route can be public. Unknown upstream or
+model: 404 JSON.
+
+It runs the admission checks a work request meets before forwarding (gate, open reclaim,
+ledger) on one snapshot without reserving anything: it calls no upstream, takes no ledger
+slot, asks no collector for a fresh sample, and so a flood of probes costs a few
+microseconds each and cannot change an admission. It needs a token with the ``probe``
+scope (``borrow``, ``read`` and ``admin`` imply it) unless the upstream sets
+``public_probe = true``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from vacancyd.core import gate
+from vacancyd.core.policy import UpstreamPolicy
+from vacancyd.core.reasons import Refuse
+from vacancyd.core.refusal import SDK_MAX_RETRY_AFTER_S, error_body
+from vacancyd.core.snapshot import RequestFacts
+from vacancyd.state import SharedState
+
+if TYPE_CHECKING:
+    from vacancyd.control.reclaim import Reclaimer
+
+#: The probe's path on every upstream listener.
+PATH = "/.well-known/vacancyd/lendable"
+#: The scope a probe token needs (implied by borrow, read and admin).
+SCOPE = "probe"
+
+
+def decide(
+    state: SharedState,
+    policy: UpstreamPolicy,
+    model: str | None,
+    reclaimer: Reclaimer | None = None,
+) -> Refuse | None:
+    """None when a borrowed request for ``model`` (None: no model named) would be admitted
+    now, else the refusal it would get. Reserves nothing, samples nothing."""
+    snap = state.snapshot()
+    refusal = gate.decide_before_body(snap, policy)
+    if refusal is None and reclaimer is not None:
+        refusal = reclaimer.refusal(policy.name)
+    if refusal is None:
+        refusal = state.ledger.busy(policy.resources)
+    if refusal is None:
+        decision = gate.decide(RequestFacts(model=model), snap, policy)
+        if isinstance(decision, Refuse):
+            refusal = decision
+    return refusal
+
+
+def _not_found(message: str, code: str, **extra: object) -> web.Response:
+    return web.json_response(
+        error_body(message, "not_found_error", code, **extra),
+        status=404,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+def answer(
+    request: web.Request,
+    state: SharedState,
+    policy: UpstreamPolicy,
+    *,
+    canonical_model: Callable[[str], str] = str,
+    refusal_status: int = 503,
+    reclaimer: Reclaimer | None = None,
+) -> web.Response:
+    """The probe's response for ``request`` (GET or HEAD) on ``policy``'s upstream."""
+    if request.method not in ("GET", "HEAD"):
+        return web.json_response(
+            error_body(
+                f"{request.method} {request.path}: use GET or HEAD",
+                "invalid_request_error",
+                "method_not_allowed",
+            ),
+            status=405,
+            headers={"Allow": "GET, HEAD"},
+        )
+    raw = request.query.get("model")
+    model: str | None = None
+    if raw is not None:
+        model = canonical_model(raw.strip()) if raw.strip() else None
+        if model is None or model not in policy.footprint_mib:
+            known = sorted(policy.footprint_mib)
+            return _not_found(
+                f"upstream {policy.name!r} has no model {raw!r} in models.footprint_mib"
+                + (f" (configured: {', '.join(known)})" if known else " (none configured)"),
+                "unknown_model",
+                models=known,
+            )
+    refusal = decide(state, policy, model, reclaimer)
+    doc: dict[str, object] = {"lendable": refusal is None, "upstream": policy.name, "model": model}
+    headers = {"Cache-Control": "no-store"}
+    if refusal is None:
+        return web.json_response(doc, headers=headers)
+    doc["reason"] = refusal.reason.value
+    doc["retry_after_s"] = refusal.retry_after_s
+    headers["Retry-After"] = str(refusal.retry_after_s)
+    if refusal.retry_after_s > SDK_MAX_RETRY_AFTER_S:
+        headers["x-should-retry"] = "false"
+    return web.json_response(doc, status=refusal_status, headers=headers)
+
+
+def unknown_upstream(name: str, known: list[str] | None) -> web.Response:
+    """404 for ``/lendable/NAME`` when no upstream is called NAME; ``known`` (None: not
+    told) lists the declared ones."""
+    if known is None:
+        return _not_found(f"no upstream named {name!r}", "unknown_upstream")
+    return _not_found(
+        f"no upstream named {name!r} (declared: {', '.join(known) or 'none'})",
+        "unknown_upstream",
+        upstreams=known,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeEndpoint:
+    """One upstream's probe as the API listener serves it: ``answer(request)`` checks its
+    own token rule; ``public`` says whether it needs none."""
+
+    public: bool
+    answer: Callable[[web.Request], web.Response]
