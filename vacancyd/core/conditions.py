@@ -138,9 +138,17 @@ class LenderState:
     def stopped(cls, detail: str, previous: LenderState | None = None) -> LenderState:
         return cls(Phase.STOPPED, detail, upstreams=previous.upstreams if previous else {})
 
-    def as_terminating(self, detail: str) -> LenderState:
-        """This state, marked terminating (the publisher itself is stopping)."""
-        return replace(self, terminating=True, detail=detail)
+    def as_terminating(self, detail: str, *, refusing: bool = False) -> LenderState:
+        """This state, marked terminating. ``refusing``: the lender itself is shutting
+        down and refuses all new work (so no endpoint is ``serving`` either); otherwise it
+        is the publisher that stops and the lender's last known state stands."""
+        upstreams = self.upstreams
+        if refusing:
+            upstreams = {
+                name: replace(up, lendable=False, reason="lending_disabled", detail=detail)
+                for name, up in upstreams.items()
+            }
+        return replace(self, terminating=True, detail=detail, upstreams=upstreams)
 
     @property
     def alive(self) -> bool:

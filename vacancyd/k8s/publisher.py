@@ -80,7 +80,14 @@ class _Part:
     written_at: float | None = None
     written: Any = None
 
-    def succeeded(self, now: float, what: Any) -> None:
+    def succeeded(self, now: float, what: Any, *, wrote: bool = True) -> None:
+        """Record a pass that went through. One that only read (the server already held
+        what was wanted) proves no write works again, so the backoff is kept."""
+        self.written_at = now
+        self.written = what
+        self.retry_at = None
+        if not wrote and self.failures:
+            return
         if self.last_error is not None:
             log.info("%s: written again after %d failed attempt(s)", self.name, self.failures)
         self.failures = 0
@@ -215,21 +222,39 @@ class Publisher:
         api = await self._ensure_api(now)
         if api is None:
             return
-        lender, self._damped_until = self._damper.apply(self.latest, now)
+        lender = self._published(now)
+        writes = []
         if self.target.node is not None and self._due(self._node, now, self.heartbeat_s, lender):
-            try:
-                await self._write_node(api, lender)
-            except K8sApiError as exc:
-                self._node.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
-            else:
-                self._node.succeeded(now, lender)
+            writes.append(self._node_pass(api, now))
         if self.target.address is not None and self._due(self._slices, now, self.resync_s, lender):
-            try:
-                await self._write_slices(api, lender)
-            except K8sApiError as exc:
-                self._slices.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
-            else:
-                self._slices.succeeded(now, lender)
+            writes.append(self._slices_pass(api, now))
+        # Routing (slices) and visibility (conditions) are written side by side, so a slow
+        # API server delays neither behind the other.
+        await asyncio.gather(*writes)
+
+    def _published(self, now: float) -> LenderState:
+        """The latest state as it is to be published at ``now`` (after damping)."""
+        lender, self._damped_until = self._damper.apply(self.latest, now)
+        return lender
+
+    async def _node_pass(self, api: KubeApi, now: float) -> None:
+        lender = self._published(now)
+        try:
+            await self._write_node(api, lender)
+        except K8sApiError as exc:
+            self._node.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
+        else:
+            self._node.succeeded(now, lender)
+
+    async def _slices_pass(self, api: KubeApi, now: float) -> None:
+        writes = self.calls.get("apply", 0) + self.calls.get("delete", 0)
+        try:
+            lender = await self._write_slices(api, None)
+        except K8sApiError as exc:
+            self._slices.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
+        else:
+            wrote = self.calls.get("apply", 0) + self.calls.get("delete", 0) > writes
+            self._slices.succeeded(now, lender, wrote=wrote)
 
     @staticmethod
     def _due(part: _Part, now: float, period: float, lender: LenderState) -> bool:
@@ -326,12 +351,15 @@ class Publisher:
                 )
         return out
 
-    async def _write_slices(self, api: KubeApi, lender: LenderState) -> None:
+    async def _write_slices(self, api: KubeApi, lender: LenderState | None) -> LenderState:
         """Read this lender's slices from the server; apply only those that differ from what
         is wanted, delete those no longer wanted. The comparison is with what the server
-        holds, never with what was last written, so no needed write is skipped."""
+        holds, never with what was last written, so no needed write is skipped.
+
+        ``lender`` None: the latest state as of the moment the server's copy arrived (so a
+        change during the read is included). Returns the state written.
+        """
         namespace = self.target.namespace
-        desired = self.desired_slices(lender)
         selector = (
             f"{conditions.MANAGED_BY_LABEL}={conditions.MANAGED_BY},"
             f"{conditions.LENDER_LABEL}={conditions.dns_name(self.target.lender)}"
@@ -341,6 +369,9 @@ class Publisher:
             f"list endpointslices in {namespace}",
             api.get_endpoint_slices(namespace, selector),
         )
+        if lender is None:
+            lender = self._published(self._now())
+        desired = self.desired_slices(lender)
         errors: list[K8sApiError] = []
         for body in desired:
             name = body["metadata"]["name"]
@@ -376,6 +407,7 @@ class Publisher:
                     f"{first.message} (and {len(errors) - 1} more failed write(s))",
                 )
             raise first
+        return lender
 
     # -- shutdown --------------------------------------------------------------------------
 
