@@ -32,15 +32,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from vacancyd.core import gate
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.refusal import SDK_MAX_RETRY_AFTER_S, error_body
 from vacancyd.core.snapshot import RequestFacts
-from vacancyd.state import SharedState
 
 if TYPE_CHECKING:
-    from vacancyd.control.reclaim import Reclaimer
+    from vacancyd.control.work import Work
 
 #: The probe's path on every upstream listener.
 PATH = "/.well-known/vacancyd/lendable"
@@ -48,25 +46,11 @@ PATH = "/.well-known/vacancyd/lendable"
 SCOPE = "probe"
 
 
-def decide(
-    state: SharedState,
-    policy: UpstreamPolicy,
-    model: str | None,
-    reclaimer: Reclaimer | None = None,
-) -> Refuse | None:
+def decide(work: Work, upstream: str, model: str | None) -> Refuse | None:
     """None when a borrowed request for ``model`` (None: no model named) would be admitted
-    now, else the refusal it would get. Reserves nothing, samples nothing."""
-    snap = state.snapshot()
-    refusal = gate.decide_before_body(snap, policy)
-    if refusal is None and reclaimer is not None:
-        refusal = reclaimer.refusal(policy.name)
-    if refusal is None:
-        refusal = state.ledger.busy(policy.resources)
-    if refusal is None:
-        decision = gate.decide(RequestFacts(model=model), snap, policy)
-        if isinstance(decision, Refuse):
-            refusal = decision
-    return refusal
+    on ``upstream`` now, else the refusal it would get. Reserves, samples, waits for
+    nothing: the gate (residency credit included), an open reclaim, the ledger's slots."""
+    return work.would_admit(upstream, RequestFacts(model=model))
 
 
 def _not_found(message: str, code: str, **extra: object) -> web.Response:
@@ -79,12 +63,11 @@ def _not_found(message: str, code: str, **extra: object) -> web.Response:
 
 def answer(
     request: web.Request,
-    state: SharedState,
+    work: Work,
     policy: UpstreamPolicy,
     *,
     canonical_model: Callable[[str], str] = str,
     refusal_status: int = 503,
-    reclaimer: Reclaimer | None = None,
 ) -> web.Response:
     """The probe's response for ``request`` (GET or HEAD) on ``policy``'s upstream."""
     if request.method not in ("GET", "HEAD"):
@@ -109,7 +92,7 @@ def answer(
                 "unknown_model",
                 models=known,
             )
-    refusal = decide(state, policy, model, reclaimer)
+    refusal = decide(work, policy.name, model)
     doc: dict[str, object] = {"lendable": refusal is None, "upstream": policy.name, "model": model}
     headers = {"Cache-Control": "no-store"}
     if refusal is None:
