@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from vacancyd.core.policy import UpstreamPolicy
-from vacancyd.core.reasons import Refuse
+from vacancyd.core.reasons import ErrorCode, ErrorType, Refuse
 from vacancyd.core.refusal import SDK_MAX_RETRY_AFTER_S, error_body
 from vacancyd.core.snapshot import RequestFacts
 
@@ -53,9 +53,9 @@ def decide(work: Work, upstream: str, model: str | None) -> Refuse | None:
     return work.would_admit(upstream, RequestFacts(model=model))
 
 
-def _not_found(message: str, code: str, **extra: object) -> web.Response:
+def _not_found(message: str, code: ErrorCode, **extra: object) -> web.Response:
     return web.json_response(
-        error_body(message, "not_found_error", code, **extra),
+        error_body(message, ErrorType.NOT_FOUND, code, **extra),
         status=404,
         headers={"Cache-Control": "no-store"},
     )
@@ -74,8 +74,8 @@ def answer(
         return web.json_response(
             error_body(
                 f"{request.method} {request.path}: use GET or HEAD",
-                "invalid_request_error",
-                "method_not_allowed",
+                ErrorType.INVALID_REQUEST,
+                ErrorCode.METHOD_NOT_ALLOWED,
             ),
             status=405,
             headers={"Allow": "GET, HEAD"},
@@ -89,7 +89,7 @@ def answer(
             return _not_found(
                 f"upstream {policy.name!r} has no model {raw!r} in models.footprint_mib"
                 + (f" (configured: {', '.join(known)})" if known else " (none configured)"),
-                "unknown_model",
+                ErrorCode.UNKNOWN_MODEL,
                 models=known,
             )
     refusal = decide(work, policy.name, model)
@@ -109,10 +109,10 @@ def unknown_upstream(name: str, known: list[str] | None) -> web.Response:
     """404 for ``/lendable/NAME`` when no upstream is called NAME; ``known`` (None: not
     told) lists the declared ones."""
     if known is None:
-        return _not_found(f"no upstream named {name!r}", "unknown_upstream")
+        return _not_found(f"no upstream named {name!r}", ErrorCode.UNKNOWN_UPSTREAM)
     return _not_found(
         f"no upstream named {name!r} (declared: {', '.join(known) or 'none'})",
-        "unknown_upstream",
+        ErrorCode.UNKNOWN_UPSTREAM,
         upstreams=known,
     )
 
