@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from vacancyd.api import events
+from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
@@ -202,6 +202,7 @@ def make_api(
     app.router.add_route("*", "/lendable/{upstream}", lendable)
     app.router.add_post("/admin/reclaim", scoped("admin", post_reclaim))
     app.router.add_post("/admin/jobs/{id}/release", scoped("admin", release_job))
+    app.router.add_get("/", page.status_page)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))
