@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vacancyd.core import presence as presence_rules
+from vacancyd.core.holds import Hold
 from vacancyd.core.ledger import Ledger
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
@@ -141,6 +142,10 @@ class SharedState:
         self._unseen_count: dict[str, int] = {}
         #: Per-upstream reclaim phase as published by vacancyd.control.reclaim (Y5).
         self.reclaim_views: dict[str, Mapping[str, object]] = {}
+        #: The owner's holds in force (vacancyd.control.owner writes them; core/holds.py).
+        self.holds: tuple[Hold, ...] = ()
+        #: Renders the owner's controls for /status (set by vacancyd.control.owner).
+        self.owner_view: Callable[[], Mapping[str, object]] | None = None
 
     # -- change notification -------------------------------------------------------------
 
@@ -374,6 +379,25 @@ class SharedState:
         """
         self._emit("edge", trigger=trigger, at=now, resource=resource, detail=detail)
 
+    def set_holds(self, holds: tuple[Hold, ...], now: float) -> None:
+        """Replace the owner's holds (monotonic ``now``). A hold that was not in force before
+        raises a ``hold`` reclaim edge (per GPU resource for a GPU-only hold), so it hands
+        borrowed work back exactly as the owner's return does; every change emits ``hold``.
+        """
+        before = {h.key for h in self.holds}
+        after = {h.key for h in holds}
+        self.holds = holds
+        for hold in holds:
+            if hold.key in before:
+                continue
+            log.warning("owner hold %s engaged: %s", hold.key, hold.detail)
+            self._emit("hold", hold=hold.key, active=True, detail=hold.detail, at=now)
+            for resource in sorted(hold.resources) if hold.resources is not None else [None]:
+                self.raise_edge("hold", now, resource=resource, detail=hold.detail)
+        for key in sorted(before - after):
+            log.info("owner hold %s released", key)
+            self._emit("hold", hold=key, active=False, at=now)
+
     def publish_reclaim(self, upstream: str, view: Mapping[str, object]) -> None:
         """Record an upstream's reclaim phase for /status and tell subscribers."""
         self.reclaim_views[upstream] = view
@@ -506,6 +530,7 @@ class SharedState:
             },
             servers=dict(self.servers),
             stopping=self.stopping,
+            holds=self.holds,
         )
 
     def ready(self, now: float) -> tuple[bool, list[str]]:

@@ -4,6 +4,13 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
 
     {"version", "uptime_s", "ready", "not_ready": [str],
      "lending_enabled": bool,
+     "owner_controls": {"holds": [{"kind", "detail", "resources", "until", "ends_in_s"}],
+                        "schedule": {"timezone", "open", "windows", "next_change",
+                                     "next_change_local", "next_change_in_s"} | null,
+                        "pause": {"kind", "set_at", "until", "until_local", "ends_in_s",
+                                  "seen_owner", "reason", "detail"} | null,
+                        "pause_error", "pause_persist_error", "power": {...} | null,
+                        "exclusive_apps": {SCOPE: {...}}} | null,
      "presence": {"source", "sampled", "age_s", "evidence_complete", "refuses",
                   "veto": {"active", "release_in_s"}, "detail", "exempt_upstreams": [str],
                   "sessions": [{"id", "kind", "owner", "why", "type", "class", "seat",
@@ -110,6 +117,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
                 n for n, u in state.upstreams.items() if u.owner_scope is OwnerScope.RESOURCE
             ),
         },
+        "owner_controls": None if state.owner_view is None else dict(state.owner_view()),
         "resources": {},
         "upstreams": {},
     }

@@ -3,6 +3,8 @@
 The order of checks is the spec's "Gate" section, steps 1–6, with product-map rows A1–A8:
 
 1. global lending switch                         -> lending_disabled      300 s
+   an owner hold (schedule, pause, battery, exclusive app) covering the upstream
+                                                 -> owner_active     5 s-1 h (until it ends)
 2. presence never sampled / stale (host scope)   -> owner_active            5 s
 3. incomplete session evidence (host scope)      -> owner_active           30 s
 4. host policy veto (host scope)                 -> owner_active          120 s
@@ -22,6 +24,7 @@ It never raises and never reads a clock: ``snap.now`` is the time.
 
 from __future__ import annotations
 
+from vacancyd.core.holds import decide_holds
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, UpstreamPolicy
 from vacancyd.core.reasons import Admit, Credit, Decision, Reason, Refuse
@@ -42,6 +45,10 @@ def decide_before_body(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | Non
         return Refuse.of(Reason.LENDING_DISABLED, "vacancyd on this host is shutting down")
     if not snap.lending_enabled:
         return Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
+
+    refusal = decide_holds(snap.holds, upstream.resources)
+    if refusal is not None:
+        return refusal
 
     refusal = _decide_owner(snap, upstream)
     if refusal is not None:

@@ -87,12 +87,12 @@ class Window:
     def __post_init__(self) -> None:
         if not self.days or not self.days <= set(range(7)):
             raise ValueError("a window needs at least one weekday (0-6)")
-        if not 0 <= self.start_min < MINUTES_PER_DAY or not 0 < self.end_min <= MINUTES_PER_DAY:
+        if not 0 <= self.start_min < MINUTES_PER_DAY or not 0 <= self.end_min <= MINUTES_PER_DAY:
             raise ValueError("window times must lie within the day")
         if self.across_midnight:
             if self.end_min == MINUTES_PER_DAY:
                 raise ValueError("a window across midnight needs an end time on the next day")
-        elif self.end_min <= self.start_min:
+        elif not self.start_min < self.end_min:
             raise ValueError(
                 f"window end {format_minutes(self.end_min % MINUTES_PER_DAY)} is not after its "
                 f"start {format_minutes(self.start_min)}; a window that runs past midnight "
@@ -126,9 +126,7 @@ class Exception_:
 
     def __post_init__(self) -> None:
         if not 0 <= self.start_min < self.end_min <= MINUTES_PER_DAY:
-            raise ValueError(
-                f"exception on {self.date}: end must be after start on the same day"
-            )
+            raise ValueError(f"exception on {self.date}: end must be after start on the same day")
 
     def covers(self, date: dt.date, minute: int) -> bool:
         return date == self.date and self.start_min <= minute < self.end_min

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vacancyd.core.holds import Hold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy
 
@@ -93,6 +94,8 @@ class Snapshot:
     servers: Mapping[str, Observation[ServerState]] = field(default_factory=dict)
     #: The daemon is shutting down: no new borrowed work, whatever else holds.
     stopping: bool = False
+    #: The owner's holds in force now (schedule, pause, battery, exclusive apps).
+    holds: tuple[Hold, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
