@@ -202,7 +202,8 @@ class OwnerControls:
             computed_at, value = cached
             # Reuse it unless it has passed, is an old "none ahead", or the wall clock was
             # set back past the time it was computed.
-            fresh = (value is not None and now < value) or (value is None and now - computed_at < 60)
+            ahead = value is not None and now < value
+            fresh = ahead or (value is None and now - computed_at < 60)
             if computed_at <= now and fresh:
                 return value
         value = schedule.next_change(now)
