@@ -70,7 +70,9 @@ class UpstreamPolicy:
 
     Footprints are MiB charged against the primary resource (spec "Gate" step 6).
     ``needs_model_observation`` is set by adapters (llamacpp) whose admission requires a fresh
-    observation of the server itself.
+    observation of the server itself. ``present_max_model_mib``: while the owner is present,
+    only requests whose footprint is at most this many MiB are lent (None: no budget; set
+    only on resource-scoped upstreams, which otherwise ignore presence).
     """
 
     name: str
@@ -83,6 +85,7 @@ class UpstreamPolicy:
     resident_min_free_mib: int = 0
     needs_model_observation: bool = False
     model_observation_max_age_s: float = 10.0
+    present_max_model_mib: int | None = None
 
     @property
     def resources(self) -> tuple[str, ...]:
