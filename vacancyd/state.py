@@ -409,13 +409,6 @@ class SharedState:
         self.listeners[upstream] = ListenerState(address, bound, error)
         self._emit("listener", upstream=upstream, bound=bound)
 
-    def released(self, job_id: int, now: float) -> None:
-        """Release a ledger job and ask the collectors for a post-completion sample (L3)."""
-        job = self.ledger.release(job_id, now)
-        if job is not None:
-            for name in job.resources:
-                self.request_sample(name)
-
     # -- fresh samples on demand ---------------------------------------------------------
 
     def sample_wanted(self, key: str) -> asyncio.Event:

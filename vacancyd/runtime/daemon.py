@@ -14,6 +14,8 @@ Task tree (names as they appear in logs):
   (essential; ``vacancyd.control.owner``)
 * ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
 * ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
+* ``hold NAME job N`` — watches a held job's server for idleness (not essential)
+* ``reclaim cancel NAME`` / ``warm NAME`` — a reclaim's server calls (not essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
   ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
 
@@ -53,9 +55,11 @@ from vacancyd.config.secrets import Secrets, read_secrets
 from vacancyd.config.zone import resolve_zone
 from vacancyd.control.owner import OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
+from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.gpu import GpuSelector
+from vacancyd.core.lifecycle import JobRules
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.power import PowerPolicy
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
@@ -167,6 +171,7 @@ class Daemon:
     state: SharedState = field(init=False)
     metrics: Metrics = field(init=False)
     supervisor: Supervisor = field(init=False)
+    work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
     bound: dict[str, str] = field(default_factory=dict)
@@ -183,6 +188,7 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics.attach(self.state)
         self.supervisor = Supervisor()
+        self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
         self.reclaimer = Reclaimer(
             self.state,
             policies={u.name: reclaim_policy(u) for u in self.settings.upstream},
@@ -190,6 +196,7 @@ class Daemon:
             warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
             supervisor=self.supervisor,
             metrics=self.metrics,
+            work=self.work,
         )
         self.owner = OwnerControls(self.state, owner_controls_config(self.settings))
 
@@ -211,7 +218,14 @@ class Daemon:
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
-        api = make_api(self.state, auth, self.metrics, started_at=started_at, controls=self.owner)
+        api = make_api(
+            self.state,
+            auth,
+            self.metrics,
+            started_at=started_at,
+            release=self.work.admin_release,
+            controls=self.owner,
+        )
         await self._serve("api", api, settings.server.listen, limits.max_connections)
 
         for up in settings.upstream:
@@ -243,6 +257,15 @@ class Daemon:
                     self._control_session(credential), upstream.target
                 )
                 self.reclaimer.controllers[up.name] = controller
+            self.work.add_upstream(
+                up.name,
+                JobRules(
+                    tracked=controller is not None,
+                    cut_is_uncertain=adapter.cut_is_uncertain,
+                    idle_evidence=adapter.observe is not None,
+                ),
+                controller,
+            )
             proxy = Proxy(
                 upstream,
                 state=self.state,
@@ -250,7 +273,7 @@ class Daemon:
                 metrics=self.metrics,
                 limits=limits,
                 session=session,
-                reclaimer=self.reclaimer,
+                work=self.work,
                 controller=controller,
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
