@@ -363,7 +363,7 @@ async def test_unplugging_the_laptop_drains_borrowed_work(tmp_path: Path) -> Non
                 reading["now"] = PowerReading(True, True, 25.0)
                 await d.wait_until(lambda: not d.state.holds, 5)
                 for job in d.state.ledger.jobs():  # the cut job held, as after an owner return
-                    d.state.released(job.id, d.state.clock())
+                    assert (await api(d, client, f"/admin/jobs/{job.id}/release", {}))[0] == 200
                 fake.chunks = 1
                 await asyncio.sleep(0.3)
                 assert (await borrow(d, client))[0] == 200

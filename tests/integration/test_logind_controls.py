@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +116,8 @@ async def test_a_remote_desktop_counts_as_the_owner_by_default(
         assert "10.0.0.7" not in str(session)
 
 
-@asynccontextmanager
-async def exclusive_app() -> AsyncIterator[subprocess.Popen[bytes]]:
+@contextmanager
+def exclusive_app() -> Iterator[subprocess.Popen[bytes]]:
     """A real process whose command name is ``APP`` (argv[0], as a launcher would set it)."""
     proc = subprocess.Popen(["bash", "-c", f"exec -a {APP} sleep 60"])
     try:
@@ -148,7 +148,7 @@ async def test_a_host_exclusive_app_cuts_borrowed_work_after_its_grace_and_resum
         assert resp.status == 200
         await upstream.started.wait()
         loop = asyncio.get_running_loop()
-        async with exclusive_app():
+        with exclusive_app():
             started = loop.time()
             await d.wait_until(lambda: bool(d.state.holds), 5)
             assert loop.time() - started >= 0.45  # not before the grace
@@ -183,7 +183,7 @@ async def test_a_gpu_exclusive_app_holds_only_gpu_upstreams(
         _,
     ):
         await d.wait_ready()
-        async with exclusive_app():
+        with exclusive_app():
             await d.wait_until(lambda: bool(d.state.holds), 5)
             code, error = await borrow(d, http, "gpu-llm")
             assert code == 503 and error["hold"] == "exclusive_app"
