@@ -45,6 +45,9 @@ def upstream_policy(
         present_max_model_mib=settings.owner.present_max_model_mib
         if up.owner_scope == "resource"
         else None,
+        max_concurrent=up.max_concurrent,
+        exclusive_of=frozenset(up.exclusive_of),
+        excluded_by=frozenset(u.name for u in settings.upstream if up.name in u.exclusive_of),
     )
 
 

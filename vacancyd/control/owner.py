@@ -26,6 +26,7 @@ from typing import Any
 
 from vacancyd.collectors.power import read_power
 from vacancyd.collectors.processes import scan_running
+from vacancyd.core.events import StateEvent, VetoChanged
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.holds import Hold, HoldKind
 from vacancyd.core.pause import Pause, PauseKind, advance, format_wall, parse_duration, parse_until
@@ -189,8 +190,8 @@ class OwnerControls:
 
     # -- evaluation ----------------------------------------------------------------------
 
-    def _on_state(self, kind: str, _data: Mapping[str, object]) -> None:
-        if kind == "veto":
+    def _on_state(self, event: StateEvent) -> None:
+        if isinstance(event, VetoChanged):
             self.wake.set()
 
     def _schedule_change(self, now: float) -> float | None:

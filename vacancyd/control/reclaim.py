@@ -28,6 +28,7 @@ from prometheus_client import Counter, Histogram
 from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.api.metrics import Metrics
 from vacancyd.control.work import Work
+from vacancyd.core.events import EdgeRaised, ReclaimChanged, StateEvent, VetoChanged
 from vacancyd.core.lifecycle import JobState
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.reclaim import (
@@ -121,32 +122,15 @@ class Reclaimer:
 
     # -- edges ---------------------------------------------------------------------------
 
-    def _on_state(self, kind: str, data: Mapping[str, object]) -> None:
-        now = self.state.clock()
-        if kind == "veto":
-            at = data.get("at")
-            at_s = float(at) if isinstance(at, int | float) else now
-            if data.get("active"):
-                self.raise_edge(Edge(Trigger.OWNER, at_s, detail=str(data.get("detail") or "")))
+    def _on_state(self, event: StateEvent) -> None:
+        if isinstance(event, VetoChanged):
+            if event.active:
+                self.raise_edge(Edge(Trigger.OWNER, event.at, detail=event.detail))
             else:
                 self._warm_all()
-        elif kind == "edge":
-            at = data.get("at")
-            try:
-                trigger = Trigger(str(data.get("trigger")))
-            except ValueError:
-                log.error("ignoring a reclaim edge with unknown trigger %r", data.get("trigger"))
-                return
-            resource = data.get("resource")
-            self.raise_edge(
-                Edge(
-                    trigger,
-                    float(at) if isinstance(at, int | float) else now,
-                    resource if isinstance(resource, str) else None,
-                    str(data.get("detail") or ""),
-                )
-            )
-        if kind != "reclaim":
+        elif isinstance(event, EdgeRaised):
+            self.raise_edge(Edge(event.trigger, event.at, event.resource, event.detail))
+        if not isinstance(event, ReclaimChanged):
             for name in list(self._changed):
                 self._wake(name)
 
@@ -318,20 +302,7 @@ class Reclaimer:
         self._publish(reclaim)
 
     def _publish(self, r: Reclaim) -> None:
-        self.state.publish_reclaim(
-            r.upstream,
-            {
-                "phase": r.phase.value,
-                "policy": r.policy.on_owner_return.value,
-                "trigger": r.first.trigger.value,
-                "resource": r.first.resource,
-                "edges_at": [e.at for e in r.edges],
-                "edge_triggers": [e.trigger.value for e in r.edges],
-                "deadline": r.deadline,
-                "decided_at": r.decided_at,
-                "outcome": r.outcome,
-            },
-        )
+        self.state.publish_reclaim(r)
 
     def _wake(self, name: str) -> None:
         event = self._changed.get(name)
