@@ -212,7 +212,11 @@ def make_api(
     async def post_pause(request: web.Request) -> web.Response:
         if controls is None:
             return web.json_response(
-                error_body("this daemon has no owner controls", "not_found_error", "no_controls"),
+                error_body(
+                    "this daemon has no owner controls",
+                    ErrorType.NOT_FOUND,
+                    ErrorCode.NO_CONTROLS,
+                ),
                 status=404,
             )
         payload = await _read_json(request, b"{}")
@@ -257,7 +261,11 @@ def make_api(
     async def post_resume(request: web.Request) -> web.Response:
         if controls is None:
             return web.json_response(
-                error_body("this daemon has no owner controls", "not_found_error", "no_controls"),
+                error_body(
+                    "this daemon has no owner controls",
+                    ErrorType.NOT_FOUND,
+                    ErrorCode.NO_CONTROLS,
+                ),
                 status=404,
             )
         payload = await _read_json(request, b"{}")
