@@ -70,6 +70,8 @@ class ErrorCode(StrEnum):
     HTTP_ERROR = "http_error"
     UNKNOWN_RESOURCE = "unknown_resource"
     NO_CONTROLS = "no_controls"
+    UNKNOWN_UPSTREAM = "unknown_upstream"
+    UNKNOWN_MODEL = "unknown_model"
     UNKNOWN_JOB = "unknown_job"
 
 
