@@ -64,7 +64,7 @@ from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, sdnotify
-from vacancyd.runtime.tasks import Supervisor
+from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.state import PressureSample, SharedState
 
 log = logging.getLogger(__name__)
@@ -320,6 +320,10 @@ class Daemon:
         address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
         self.bound[name] = address
         log.info("%s listening on http://%s", name, address)
+        server = site.listening
+        assert server is not None
+        task_name = f"api@{address}" if name == "api" else f"listener {name}@{address}"
+        self.supervisor.spawn(hold_listener(task_name, server), name=task_name, essential=True)
         return address
 
     def _control_session(self, credential: str | None) -> aiohttp.ClientSession:
@@ -508,6 +512,7 @@ class Daemon:
         the request timeout), so it routes away before the listeners close.
         """
         self.state.stopping = True  # new work refused and /readyz 503 from here on
+        self.supervisor.stopping()  # listeners closing from here on are not failures
         in_flight = self.state.ledger.jobs()
         if in_flight:
             log.warning(
