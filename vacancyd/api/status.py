@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Any
 
 from vacancyd import __version__
-from vacancyd.core import gate
+from vacancyd.core import gate, sharing
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
@@ -177,7 +177,17 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             "lendable": refusal is None,
             # Lendable says what the gate would decide; busy says whether a borrowed job
             # holds one of its resources right now (the ledger refuses resource_busy).
-            "busy": any(state.ledger.holder(r) is not None for r in policy.resources),
+            "busy": state.ledger.fits(name, policy.resources) is not None,
+            "sharing": {
+                "max_concurrent": policy.max_concurrent,
+                "jobs": sum(1 for job in state.ledger.jobs() if job.upstream == name),
+                "waiting": state.ledger.waiting.get(name, 0),
+                "exclusive_of": sorted(policy.exclusive_of),
+                "excluded_by": sorted(policy.excluded_by),
+                "card": sharing.card_state(
+                    policy.resource, state.ledger.holders_by_upstream(), state.upstreams
+                ).value,
+            },
             "refusal": refusal,
             "server": server_doc,
             "unseen_gpu_work": state.unseen_gpu_work.get(name),
@@ -192,6 +202,15 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
                 if job.upstream == name
             ],
             "reclaim": _reclaim_doc(state.reclaims.get(name), now),
+        }
+    for name, members in state.pools.items():
+        listener = state.listeners.get(name)
+        doc.setdefault("pools", {})[name] = {
+            "members": list(members),
+            "listener": None
+            if listener is None
+            else {"address": listener.address, "bound": listener.bound, "error": listener.error},
+            "lendable": any(doc["upstreams"][m]["lendable"] for m in members),
         }
     return doc
 
