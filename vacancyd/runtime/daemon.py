@@ -61,9 +61,10 @@ from vacancyd.core.observations import CapacityReading
 from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
+from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, sdnotify
+from vacancyd.runtime import calibration, lendability, sdnotify
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import PressureSample, SharedState
 
@@ -185,8 +186,14 @@ class Daemon:
         )
         limits = settings.server.limits
 
+        probes: dict[str, ProbeEndpoint] = {}
         api = make_api(
-            self.state, auth, self.metrics, started_at=started_at, release=self.work.admin_release
+            self.state,
+            auth,
+            self.metrics,
+            started_at=started_at,
+            release=self.work.admin_release,
+            probes=probes,
         )
         await self._serve("api", api, settings.server.listen, limits.max_connections)
 
@@ -240,6 +247,7 @@ class Daemon:
                 controller=controller,
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
+            probes[up.name] = ProbeEndpoint(up.public_probe, proxy.probe)
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(up.name, make_app(proxy), up.listen, limits.max_connections)
             self.state.set_listener(up.name, address, bound=True)
@@ -272,6 +280,9 @@ class Daemon:
 
         self._share_cards()
         self._start_collectors()
+        self.supervisor.spawn(
+            lendability.watch(self.state), name="lendability watcher", essential=False
+        )
         self._start_kubernetes(started_at)
 
     @property
@@ -532,7 +543,8 @@ class Daemon:
         With ``[kubernetes]``, the cluster is told first that this lender stops (bounded by
         the request timeout), so it routes away before the listeners close.
         """
-        self.state.stopping = True  # new work refused and /readyz 503 from here on
+        # New work refused and /readyz 503 from here on; /events followers hear it now.
+        self.state.set_stopping()
         in_flight = self.state.ledger.jobs()
         if in_flight:
             log.warning(
@@ -543,11 +555,15 @@ class Daemon:
                 SHUTDOWN_GRACE_S,
             )
         if self.kubernetes is not None:
-            await self.kubernetes.stop()
+            # Terminating first (endpoints not ready, terminating), so the cluster routes
+            # away while in-flight work finishes; stopped once the listeners are closed.
+            await self.kubernetes.announce_terminating()
         # Every proxy listener stops accepting at once and shares one grace period; the
         # API listener goes last so /healthz and /readyz answer during the grace.
         api = self._runners.pop("api", None)
         await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
+        if self.kubernetes is not None:
+            await self.kubernetes.stop()
         if api is not None:
             await api.cleanup()
         await self.supervisor.stop()
