@@ -522,6 +522,7 @@ class SharedState:
             calibrated=ps.learner.ready,
             engaged=ps.tracker.engaged,
             detail=detail,
+            above_threshold=ps.tracker.above_since is not None,
         )
 
     def snapshot(self, now: float | None = None) -> Snapshot:

@@ -65,7 +65,7 @@ from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, lendability, sdnotify
-from vacancyd.runtime.tasks import Supervisor
+from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.state import PressureSample, SharedState
 
 log = logging.getLogger(__name__)
@@ -356,6 +356,10 @@ class Daemon:
         address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
         self.bound[name] = address
         log.info("%s listening on http://%s", name, address)
+        server = site.listening
+        assert server is not None
+        task_name = f"api@{address}" if name == "api" else f"listener {name}@{address}"
+        self.supervisor.spawn(hold_listener(task_name, server), name=task_name, essential=True)
         return address
 
     def _control_session(self, credential: str | None) -> aiohttp.ClientSession:
@@ -545,6 +549,7 @@ class Daemon:
         """
         # New work refused and /readyz 503 from here on; /events followers hear it now.
         self.state.set_stopping()
+        self.supervisor.stopping()  # listeners closing from here on are not failures
         in_flight = self.state.ledger.jobs()
         if in_flight:
             log.warning(
