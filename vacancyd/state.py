@@ -168,6 +168,8 @@ class SharedState:
         self._sample_wanted: dict[str, asyncio.Event] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []
+        #: Pool name -> its member upstreams, first member first (``[[pool]]``).
+        self.pools: dict[str, tuple[str, ...]] = {}
         #: Called after every capacity or server sample (the wait queues re-decide on them).
         self.sample_hooks: list[Callable[[], None]] = []
         self.pressure: dict[str, PressureState] = {

@@ -513,6 +513,29 @@ class UpstreamSettings(_Model):
         return None
 
 
+class PoolSettings(_Model):
+    """One listener in front of several upstreams, each on its own GPU (``[[pool]]``).
+
+    ``members``: names of ``[[upstream]]`` entries, all with the same adapter. A borrowed
+    work request goes to the member that can lend it with the most room; every other request
+    (model lists, health) goes to the first member, with that member's ``management`` and
+    authorization settings.
+    """
+
+    name: Name
+    listen: str
+    members: list[Name] = Field(min_length=1)
+
+    _listen = field_validator("listen")(_check_listen)
+
+    @field_validator("members")
+    @classmethod
+    def _distinct(cls, members: list[str]) -> list[str]:
+        if len(set(members)) != len(members):
+            raise ValueError("members lists an upstream twice")
+        return members
+
+
 class ClusterSettings(_Model):
     """How vacancyd reaches a Kubernetes API server and what it writes there (product map K1–K4).
 
@@ -578,6 +601,7 @@ class Settings(_Model):
     state_dir: Path = Path("/var/lib/vacancyd")
     resource: list[ResourceSettings] = []
     upstream: list[UpstreamSettings] = []
+    pool: list[PoolSettings] = []
     kubernetes: KubernetesSettings | None = None
     schedule: ScheduleSettings | None = None
 
@@ -587,13 +611,19 @@ class Settings(_Model):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"resource names must be unique; repeated: {', '.join(dupes)}")
-        unames = [u.name for u in self.upstream]
+        unames = [u.name for u in self.upstream] + [p.name for p in self.pool]
         dupes = sorted({n for n in unames if unames.count(n) > 1})
         if dupes:
-            raise ValueError(f"upstream names must be unique; repeated: {', '.join(dupes)}")
+            raise ValueError(
+                f"upstream and pool names must be unique; repeated: {', '.join(dupes)}"
+            )
         listens = [
             listen
-            for listen in (self.server.listen, *(u.listen for u in self.upstream))
+            for listen in (
+                self.server.listen,
+                *(u.listen for u in self.upstream),
+                *(p.listen for p in self.pool),
+            )
             if split_listen(listen)[1] != 0
         ]
         dupes = sorted({n for n in listens if listens.count(n) > 1})
@@ -610,16 +640,25 @@ class Settings(_Model):
                         f"[[resource]] declares (declared: {', '.join(names) or 'none'})"
                     )
         self._check_exclusivity()
+        self._check_pools()
         if not self.server.tokens and not self.server.allow_unauthenticated_remote:
-            remote = [
-                f"server.listen = {self.server.listen!r}"
-                for _ in [0]
-                if not is_loopback(split_listen(self.server.listen)[0])
-            ] + [
-                f"upstream {u.name!r} listen = {u.listen!r}"
-                for u in self.upstream
-                if not is_loopback(split_listen(u.listen)[0])
-            ]
+            remote = (
+                [
+                    f"server.listen = {self.server.listen!r}"
+                    for _ in [0]
+                    if not is_loopback(split_listen(self.server.listen)[0])
+                ]
+                + [
+                    f"upstream {u.name!r} listen = {u.listen!r}"
+                    for u in self.upstream
+                    if not is_loopback(split_listen(u.listen)[0])
+                ]
+                + [
+                    f"pool {p.name!r} listen = {p.listen!r}"
+                    for p in self.pool
+                    if not is_loopback(split_listen(p.listen)[0])
+                ]
+            )
             if remote:
                 raise ValueError(
                     "a non-loopback listener needs [[server.tokens]] (or the conspicuous "
@@ -649,6 +688,33 @@ class Settings(_Model):
                     f"upstream[{i}] ({up.name}) both lists upstreams in exclusive_of and is "
                     "listed in another's; only one side of an exclusivity takes the card"
                 )
+
+    def _check_pools(self) -> None:
+        by_name = {u.name: u for u in self.upstream}
+        for i, pool in enumerate(self.pool):
+            missing = [m for m in pool.members if m not in by_name]
+            if missing:
+                raise ValueError(
+                    f"pool[{i}] ({pool.name}) names {', '.join(map(repr, missing))}, which no "
+                    "[[upstream]] declares"
+                )
+            adapters = sorted({by_name[m].adapter for m in pool.members})
+            if len(adapters) > 1:
+                raise ValueError(
+                    f"pool[{i}] ({pool.name}) mixes adapters ({', '.join(adapters)}); its "
+                    "members must be servers of one kind"
+                )
+            if adapters == ["comfyui"]:
+                raise ValueError(
+                    f"pool[{i}] ({pool.name}) pools comfyui servers; a ComfyUI result is read "
+                    "back from the server that ran the prompt, which a pool cannot route"
+                )
+            for m in pool.members:
+                if by_name[m].exclusive_of or any(m in u.exclusive_of for u in self.upstream):
+                    raise ValueError(
+                        f"pool[{i}] ({pool.name}) member {m!r} takes part in an exclusivity; "
+                        "a pool member must be a server of its own"
+                    )
 
     @property
     def stale_after_default_s(self) -> float:

@@ -29,7 +29,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 from aiohttp import web
@@ -239,6 +239,7 @@ class Daemon:
         )
         await self._serve("api", api, settings.server.listen, limits.max_connections)
 
+        proxies: dict[str, Proxy] = {}
         for up in settings.upstream:
             credential = secrets.credentials.get(up.name)
             adapter = ADAPTERS[up.adapter]
@@ -294,6 +295,30 @@ class Daemon:
             self.state.set_listener(up.name, address, bound=True)
             if adapter.observe is not None:
                 self._start_observer(upstream, credential)
+            proxies[up.name] = proxy
+
+        for pool in settings.pool:
+            first = proxies[pool.members[0]]
+            pool_proxy = Proxy(
+                replace(first.upstream, alias=pool.name),
+                state=self.state,
+                auth=auth,
+                metrics=self.metrics,
+                limits=limits,
+                session=first.session,
+                work=self.work,
+                tunnels=TunnelLimits(
+                    first.upstream.settings.websocket_max_tunnels,
+                    first.upstream.settings.websocket_idle_timeout_s,
+                ),
+                members={m: proxies[m] for m in pool.members},
+            )
+            self.state.pools[pool.name] = tuple(pool.members)
+            self.state.set_listener(pool.name, pool.listen, bound=False)
+            address = await self._serve(
+                pool.name, make_app(pool_proxy), pool.listen, limits.max_connections
+            )
+            self.state.set_listener(pool.name, address, bound=True)
 
         self._share_cards()
         self._start_collectors()
