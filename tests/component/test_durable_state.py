@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import ollama
@@ -114,8 +115,8 @@ async def test_an_unwritable_state_directory_is_logged_and_lending_goes_on(
     nvml: Scenario, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     gpu(nvml)
-    state_dir = tmp_path / "not-a-directory"
-    state_dir.write_text("a file where the state directory should be", encoding="utf-8")
+    # /proc takes no new directories, for root neither: a state directory nobody can create.
+    state_dir = Path(f"/proc/vacancyd-state-{os.getpid()}")
     caplog.set_level(logging.ERROR)
     fake = FakeOllama(models=("big:latest",), specs={"big:latest": BIG}, scenario=nvml, tokens=1)
     async with serve_app(fake.app()) as target, running_daemon(config(target, state_dir)) as d:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vacancyd.core.holds import Hold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy
 from vacancyd.core.residency import ContextLearning, ResidentModel
@@ -54,12 +55,18 @@ class PresenceView:
 
 @dataclass(frozen=True, slots=True)
 class PressureView:
-    """Per-resource owner GPU pressure (product map R1–R5); None on resources without it."""
+    """Per-resource owner GPU pressure (product map R1–R5); None on resources without it.
+
+    ``above_threshold``: the newest valid reading's owner load is above the threshold in
+    force, so the hysteresis is building towards engagement (or holding it). The gate still
+    admits until it engages; a reclaim never stands down on such a reading.
+    """
 
     quality: Quality
     calibrated: bool
     engaged: bool
     detail: str = ""
+    above_threshold: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +140,8 @@ class Snapshot:
     learning: Mapping[str, ContextLearning] = field(default_factory=dict)
     #: Per upstream, per model: the learned footprint prior in MiB (vacancyd.core.footprint).
     priors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: The owner's holds in force now (schedule, pause, battery, exclusive apps).
+    holds: tuple[Hold, ...] = ()
     #: Borrowed jobs running per upstream (the ledger's), for residency proofs under concurrency.
     active_jobs: Mapping[str, int] = field(default_factory=dict)
 
