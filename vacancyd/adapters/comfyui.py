@@ -43,8 +43,8 @@ import aiohttp
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, UpstreamError
-from vacancyd.collectors.base import ProbeError
 from vacancyd.core.classify import Route, RouteClass, RouteTable, route
+from vacancyd.core.observations import ProbeError
 from vacancyd.core.snapshot import ServerState
 
 WORK, PASS, RES, MGMT = (

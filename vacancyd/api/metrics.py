@@ -10,10 +10,9 @@ series (not a collector failure).
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -21,11 +20,10 @@ from vacancyd.api.status import build_status
 from vacancyd.core import sharing
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
-from vacancyd.core.reasons import Credit
 from vacancyd.core.status import PresenceStatus, StatusDocument
+from vacancyd.web.metrics import Metrics
 
 if TYPE_CHECKING:
-    from vacancyd.runtime.learned import LearnedSaver
     from vacancyd.state import SharedState
 
 MIB = 1024 * 1024
@@ -342,10 +340,20 @@ def _learned_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     yield from (priors, contexts, broken)
 
 
+class SaverHealth(Protocol):
+    """What the durable-state saver reports: failed writes so far, failing files -> why."""
+
+    @property
+    def failures(self) -> int: ...
+
+    @property
+    def errors(self) -> Mapping[str, str]: ...
+
+
 class SaverCollector(Collector):
     """Durable-state write health."""
 
-    def __init__(self, saver: LearnedSaver) -> None:
+    def __init__(self, saver: SaverHealth) -> None:
         self._saver = saver
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -362,67 +370,14 @@ class SaverCollector(Collector):
         )
 
 
-class Metrics:
-    """The daemon's private registry and its counters."""
+def attach_state(metrics: Metrics, state: SharedState) -> None:
+    """Render the state's gauges on ``metrics``' registry at every scrape."""
+    metrics.registry.register(StateCollector(state))
 
-    def __init__(self) -> None:
-        # ``*_created`` series only add cardinality for our always-running counters.
-        disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.decisions = Counter(
-            "vacancyd_admission_decisions",
-            "Gate and ledger decisions on borrowed work, by outcome and reason.",
-            ["upstream", "outcome", "reason"],
-            registry=self.registry,
-        )
-        self.auth_decisions = Counter(
-            "vacancyd_auth",
-            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
-            ["scope", "outcome"],
-            registry=self.registry,
-        )
-        self.proxied = Counter(
-            "vacancyd_proxy_requests",
-            "Requests answered by a proxy listener, by route class and status code.",
-            ["upstream", "route_class", "code"],
-            registry=self.registry,
-        )
-        self.upstream_errors = Counter(
-            "vacancyd_upstream_errors",
-            "Forwarded requests that failed to reach the upstream or broke mid-response.",
-            ["upstream", "stage"],
-            registry=self.registry,
-        )
-        self.wait_seconds = Histogram(
-            "vacancyd_wait_seconds",
-            "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
-            "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
-            ["upstream", "outcome"],
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-            registry=self.registry,
-        )
 
-        self.residency_credits = Counter(
-            "vacancyd_residency_credits",
-            "Residency proofs at the per-model step, by outcome (applied, denied) and reason "
-            "code (resident, allocator, not_loaded, stale, expiring, context_unknown, ...).",
-            ["upstream", "outcome", "reason"],
-            registry=self.registry,
-        )
+def attach_saver(metrics: Metrics, saver: SaverHealth) -> None:
+    """Render durable-state write health on ``metrics``' registry at every scrape."""
+    metrics.registry.register(SaverCollector(saver))
 
-    def attach(self, state: SharedState) -> None:
-        self.registry.register(StateCollector(state))
 
-    def attach_saver(self, saver: LearnedSaver) -> None:
-        self.registry.register(SaverCollector(saver))
-
-    def auth(self, scope: str, outcome: str) -> None:
-        self.auth_decisions.labels(scope, outcome).inc()
-
-    def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
-        self.decisions.labels(upstream, outcome, reason).inc()
-
-    def residency(self, upstream: str, credit: Credit) -> None:
-        """Count one residency proof's outcome (admitted or refused at the per-model step)."""
-        outcome = "applied" if credit.applied else "denied"
-        self.residency_credits.labels(upstream, outcome, credit.code or "unknown").inc()
+__all__ = ["Metrics", "StateCollector", "attach_saver", "attach_state"]
