@@ -222,11 +222,12 @@ async def test_body_budget_exhausted_is_a_retryable_refusal(
     release = asyncio.Event()
 
     async def slow_body() -> AsyncIterator[bytes]:
-        yield b'{"model": "m", "pad": "'
+        yield b'{"model": "m", "pad": "' + b"x" * (1024 * 1024 - 100)
         await release.wait()
         yield b'"}'
 
-    # two slow chunked bodies each reserve the 1 MiB limit: the budget is then full
+    # two slow chunked bodies that have each sent almost the 1 MiB limit hold it between
+    # them (a body holds what it sent, not what it may send): the budget is then full
     async def post() -> aiohttp.ClientResponse:
         return await http.post(url, data=slow_body(), headers=AUTH)
 

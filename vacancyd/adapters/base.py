@@ -8,18 +8,19 @@ adding one module and registering it in ``vacancyd.adapters.ADAPTERS``.
 
 from __future__ import annotations
 
-import email.policy
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from email.parser import BytesParser
 from typing import Any, Protocol
 
 import aiohttp
 from yarl import URL
 
+from vacancyd.adapters import bodyparse
 from vacancyd.core.classify import Route, RouteTable
 from vacancyd.core.snapshot import RequestFacts, ServerState
+
+#: Body fields every adapter reads besides the route's model key.
+_WANTED = frozenset({"background"})
 
 Observe = Callable[[aiohttp.ClientSession, URL], Awaitable[ServerState]]
 
@@ -81,46 +82,26 @@ class BadRequest(Exception):
         self.code = code
 
 
-def parse_form_fields(body: bytes, content_type_header: str) -> dict[str, Any]:
-    """The text fields of a ``multipart/form-data`` body (OpenAI's audio routes send the
-    model as a form field). Raises :class:`BadRequest` when the body is not valid multipart.
-    """
-    head = f"Content-Type: {content_type_header}\r\nMIME-Version: 1.0\r\n\r\n".encode()
-    message = BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    if not message.is_multipart():
-        raise BadRequest("multipart/form-data body could not be parsed")
-    fields: dict[str, Any] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if isinstance(name, str) and part.get_filename() is None:
-            payload = part.get_payload(decode=True)
-            if isinstance(payload, bytes):
-                fields[name] = payload.decode("utf-8", "replace")
-    return fields
-
-
-def parse_json_body(body: bytes, content_type_header: str) -> dict[str, Any] | None:
-    """Read a work body the way inference servers do, or None when it is empty.
+def parse_json_body(
+    body: bytes, content_type_header: str, keys: frozenset[str]
+) -> dict[str, Any] | None:
+    """The top-level fields ``keys`` of a work body, or None when the body is empty.
 
     Servers parse the body as JSON whatever its Content-Type says (llama-server, Ollama and
     vLLM do), so the proxy must too: a body is JSON unless it is ``multipart/form-data``,
-    whose text fields are returned instead. Raises :class:`BadRequest` for anything that is
-    not a JSON object (including JSON nested too deeply to parse safely).
+    whose text fields are read instead. Only the wanted fields are built, at bounded cost
+    (:mod:`vacancyd.adapters.bodyparse`). Raises :class:`BadRequest` for anything that is not
+    a JSON object (including JSON nested too deeply to parse safely) or not valid multipart.
     """
     if not body.strip():
         return None
     mime = content_type_header.split(";", 1)[0].strip().lower()
-    if mime == "multipart/form-data":
-        return parse_form_fields(body, content_type_header)
     try:
-        payload = json.loads(body)
-    except RecursionError as exc:
-        raise BadRequest("request body nests JSON too deeply to read") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise BadRequest("request body must be a JSON object")
-    return payload
+        if mime == "multipart/form-data":
+            return dict(bodyparse.form_fields(body, content_type_header, keys))
+        return bodyparse.json_fields(body, keys)
+    except bodyparse.BodyParseError as exc:
+        raise BadRequest(str(exc)) from exc
 
 
 def model_from(payload: dict[str, Any] | None, route: Route) -> str | None:
@@ -158,8 +139,10 @@ class Adapter:
         """Read the request facts from a buffered work body. Raises :class:`BadRequest`.
 
         ``content_type_header`` is the request's whole Content-Type header ("" if absent).
+        CPU-bound for a large body: the proxy calls it on a worker thread then.
         """
-        payload = parse_json_body(body, content_type_header)
+        keys = _WANTED if route.model_key is None else _WANTED | {route.model_key}
+        payload = parse_json_body(body, content_type_header, keys)
         if (
             payload is not None
             and payload.get("background") is True

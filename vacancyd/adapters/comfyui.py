@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -43,6 +44,7 @@ import aiohttp
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, UpstreamError
+from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES
 from vacancyd.core.classify import Route, RouteClass, RouteTable, route
 
 WORK, PASS, RES, MGMT = (
@@ -94,6 +96,7 @@ TRACK_INTERVAL_S = 0.25
 TRACK_MAX_FAILURES = 40
 #: How many borrowed prompt IDs are remembered for the foreign-prompt check.
 REMEMBER_IDS = 10_000
+_EMPTY_OBJECT = re.compile(rb"\s*\{\s*\}")
 
 
 def new_prompt_id() -> str:
@@ -139,20 +142,35 @@ class ComfyController:
     # -- submission ----------------------------------------------------------------------
 
     def prepare(self, route: Route, body: bytes) -> tuple[bytes, str | None]:
+        """Give a ``/prompt`` body a ``prompt_id`` vacancyd chose, at the cost of a copy.
+
+        The key is appended after the body's own keys rather than the document re-encoded:
+        ComfyUI reads the body with ``json.loads``, where the last of two equal keys wins, so
+        a borrower's own ``prompt_id`` is overridden. A body that is not a JSON object is
+        forwarded unchanged (ComfyUI answers its own error; nothing is queued). The proxy has
+        already checked a large body is one valid JSON object, so only a small one is parsed.
+        """
         if not route.pattern.endswith("/prompt"):
             return body, None
-        try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return body, None  # ComfyUI answers its own error; nothing is queued
-        if not isinstance(payload, dict):
-            return body, None
+        text = body.rstrip()
+        if len(body) <= SMALL_JSON_BYTES:
+            try:
+                payload = json.loads(body)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                return body, None
+            if not isinstance(payload, dict):
+                return body, None
+            empty = not payload
+        else:
+            if not text.endswith(b"}") or not text.lstrip().startswith(b"{"):
+                return body, None
+            empty = _EMPTY_OBJECT.fullmatch(text) is not None
         prompt_id = new_prompt_id()
-        payload["prompt_id"] = prompt_id
         self.borrowed[prompt_id] = None
         while len(self.borrowed) > REMEMBER_IDS:
             self.borrowed.popitem(last=False)
-        return json.dumps(payload).encode(), prompt_id
+        field = b'"prompt_id": ' + json.dumps(prompt_id).encode()
+        return text[:-1] + (field if empty else b", " + field) + b"}", prompt_id
 
     def allows_result(self, route: Route, path: str) -> bool:
         """``/history/{id}`` and ``/api/jobs/{id}`` only for prompt IDs vacancyd assigned.

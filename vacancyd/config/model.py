@@ -127,6 +127,7 @@ class LimitsSettings(_Model):
     """Per-listener protections (spec "Proxy"; product map P4, P9). Sizes MiB, times seconds."""
 
     max_request_body_mib: int = Field(64, ge=1, le=4096)
+    max_passthrough_body_kib: int = Field(1024, ge=0, le=1024 * 1024)
     max_buffered_body_mib: int | None = Field(None, ge=1, le=65536)
     header_read_timeout_s: float = Field(15.0, gt=0, le=3600)
     max_connections: int = Field(256, ge=1, le=100_000)

@@ -27,13 +27,14 @@ import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 from yarl import URL
 
+from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES
 from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from vacancyd.control.reclaim import Reclaimer, WorkHandle
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 MIB = 1024 * 1024
 #: How long a refusal that a fresh observation could change waits for one (seconds).
 REFRESH_WAIT_S = 2.0
@@ -117,6 +119,7 @@ class Proxy:
         self.session = session
         self.budget = bodies.BodyBudget(limits.buffered_budget_mib * MIB)
         self.max_body = limits.max_request_body_mib * MIB
+        self.max_passthrough_body = limits.max_passthrough_body_kib * 1024
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -195,7 +198,28 @@ class Proxy:
                 ),
                 up.name,
             )
-        return await self._forward(request, c, query)
+        limit = self.max_passthrough_body
+        if c.klass not in (RouteClass.PASSTHROUGH, RouteClass.RESULTS):
+            limit = self.max_body  # a management route the owner opened
+        try:
+            bodies.check_forwarded_body(request, limit)
+            body, reservation = await bodies.read_body(
+                request,
+                max_bytes=limit,
+                budget=self.budget,
+                read_timeout_s=self.limits.body_read_timeout_s,
+                idle_timeout_s=self.limits.body_idle_timeout_s,
+            )
+        except bodies.BodyError as exc:
+            response = json_error(exc.status, str(exc), "invalid_request_error", exc.code)
+            response.force_close()  # never leave an unread body on a kept-alive connection
+            return response
+        try:
+            return await self._forward(
+                request, c, query, body=body if request.body_exists else None
+            )
+        finally:
+            reservation.release()
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue`` (RFC 9110 §10.1.1): a work request that would be refused
@@ -315,9 +339,7 @@ class Proxy:
 
         try:
             try:
-                facts = self.upstream.adapter.read_facts(
-                    c.route, body, request.headers.get("Content-Type", "")
-                )
+                facts = await self._read_facts(c, body, request.headers.get("Content-Type", ""))
             except BadRequest as exc:
                 return json_error(400, str(exc), "invalid_request_error", exc.code)
             decision = await self._decide(facts)
@@ -332,6 +354,18 @@ class Proxy:
             return await self._run_job(request, c, query, job, body, key, reservation.release)
         finally:
             reservation.release()
+
+    async def _read_facts(self, c: Classification, body: bytes, ctype: str) -> RequestFacts:
+        assert c.route is not None
+        return await self._off_loop(body, self.upstream.adapter.read_facts, c.route, body, ctype)
+
+    @staticmethod
+    async def _off_loop(body: bytes, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` here for a small body, on a worker thread for a large one, so a
+        borrower's body never holds the loop the owner's reclaim runs on."""
+        if len(body) <= SMALL_JSON_BYTES:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
     def _reclaim_refusal(self) -> Refuse | None:
         return None if self.reclaimer is None else self.reclaimer.refusal(self.upstream.name)
@@ -548,8 +582,6 @@ class Proxy:
         data: Any = body
         if body is not None and len(body) > LARGE_BODY_BYTES:
             data = io.BytesIO(body)  # aiohttp sends large in-memory bodies in chunks this way
-        if body is None and request.body_exists:
-            data = request.content
         try:
             upstream_resp = await self.session.request(
                 request.method,

@@ -1,0 +1,193 @@
+"""Reading the few fields the gate needs from a work body, at bounded cost.
+
+A work body may be as large as ``max_request_body_mib`` and is chosen by the borrower, so
+reading it must never hold the event loop (the owner's reclaim and ``/healthz`` run there).
+Two rules keep it cheap:
+
+* Only the wanted top-level fields are kept. A JSON body larger than
+  :data:`SMALL_JSON_BYTES` is read with ijson's event parser (C, yajl) and only the values of
+  the wanted keys are built, instead of materialising the whole document; the whole body is
+  still checked to be one valid JSON object, as before.
+* A ``multipart/form-data`` body is split with ``bytes.find`` on its boundary (memchr speed),
+  not with the e-mail parser, which costs seconds per MiB of small fields.
+
+Both are plain blocking functions; the proxy runs them on a worker thread when the body is
+larger than :data:`SMALL_JSON_BYTES`. The event parser hands control back to Python after each
+event, so the interpreter can switch to the event loop's thread within its switch interval
+(5 ms): the loop keeps its latency while a 60 MiB body is read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import quopri
+import re
+from collections.abc import Iterable
+from email.message import Message
+from typing import Any
+
+import ijson
+
+#: Bodies up to this size are parsed by ``json.loads`` on the calling thread (about 5 ms).
+SMALL_JSON_BYTES = 64 * 1024
+#: Deeper nesting than this is refused, as ``json.loads`` refuses it past the recursion limit.
+MAX_JSON_DEPTH = 512
+#: A multipart part's header block larger than this is malformed (bytes).
+MAX_PART_HEADER_BYTES = 16 * 1024
+#: Placeholder for a wanted key whose value is an object or array (so a caller that wants
+#: a string can still say "must be a string").
+NON_SCALAR: dict[str, Any] = {}
+
+_DISPOSITION = re.compile(rb"(?im)^content-disposition:([^\r\n]*)")
+_ENCODING = re.compile(rb"(?im)^content-transfer-encoding:\s*([^\s;]+)")
+_PARAM = re.compile(r';\s*([A-Za-z0-9_*.-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^;\s]*)')
+
+
+class BodyParseError(ValueError):
+    """The body is not what its framing says (not JSON, not multipart, too deep)."""
+
+
+class _Chunks:
+    """A read-only view of ``data`` handed out in chunks (no copy of the whole body)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else self._pos + size
+        chunk = bytes(self._view[self._pos : end])
+        self._pos += len(chunk)
+        return chunk
+
+
+def json_fields(body: bytes, keys: Iterable[str]) -> dict[str, Any]:
+    """The top-level ``keys`` present in a JSON object body, scalars by value.
+
+    A wanted key whose value is an object or array maps to :data:`NON_SCALAR`. A key given
+    twice keeps its last value (what ``json.loads`` and the servers do). Raises
+    :class:`BodyParseError` when the body is not one JSON object.
+    """
+    wanted = frozenset(keys)
+    if len(body) <= SMALL_JSON_BYTES:
+        try:
+            payload = json.loads(body)
+        except RecursionError as exc:
+            raise BodyParseError("request body nests JSON too deeply to read") from exc
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BodyParseError(f"request body is not valid JSON: {exc}") from exc
+        if not isinstance(payload, dict):
+            raise BodyParseError("request body must be a JSON object")
+        return {k: payload[k] for k in wanted if k in payload}
+    return _json_fields_streamed(body, wanted)
+
+
+def _json_fields_streamed(body: bytes, wanted: frozenset[str]) -> dict[str, Any]:
+    # basic_parse, not parse: parse builds a dotted path per event, which costs O(depth²)
+    # memory on a deeply nested body.
+    found: dict[str, Any] = {}
+    depth = 0
+    key: str | None = None  # the top-level key whose value comes next
+    seen_any = False
+    try:
+        events = ijson.basic_parse(_Chunks(body), buf_size=64 * 1024, use_float=True)
+        for event, value in events:
+            if not seen_any:
+                if event != "start_map":
+                    raise BodyParseError("request body must be a JSON object")
+                seen_any = True
+                depth = 1
+                continue
+            if depth == 1 and event == "map_key":
+                key = value if value in wanted else None
+                continue
+            if event in ("start_map", "start_array"):
+                if depth == 1 and key is not None:
+                    found[key] = NON_SCALAR
+                depth += 1
+                if depth > MAX_JSON_DEPTH:
+                    raise BodyParseError("request body nests JSON too deeply to read")
+            elif event in ("end_map", "end_array"):
+                depth -= 1
+            elif depth == 1 and key is not None:
+                found[key] = value
+    except BodyParseError:
+        raise
+    except (ijson.JSONError, UnicodeDecodeError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        raise BodyParseError(f"request body is not valid JSON: {reason}") from exc
+    if not seen_any:
+        raise BodyParseError("request body is not valid JSON: no value")
+    return found
+
+
+def _boundary(content_type_header: str) -> str:
+    msg = Message()
+    msg["Content-Type"] = content_type_header
+    boundary = msg.get_param("boundary")
+    if not isinstance(boundary, str) or not 0 < len(boundary) <= 200:
+        raise BodyParseError("multipart/form-data body has no usable boundary parameter")
+    return boundary
+
+
+def _params(disposition: bytes) -> dict[str, str]:
+    text = disposition.decode("utf-8", "replace")
+    out: dict[str, str] = {}
+    for name, raw in _PARAM.findall(text):
+        if raw.startswith('"'):
+            raw = re.sub(r"\\(.)", r"\1", raw[1:-1])
+        out[name.lower()] = raw
+    return out
+
+
+def _decode(payload: bytes, headers: bytes) -> bytes:
+    enc = _ENCODING.search(headers)
+    kind = enc.group(1).lower() if enc else b""
+    try:
+        if kind == b"base64":
+            return base64.b64decode(payload)
+        if kind == b"quoted-printable":
+            return quopri.decodestring(payload)
+    except (binascii.Error, ValueError) as exc:
+        raise BodyParseError(f"multipart field has a bad {kind.decode()} payload") from exc
+    return payload
+
+
+def form_fields(body: bytes, content_type_header: str, keys: Iterable[str]) -> dict[str, str]:
+    """The text fields named in ``keys`` of a ``multipart/form-data`` body (last one wins).
+
+    File parts (those with a filename) are skipped without being copied. Raises
+    :class:`BodyParseError` when the body is not multipart with the header's boundary.
+    """
+    wanted = frozenset(keys)
+    delimiter = b"--" + _boundary(content_type_header).encode("latin-1")
+    separator = b"\r\n" + delimiter
+    start = body.find(delimiter)
+    if start < 0 or (start > 0 and body[start - 2 : start] != b"\r\n"):
+        raise BodyParseError("multipart/form-data body could not be parsed: no boundary line")
+    pos = start + len(delimiter)
+    fields: dict[str, str] = {}
+    while True:
+        if body.startswith(b"--", pos):
+            return fields  # the close delimiter
+        line_end = body.find(b"\r\n", pos)
+        if line_end < 0:
+            raise BodyParseError("multipart/form-data body is truncated")
+        head_end = body.find(b"\r\n\r\n", line_end, line_end + MAX_PART_HEADER_BYTES)
+        if head_end < 0:
+            raise BodyParseError("multipart/form-data part has no end of headers")
+        headers = body[line_end + 2 : head_end + 2]
+        data_start = head_end + 4
+        data_end = body.find(separator, data_start)
+        if data_end < 0:
+            raise BodyParseError("multipart/form-data body is truncated (no closing boundary)")
+        disposition = _DISPOSITION.search(headers)
+        if disposition is not None:
+            params = _params(disposition.group(1))
+            name = params.get("name")
+            if name in wanted and "filename" not in params and "filename*" not in params:
+                payload = _decode(body[data_start:data_end], headers)
+                fields[name] = payload.decode("utf-8", "replace")
+        pos = data_end + len(separator)
