@@ -92,7 +92,7 @@ def _json_fields_streamed(body: bytes, wanted: frozenset[str]) -> dict[str, Any]
     key: str | None = None  # the top-level key whose value comes next
     seen_any = False
     try:
-        events = ijson.basic_parse(_Chunks(body), buf_size=64 * 1024, use_float=True)
+        events = ijson.basic_parse(_Chunks(body), buf_size=4096, use_float=True)
         for event, value in events:
             if not seen_any:
                 if event != "start_map":
