@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from email.message import Message
 from typing import Any
 
-import ijson
+import ijson  # type: ignore[import-untyped]
 
 #: Bodies up to this size are parsed by ``json.loads`` on the calling thread (about 5 ms).
 SMALL_JSON_BYTES = 64 * 1024

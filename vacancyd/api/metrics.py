@@ -275,6 +275,26 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.connections_refused = Counter(
+            "vacancyd_connections_refused",
+            "Connections refused by a listener's budgets, by listener and budget "
+            "(connections, unauthenticated, peer).",
+            ["listener", "limit"],
+            registry=self.registry,
+        )
+        self.malformed_requests = Counter(
+            "vacancyd_malformed_requests",
+            "Requests a listener could not parse (bad request line or headers), by listener.",
+            ["listener"],
+            registry=self.registry,
+        )
+        self.request_guard = Counter(
+            "vacancyd_request_guard_refusals",
+            "Requests refused for their Host, Origin, Sec-Fetch-Site or Content-Type, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+
     def attach(self, state: SharedState) -> None:
         self.registry.register(StateCollector(state))
 

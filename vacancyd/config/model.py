@@ -130,11 +130,24 @@ class LimitsSettings(_Model):
     max_passthrough_body_kib: int = Field(1024, ge=0, le=1024 * 1024)
     max_buffered_body_mib: int | None = Field(None, ge=1, le=65536)
     header_read_timeout_s: float = Field(15.0, gt=0, le=3600)
+    keepalive_timeout_s: float = Field(75.0, gt=0, le=86400)
     max_connections: int = Field(256, ge=1, le=100_000)
+    max_unauthenticated_connections: int | None = Field(None, ge=1, le=100_000)
+    max_unauthenticated_per_peer: int = Field(16, ge=1, le=100_000)
+    unauthenticated_timeout_s: float = Field(10.0, gt=0, le=3600)
+    max_event_subscribers: int = Field(32, ge=0, le=10_000)
     body_read_timeout_s: float = Field(120.0, gt=0, le=86400)
     body_idle_timeout_s: float = Field(30.0, gt=0, le=3600)
     write_stall_timeout_s: float = Field(60.0, gt=0, le=3600)
     upstream_connect_timeout_s: float = Field(10.0, gt=0, le=600)
+
+    @property
+    def unauthenticated_cap(self) -> int:
+        """Unauthenticated connections per listener: the configured value, else half of
+        ``max_connections`` (at least 1), never more than ``max_connections``."""
+        if self.max_unauthenticated_connections is not None:
+            return min(self.max_unauthenticated_connections, self.max_connections)
+        return max(1, self.max_connections // 2)
 
     @property
     def buffered_budget_mib(self) -> int:
@@ -151,6 +164,8 @@ class ServerSettings(_Model):
     tokens: list[TokenSettings] = []
     trust_loopback: bool = False
     allow_unauthenticated_remote: bool = False
+    server_names: list[Annotated[str, Field(min_length=1, max_length=253)]] = []
+    allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
     limits: LimitsSettings = LimitsSettings()
 
     _listen = field_validator("listen")(_check_listen)
@@ -311,6 +326,9 @@ class UpstreamSettings(_Model):
     warm_model: str | None = Field(None, min_length=1, max_length=300)
     websocket_max_tunnels: int = Field(32, ge=0, le=10_000)
     websocket_idle_timeout_s: float = Field(300.0, gt=0, le=86400)
+    allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
+    forwarded_headers: Literal["replace", "drop", "append"] = "replace"
+    pass_response_headers: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,100}$")]] = []
 
     _listen = field_validator("listen")(_check_listen)
 

@@ -34,8 +34,8 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 from yarl import URL
 
-from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES
 from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError
+from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.config.model import LimitsSettings, UpstreamSettings

@@ -32,7 +32,7 @@ from aiohttp import web
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
-from vacancyd.api.app import make_api
+from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.auth import Authenticator, Token
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
@@ -54,7 +54,13 @@ from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
-from vacancyd.proxy.site import CappedTCPSite
+from vacancyd.proxy.site import (
+    SERVER_HEADER,
+    ConnectionGuard,
+    ConnectionLimits,
+    GuardedTCPSite,
+    Probe,
+)
 from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, sdnotify
 from vacancyd.runtime.tasks import Supervisor
@@ -121,6 +127,12 @@ def build_state(settings: Settings) -> SharedState:
     return state
 
 
+async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
+    """Every reply names vacancyd, never the Python or aiohttp version (nor the upstream's
+    own ``Server``, which the proxy drops)."""
+    response.headers["Server"] = SERVER_HEADER
+
+
 def read_tokens(secrets: Secrets) -> list[Token]:
     return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens]
 
@@ -165,13 +177,26 @@ class Daemon:
         started_at = loop.time()
         secrets = read_secrets(settings)
         tokens = read_tokens(secrets)
+        server = settings.server
         auth = Authenticator(
-            tokens, trust_loopback=settings.server.trust_loopback, metrics=self.metrics
+            tokens,
+            trust_loopback=server.trust_loopback,
+            metrics=self.metrics,
+            allow_unauthenticated_remote=server.allow_unauthenticated_remote,
+            server_names=server.server_names,
+            allowed_origins=server.allowed_origins,
         )
-        limits = settings.server.limits
+        limits = server.limits
 
-        api = make_api(self.state, auth, self.metrics, started_at=started_at)
-        await self._serve("api", api, settings.server.listen, limits.max_connections)
+        api = make_api(
+            self.state,
+            auth,
+            self.metrics,
+            started_at=started_at,
+            max_event_subscribers=limits.max_event_subscribers,
+        )
+        state = self.state
+        await self._serve("api", api, server.listen, probe=lambda path: health_probe(state, path))
 
         for up in settings.upstream:
             credential = secrets.credentials.get(up.name)
@@ -214,7 +239,7 @@ class Daemon:
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
             self.state.set_listener(up.name, up.listen, bound=False)
-            address = await self._serve(up.name, make_app(proxy), up.listen, limits.max_connections)
+            address = await self._serve(up.name, make_app(proxy), up.listen)
             self.state.set_listener(up.name, address, bound=True)
             if adapter.observe is not None:
                 self._start_observer(upstream, credential)
@@ -239,8 +264,11 @@ class Daemon:
             lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
         )
 
-    async def _serve(self, name: str, app: web.Application, listen: str, cap: int) -> str:
+    async def _serve(
+        self, name: str, app: web.Application, listen: str, *, probe: Probe | None = None
+    ) -> str:
         limits = self.settings.server.limits
+        app.on_response_prepare.append(_server_header)
         runner = web.AppRunner(
             app,
             handle_signals=False,
@@ -248,7 +276,7 @@ class Daemon:
             # aiohttp waits this long for handlers, then cancels them and waits as long
             # again before closing the connection: half the grace each keeps the total to it.
             shutdown_timeout=SHUTDOWN_GRACE_S / 2,
-            keepalive_timeout=limits.header_read_timeout_s,
+            keepalive_timeout=limits.keepalive_timeout_s,
             lingering_time=0,
             access_log=logging.getLogger(f"vacancyd.access.{name}"),
             access_log_format='%a "%r" %s %b %Tfs',
@@ -256,7 +284,20 @@ class Daemon:
         await runner.setup()
         self._runners[name] = runner
         host, port = split_listen(listen)
-        site = CappedTCPSite(runner, host, port, max_connections=cap)
+        metrics = self.metrics
+        guard = ConnectionGuard(
+            ConnectionLimits(
+                max_connections=limits.max_connections,
+                max_unauthenticated=limits.unauthenticated_cap,
+                max_unauthenticated_per_peer=limits.max_unauthenticated_per_peer,
+                unauthenticated_timeout_s=limits.unauthenticated_timeout_s,
+                header_read_timeout_s=limits.header_read_timeout_s,
+            ),
+            probe=probe,
+            on_refused=lambda why: metrics.connections_refused.labels(name, why).inc(),
+            on_malformed=lambda: metrics.malformed_requests.labels(name).inc(),
+        )
+        site = GuardedTCPSite(runner, host, port, guard=guard)
         try:
             await site.start()
         except OSError as exc:
