@@ -341,7 +341,9 @@ async def test_header_rules_and_credentials(http: aiohttp.ClientSession) -> None
         assert got["Authorization"] == "Bearer upstream-secret-key"
         for dropped in ("X-Hop", "Proxy-Authorization", "Origin", "TE"):
             assert dropped not in got
-        assert got["X-Forwarded-For"] == "keep-me"
+        # a borrower's own X-Forwarded-For is replaced by its real address (the default
+        # forwarded_headers = "replace"; a spoofed one used to pass through unchanged)
+        assert got["X-Forwarded-For"] == "127.0.0.1"
         assert got["Host"] == url.removeprefix("http://")
 
 

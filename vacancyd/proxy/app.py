@@ -120,6 +120,9 @@ class Proxy:
         self.budget = bodies.BodyBudget(limits.buffered_budget_mib * MIB)
         self.max_body = limits.max_request_body_mib * MIB
         self.max_passthrough_body = limits.max_passthrough_body_kib * 1024
+        settings = upstream.settings
+        self.allowed_origins = frozenset(o.rstrip("/").lower() for o in settings.allowed_origins)
+        self.pass_response = frozenset(h.lower() for h in settings.pass_response_headers)
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -190,12 +193,7 @@ class Proxy:
                 request,
                 self.session,
                 self._url(c, query),
-                headers.request_headers(
-                    request.headers,
-                    target=up.target,
-                    forward_authorization=up.settings.forward_authorization,
-                    credential=up.credential,
-                ),
+                self._request_headers(request),
                 up.name,
             )
         limit = self.max_passthrough_body
@@ -305,6 +303,17 @@ class Proxy:
                 "not_implemented",
                 "websocket_work_unsupported",
             )
+        origin = request.headers.get("Origin")
+        if origin is not None and origin.rstrip("/").lower() not in self.allowed_origins:
+            response = json_error(
+                403,
+                f"borrowed work from the web page {origin!r} is not allowed on {name!r} "
+                "(the upstream's allowed_origins)",
+                "permission_error",
+                "origin_not_allowed",
+            )
+            response.force_close()
+            return response
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
@@ -552,6 +561,18 @@ class Proxy:
 
     # -- forwarding ----------------------------------------------------------------------
 
+    def _request_headers(self, request: web.Request) -> Any:
+        up = self.upstream
+        return headers.request_headers(
+            request.headers,
+            target=up.target,
+            forward_authorization=up.settings.forward_authorization,
+            credential=up.credential,
+            peer=request.remote,
+            forwarded=up.settings.forwarded_headers,
+            scheme="https" if request.secure else "http",
+        )
+
     def _url(self, c: Classification, query: str) -> URL:
         target = self.upstream.target
         return URL.build(
@@ -573,12 +594,7 @@ class Proxy:
         handle: WorkHandle | None = None,
     ) -> web.StreamResponse:
         up = self.upstream
-        out_headers = headers.request_headers(
-            request.headers,
-            target=up.target,
-            forward_authorization=up.settings.forward_authorization,
-            credential=up.credential,
-        )
+        out_headers = self._request_headers(request)
         data: Any = body
         if body is not None and len(body) > LARGE_BODY_BYTES:
             data = io.BytesIO(body)  # aiohttp sends large in-memory bodies in chunks this way
@@ -623,7 +639,9 @@ class Proxy:
             response = web.StreamResponse(
                 status=upstream_resp.status,
                 reason=upstream_resp.reason,
-                headers=headers.response_headers(upstream_resp.headers, target=up.target),
+                headers=headers.response_headers(
+                    upstream_resp.headers, target=up.target, allow=self.pass_response
+                ),
             )
             if handle is not None:
                 handle.headers_sent = True
@@ -668,5 +686,7 @@ class Proxy:
 
 def make_app(proxy: Proxy) -> web.Application:
     app = web.Application(client_max_size=proxy.max_body)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle, expect_handler=proxy.expect)
+    # [\s\S], not ".": a path with an encoded newline must still reach the handler
+    # (and get its JSON answer), not aiohttp's plain-text 404.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", proxy.handle, expect_handler=proxy.expect)
     return app
