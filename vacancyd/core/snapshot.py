@@ -37,6 +37,19 @@ class PresenceView:
     def age_s(self, now: float) -> float | None:
         return None if self.observed_at is None else max(0.0, now - self.observed_at)
 
+    def fresh(self, now: float) -> bool:
+        """A reading exists and is no older than ``max_age_s`` at ``now``."""
+        age = self.age_s(now)
+        return age is not None and age <= self.max_age_s
+
+    def allows_learning(self, now: float) -> bool:
+        """Whether a GPU's threshold learner may take the owner load sampled at ``now``.
+
+        Learning pauses while a presence source that refuses is configured but its reading
+        is missing or stale: load seen then cannot be told apart from the owner's return.
+        """
+        return not self.refuses or not self.sampled or self.fresh(now)
+
 
 @dataclass(frozen=True, slots=True)
 class PressureView:

@@ -12,6 +12,8 @@ Task tree (names as they appear in logs):
 * ``observer NAME`` — server observation for adapters that need it (essential)
 * ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
 * ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
+* ``hold NAME job N`` — watches a held job's server for idleness (not essential)
+* ``reclaim cancel NAME`` / ``warm NAME`` — a reclaim's server calls (not essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
   ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
 
@@ -49,8 +51,10 @@ from vacancyd.config.policies import (
 )
 from vacancyd.config.secrets import Secrets, read_secrets
 from vacancyd.control.reclaim import Reclaimer
+from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
+from vacancyd.core.lifecycle import JobRules
 from vacancyd.core.observations import CapacityReading
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
@@ -143,6 +147,7 @@ class Daemon:
     state: SharedState = field(init=False)
     metrics: Metrics = field(init=False)
     supervisor: Supervisor = field(init=False)
+    work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     bound: dict[str, str] = field(default_factory=dict)
     #: runner per listener name ("api" and each upstream's name)
@@ -158,6 +163,7 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics.attach(self.state)
         self.supervisor = Supervisor()
+        self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
         self.reclaimer = Reclaimer(
             self.state,
             policies={u.name: reclaim_policy(u) for u in self.settings.upstream},
@@ -165,6 +171,7 @@ class Daemon:
             warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
             supervisor=self.supervisor,
             metrics=self.metrics,
+            work=self.work,
         )
 
     def request_stop(self) -> None:
@@ -193,6 +200,7 @@ class Daemon:
             auth,
             self.metrics,
             started_at=started_at,
+            release=self.work.admin_release,
             max_event_subscribers=limits.max_event_subscribers,
         )
         state = self.state
@@ -227,6 +235,15 @@ class Daemon:
                     self._control_session(credential), upstream.target
                 )
                 self.reclaimer.controllers[up.name] = controller
+            self.work.add_upstream(
+                up.name,
+                JobRules(
+                    tracked=controller is not None,
+                    cut_is_uncertain=adapter.cut_is_uncertain,
+                    idle_evidence=adapter.observe is not None,
+                ),
+                controller,
+            )
             proxy = Proxy(
                 upstream,
                 state=self.state,
@@ -234,7 +251,7 @@ class Daemon:
                 metrics=self.metrics,
                 limits=limits,
                 session=session,
-                reclaimer=self.reclaimer,
+                work=self.work,
                 controller=controller,
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
