@@ -7,8 +7,6 @@ Unknown keys are errors (``extra="forbid"``) and the models are frozen.
 from __future__ import annotations
 
 import ipaddress
-import os
-import stat
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -22,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from vacancyd.config.files import read_regular_file
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
 
@@ -69,17 +68,10 @@ SECRET_FILE_MAX_BYTES = 64 * 1024
 def read_secret_file(path: Path) -> str:
     """Read a token or credential file: a regular file of at most 64 KiB, UTF-8, stripped.
 
-    Raises ValueError (with the reason) for anything else, including I/O errors.
+    Raises ValueError (with the reason) for anything else, including I/O errors; a FIFO or
+    a device is refused at once (:func:`vacancyd.config.files.read_regular_file`).
     """
-    try:
-        with path.open("rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ValueError(f"{path} is not a regular file")
-            data = f.read(SECRET_FILE_MAX_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if len(data) > SECRET_FILE_MAX_BYTES:
-        raise ValueError(f"{path} is larger than {SECRET_FILE_MAX_BYTES // 1024} KiB")
+    data = read_regular_file(path, SECRET_FILE_MAX_BYTES)
     try:
         secret = data.decode("utf-8").strip()
     except UnicodeDecodeError:

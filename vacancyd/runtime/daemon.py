@@ -17,7 +17,8 @@ Task tree (names as they appear in logs):
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
   ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
 
-Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1).
+Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1). SIGHUP re-reads
+and validates the configuration file and logs the verdict; it never stops the daemon.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -41,7 +43,7 @@ from vacancyd.api.status import render_status
 from vacancyd.collectors import logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
-from vacancyd.config.load import ConfigError
+from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import ResourceSettings, Settings, split_listen
 from vacancyd.config.policies import (
     pressure_policy,
@@ -535,12 +537,52 @@ class Daemon:
             await session.close()
 
 
-async def run_daemon(settings: Settings) -> int:
-    """Run until SIGTERM/SIGINT. Returns the process exit code."""
+async def recheck_config(path: Path | None) -> bool:
+    """SIGHUP: read and validate the configuration file again (secrets included) and log the
+    result. Returns whether it is valid. Never raises: the running configuration is kept
+    either way, because vacancyd applies a configuration only at start (listeners, budgets
+    and policies are built from it once); a restart applies a changed file."""
+    if path is None:
+        log.info("SIGHUP: running on the embedded default configuration; nothing to re-read")
+        return True
+
+    def check() -> None:
+        read_secrets(load_config(path), str(path))
+
+    try:
+        await asyncio.to_thread(check)
+    except ConfigError as exc:
+        log.error("SIGHUP: %s\nthe running configuration is kept", exc)
+        return False
+    except Exception as exc:
+        log.error("SIGHUP: cannot check %s (%r); the running configuration is kept", path, exc)
+        return False
+    log.info(
+        "SIGHUP: %s is valid; configuration changes take effect when vacancyd is restarted "
+        "(systemctl restart vacancyd); the running configuration is kept",
+        path,
+    )
+    return True
+
+
+async def run_daemon(settings: Settings, config_path: Path | None = None) -> int:
+    """Run until SIGTERM/SIGINT. Returns the process exit code.
+
+    SIGHUP re-reads and validates ``config_path`` and logs the verdict
+    (:func:`recheck_config`); it never stops the daemon.
+    """
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
+    rechecks: set[asyncio.Task[bool]] = set()
+
+    def on_hangup() -> None:
+        task = loop.create_task(recheck_config(config_path), name="SIGHUP config check")
+        rechecks.add(task)
+        task.add_done_callback(rechecks.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     try:
         try:
             await daemon.start()
@@ -557,5 +599,5 @@ async def run_daemon(settings: Settings) -> int:
     finally:
         sdnotify.notify("STOPPING=1")
         await daemon.shutdown()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
