@@ -89,11 +89,9 @@ async def max_loop_lag(work: Callable[[], Awaitable[None]]) -> float:
 def many_field_multipart(size: int) -> tuple[bytes, str]:
     """A multipart body of about ``size`` bytes of small fields, with the model field last."""
     boundary = "b0undary7f3a"
-    part = (
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\nvalue\r\n"
-    ).encode()
+    part = (f'--{boundary}\r\nContent-Disposition: form-data; name="f"\r\n\r\nvalue\r\n').encode()
     tail = (
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nbig\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\nbig\r\n'
         f"--{boundary}--\r\n"
     ).encode()
     body = part * ((size - len(tail)) // len(part)) + tail
@@ -245,6 +243,7 @@ async def test_pass_through_bodies_are_small_and_never_decompressed() -> None:
                 assert (await r.json())["error"]["code"] == "encoded_body_not_allowed"
             async with http.post(show, data=b"x" * 5000, headers=AUTH) as r:
                 assert r.status == 413
+
             async def chunked() -> AsyncIterator[bytes]:
                 for _ in range(10):
                     yield b"y" * 1000
