@@ -85,21 +85,29 @@ class BadRequest(Exception):
 def parse_json_body(
     body: bytes, content_type_header: str, keys: frozenset[str]
 ) -> dict[str, Any] | None:
+    """The top-level fields ``keys`` of a work body (see :func:`parse_json_body_steps`)."""
+    return bodyparse.run(parse_json_body_steps(body, content_type_header, keys))
+
+
+def parse_json_body_steps(
+    body: bytes, content_type_header: str, keys: frozenset[str]
+) -> bodyparse.Steps[dict[str, Any] | None]:
     """The top-level fields ``keys`` of a work body, or None when the body is empty.
 
     Servers parse the body as JSON whatever its Content-Type says (llama-server, Ollama and
     vLLM do), so the proxy must too: a body is JSON unless it is ``multipart/form-data``,
     whose text fields are read instead. Only the wanted fields are built, at bounded cost
-    (:mod:`vacancyd.adapters.bodyparse`). Raises :class:`BadRequest` for anything that is not
-    a JSON object (including JSON nested too deeply to parse safely) or not valid multipart.
+    and in pauseable steps (:mod:`vacancyd.adapters.bodyparse`). Raises :class:`BadRequest`
+    for anything that is not a JSON object (including JSON nested too deeply to parse
+    safely) or not valid multipart.
     """
     if not body.strip():
         return None
     mime = content_type_header.split(";", 1)[0].strip().lower()
     try:
         if mime == "multipart/form-data":
-            return dict(bodyparse.form_fields(body, content_type_header, keys))
-        return bodyparse.json_fields(body, keys)
+            return dict((yield from bodyparse.form_fields_steps(body, content_type_header, keys)))
+        return (yield from bodyparse.json_fields_steps(body, keys))
     except bodyparse.BodyParseError as exc:
         raise BadRequest(str(exc)) from exc
 
@@ -139,10 +147,16 @@ class Adapter:
         """Read the request facts from a buffered work body. Raises :class:`BadRequest`.
 
         ``content_type_header`` is the request's whole Content-Type header ("" if absent).
-        CPU-bound for a large body: the proxy calls it on a worker thread then.
         """
+        return bodyparse.run(self.read_facts_steps(route, body, content_type_header))
+
+    def read_facts_steps(
+        self, route: Route, body: bytes, content_type_header: str
+    ) -> bodyparse.Steps[RequestFacts]:
+        """:meth:`read_facts` in pauseable steps, for a large body read on the event loop
+        (``bodyparse.run_cooperatively``). Raises :class:`BadRequest`."""
         keys = _WANTED if route.model_key is None else _WANTED | {route.model_key}
-        payload = parse_json_body(body, content_type_header, keys)
+        payload = yield from parse_json_body_steps(body, content_type_header, keys)
         if (
             payload is not None
             and payload.get("background") is True

@@ -2,36 +2,47 @@
 
 A work body may be as large as ``max_request_body_mib`` and is chosen by the borrower, so
 reading it must never hold the event loop (the owner's reclaim and ``/healthz`` run there).
-Two rules keep it cheap:
+Three rules keep it cheap:
 
 * Only the wanted top-level fields are kept. A JSON body larger than
-  :data:`SMALL_JSON_BYTES` is read with ijson's event parser (C, yajl) and only the values of
-  the wanted keys are built, instead of materialising the whole document; the whole body is
-  still checked to be one valid JSON object, as before.
+  :data:`SMALL_JSON_BYTES` is fed in 4 KiB pieces to ijson's push parser (C, yajl) and only
+  the values of the wanted keys are built, instead of materialising the whole document; the
+  whole body is still checked to be one valid JSON object, as before.
 * A ``multipart/form-data`` body is split with ``bytes.find`` on its boundary (memchr speed),
   not with the e-mail parser, which costs seconds per MiB of small fields.
-
-Both are plain blocking functions; the proxy runs them on a worker thread when the body is
-larger than :data:`SMALL_JSON_BYTES`. The event parser hands control back to Python after each
-event, so the interpreter can switch to the event loop's thread within its switch interval
-(5 ms): the loop keeps its latency while a 60 MiB body is read.
+* The parsers are generators that pause after every piece or part (:data:`Steps`). Run
+  synchronously (:func:`run`) they simply finish; run by :func:`run_cooperatively` on the
+  event loop they hand the loop back every :data:`SLICE_S` seconds, so the loop's lag stays
+  a few milliseconds whatever the body. This is cooperative on purpose: a worker thread
+  would have to win the GIL back from the loop, which on a busy machine stalls it for far
+  longer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import quopri
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Generator, Iterable
 from email.message import Message
-from typing import Any
+from typing import Any, TypeVar
 
 import ijson  # type: ignore[import-untyped]
 
-#: Bodies up to this size are parsed by ``json.loads`` on the calling thread (about 5 ms).
+T = TypeVar("T")
+#: A parser that pauses (yields None) between bounded pieces of work and returns T.
+Steps = Generator[None, None, T]
+
+#: Bodies up to this size are parsed at once by ``json.loads`` (a few ms at most).
 SMALL_JSON_BYTES = 64 * 1024
+#: Bytes of JSON fed to the parser between pauses.
+PIECE_BYTES = 4096
+#: How long :func:`run_cooperatively` works before handing the loop back (seconds).
+SLICE_S = 0.002
 #: Deeper nesting than this is refused, as ``json.loads`` refuses it past the recursion limit.
 MAX_JSON_DEPTH = 512
 #: A multipart part's header block larger than this is malformed (bytes).
@@ -49,21 +60,35 @@ class BodyParseError(ValueError):
     """The body is not what its framing says (not JSON, not multipart, too deep)."""
 
 
-class _Chunks:
-    """A read-only view of ``data`` handed out in chunks (no copy of the whole body)."""
+def run(steps: Steps[T]) -> T:
+    """Run a parser to its end on the calling thread; returns its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
-    def __init__(self, data: bytes) -> None:
-        self._view = memoryview(data)
-        self._pos = 0
 
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else self._pos + size
-        chunk = bytes(self._view[self._pos : end])
-        self._pos += len(chunk)
-        return chunk
+async def run_cooperatively(steps: Steps[T], slice_s: float = SLICE_S) -> T:
+    """Run a parser on the event loop, yielding to other tasks every ``slice_s`` seconds."""
+    clock = time.perf_counter
+    began = clock()
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if clock() - began >= slice_s:
+            await asyncio.sleep(0)
+            began = clock()
 
 
 def json_fields(body: bytes, keys: Iterable[str]) -> dict[str, Any]:
+    """The top-level ``keys`` present in a JSON object body (see :func:`json_fields_steps`)."""
+    return run(json_fields_steps(body, keys))
+
+
+def json_fields_steps(body: bytes, keys: Iterable[str]) -> Steps[dict[str, Any]]:
     """The top-level ``keys`` present in a JSON object body, scalars by value.
 
     A wanted key whose value is an object or array maps to :data:`NON_SCALAR`. A key given
@@ -80,19 +105,32 @@ def json_fields(body: bytes, keys: Iterable[str]) -> dict[str, Any]:
             raise BodyParseError(f"request body is not valid JSON: {exc}") from exc
         if not isinstance(payload, dict):
             raise BodyParseError("request body must be a JSON object")
-        return {k: payload[k] for k in wanted if k in payload}
-    return _json_fields_streamed(body, wanted)
+        return {
+            k: NON_SCALAR if isinstance(payload[k], dict | list) else payload[k]
+            for k in wanted
+            if k in payload
+        }
+    try:
+        return (yield from _json_fields_pushed(body, wanted))
+    except BodyParseError:
+        raise
+    except (ijson.JSONError, UnicodeDecodeError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+        raise BodyParseError(f"request body is not valid JSON: {reason}") from exc
 
 
-def _json_fields_streamed(body: bytes, wanted: frozenset[str]) -> dict[str, Any]:
-    # basic_parse, not parse: parse builds a dotted path per event, which costs O(depth²)
-    # memory on a deeply nested body.
+def _json_fields_pushed(body: bytes, wanted: frozenset[str]) -> Steps[dict[str, Any]]:
+    # basic events, not ijson.parse: parse builds a dotted path per event, which costs
+    # O(depth²) memory on a deeply nested body.
     found: dict[str, Any] = {}
     depth = 0
     key: str | None = None  # the top-level key whose value comes next
     seen_any = False
-    try:
-        events = ijson.basic_parse(_Chunks(body), buf_size=4096, use_float=True)
+    events = ijson.sendable_list()
+    parser = ijson.basic_parse_coro(events, use_float=True)
+    view = memoryview(body)
+    for offset in range(0, len(body), PIECE_BYTES):
+        parser.send(bytes(view[offset : offset + PIECE_BYTES]))
         for event, value in events:
             if not seen_any:
                 if event != "start_map":
@@ -113,11 +151,9 @@ def _json_fields_streamed(body: bytes, wanted: frozenset[str]) -> dict[str, Any]
                 depth -= 1
             elif depth == 1 and key is not None:
                 found[key] = value
-    except BodyParseError:
-        raise
-    except (ijson.JSONError, UnicodeDecodeError, ValueError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
-        raise BodyParseError(f"request body is not valid JSON: {reason}") from exc
+        del events[:]
+        yield
+    parser.close()  # raises for a document that is not finished
     if not seen_any:
         raise BodyParseError("request body is not valid JSON: no value")
     return found
@@ -156,6 +192,13 @@ def _decode(payload: bytes, headers: bytes) -> bytes:
 
 
 def form_fields(body: bytes, content_type_header: str, keys: Iterable[str]) -> dict[str, str]:
+    """The text fields ``keys`` of a multipart body (see :func:`form_fields_steps`)."""
+    return run(form_fields_steps(body, content_type_header, keys))
+
+
+def form_fields_steps(
+    body: bytes, content_type_header: str, keys: Iterable[str]
+) -> Steps[dict[str, str]]:
     """The text fields named in ``keys`` of a ``multipart/form-data`` body (last one wins).
 
     File parts (those with a filename) are skipped without being copied. Raises
@@ -191,3 +234,4 @@ def form_fields(body: bytes, content_type_header: str, keys: Iterable[str]) -> d
                 payload = _decode(body[data_start:data_end], headers)
                 fields[name] = payload.decode("utf-8", "replace")
         pos = data_end + len(separator)
+        yield

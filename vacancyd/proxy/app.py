@@ -25,7 +25,7 @@ import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -33,7 +33,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, BadRequest, Controller
-from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES
+from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES, run_cooperatively
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
@@ -50,7 +50,6 @@ from vacancyd.proxy import bodies, headers, tunnel
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 MIB = 1024 * 1024
 #: aiohttp warns about (and may stall the loop on) raw bytes bodies past 1 MiB.
 LARGE_BODY_BYTES = 1024 * 1024
@@ -373,16 +372,13 @@ class Proxy:
             reservation.release()
 
     async def _read_facts(self, c: Classification, body: bytes, ctype: str) -> RequestFacts:
-        assert c.route is not None
-        return await self._off_loop(body, self.upstream.adapter.read_facts, c.route, body, ctype)
-
-    @staticmethod
-    async def _off_loop(body: bytes, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` here for a small body, on a worker thread for a large one, so a
+        """The body's facts; a large body is read in slices that hand the loop back, so a
         borrower's body never holds the loop the owner's reclaim runs on."""
+        assert c.route is not None
+        adapter = self.upstream.adapter
         if len(body) <= SMALL_JSON_BYTES:
-            return fn(*args)
-        return await asyncio.to_thread(fn, *args)
+            return adapter.read_facts(c.route, body, ctype)
+        return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
 
     def _reclaim_refusal(self) -> Refuse | None:
         return self.work.refusal(self.upstream.name)
