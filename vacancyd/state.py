@@ -159,11 +159,13 @@ class SharedState:
         self.presence = PresenceState(presence_source, refuses=presence_refuses)
         self.presence_max_age_s = presence_max_age_s
         self.veto = VetoTracker(release_after_s)
-        self.ledger = Ledger()
+        self.ledger = Ledger(self.upstreams)
         self.listeners: dict[str, ListenerState] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []
+        #: Called after every capacity or server sample (the wait queues re-decide on them).
+        self.sample_hooks: list[Callable[[], None]] = []
         self.pressure: dict[str, PressureState] = {
             name: PressureState(p, p.new_learner(), p.new_tracker())
             for name, p in (pressure or {}).items()
@@ -226,6 +228,7 @@ class SharedState:
             log.info("resource %s measured", name)
             self._emit(CapacityChanged(name, Quality.READY))
         self._wake(self._observed, name)
+        self._sampled()
 
     def record_capacity_failure(self, name: str, error: str, now: float) -> None:
         previous = self.capacity[name]
@@ -331,6 +334,14 @@ class SharedState:
     def record_server(self, upstream: str, state: ServerState, now: float) -> None:
         self.servers[upstream] = self.servers.get(upstream, Observation()).succeeded(state, now)
         self._wake(self._observed, f"server:{upstream}")
+        self._sampled()
+
+    def _sampled(self) -> None:
+        for hook in list(self.sample_hooks):
+            try:
+                hook()
+            except Exception:  # a broken hook must not break a collector
+                log.exception("sample hook failed")
 
     def record_server_failure(self, upstream: str, error: str, now: float) -> None:
         previous = self.servers.get(upstream, Observation())
@@ -510,11 +521,13 @@ class SharedState:
                     capacity=self.capacity[name],
                     released_at=self.ledger.released_at(name),
                     pressure=self.pressure_view(name, at),
+                    charged_mib=self.ledger.charged_mib(name),
                 )
                 for name, policy in self.resources.items()
             },
             servers=dict(self.servers),
             stopping=self.stopping,
+            active_jobs=dict(self.ledger.jobs_per_upstream()),
         )
 
     def ready(self, now: float) -> tuple[bool, list[str]]:

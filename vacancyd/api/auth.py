@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from vacancyd.api.metrics import Metrics
+from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.proxy.site import mark_authenticated
 
@@ -77,8 +78,8 @@ FOREIGN_FETCH_SITES = frozenset({"cross-site", "same-site"})
 JSON_TYPES = frozenset({"application/json"})
 
 
-def _forbidden(message: str, code: str) -> web.Response:
-    return web.json_response(error_body(message, "permission_error", code), status=403)
+def _forbidden(message: str, code: ErrorCode) -> web.Response:
+    return web.json_response(error_body(message, ErrorType.PERMISSION, code), status=403)
 
 
 class Authenticator:
@@ -151,7 +152,7 @@ class Authenticator:
                 f"Host {request.headers.get('Host', '')!r} does not name this lender; a request "
                 "trusted without a token must use localhost, an IP address or one of "
                 "server.server_names (a web page may be trying to reach this daemon)",
-                "host_not_allowed",
+                ErrorCode.HOST_NOT_ALLOWED,
             )
         header = request.headers.get("Authorization", "")
         kind, _, presented = header.partition(" ")
@@ -160,8 +161,8 @@ class Authenticator:
             return web.json_response(
                 error_body(
                     "authentication required: send Authorization: Bearer <token>",
-                    "authentication_error",
-                    "missing_token",
+                    ErrorType.AUTHENTICATION,
+                    ErrorCode.MISSING_TOKEN,
                 ),
                 status=401,
                 headers={"WWW-Authenticate": 'Bearer realm="vacancyd"'},
@@ -177,7 +178,9 @@ class Authenticator:
             self._record(record, scope, "invalid")
             return web.json_response(
                 error_body(
-                    "the bearer token is not valid", "authentication_error", "invalid_token"
+                    "the bearer token is not valid",
+                    ErrorType.AUTHENTICATION,
+                    ErrorCode.INVALID_TOKEN,
                 ),
                 status=401,
                 headers={"WWW-Authenticate": 'Bearer realm="vacancyd", error="invalid_token"'},
@@ -187,8 +190,8 @@ class Authenticator:
             return web.json_response(
                 error_body(
                     f"token {match.name!r} lacks the {scope!r} scope",
-                    "permission_error",
-                    "insufficient_scope",
+                    ErrorType.PERMISSION,
+                    ErrorCode.INSUFFICIENT_SCOPE,
                 ),
                 status=403,
             )
@@ -205,13 +208,13 @@ class Authenticator:
         origin = request.headers.get("Origin")
         if origin is not None and origin.rstrip("/").lower() not in self._origins:
             return self._guard_refusal(
-                "origin_not_allowed",
+                ErrorCode.ORIGIN_NOT_ALLOWED,
                 f"Origin {origin!r} may not change this lender (server.allowed_origins)",
             )
         site = request.headers.get("Sec-Fetch-Site", "").lower()
         if origin is None and site in FOREIGN_FETCH_SITES:
             return self._guard_refusal(
-                "cross_site_request", f"a {site} browser request may not change this lender"
+                ErrorCode.CROSS_SITE_REQUEST, f"a {site} browser request may not change this lender"
             )
         if "Authorization" in request.headers and not self._trust_loopback_only(request):
             return None
@@ -223,8 +226,8 @@ class Authenticator:
             return web.json_response(
                 error_body(
                     "admin requests must send their body as Content-Type: application/json",
-                    "invalid_request_error",
-                    "unsupported_media_type",
+                    ErrorType.INVALID_REQUEST,
+                    ErrorCode.UNSUPPORTED_MEDIA_TYPE,
                 ),
                 status=415,
             )
@@ -234,7 +237,7 @@ class Authenticator:
         # a loopback request with a token header is still trusted for its position first
         return self._trust_loopback and is_loopback_peer(request)
 
-    def _guard_refusal(self, code: str, message: str) -> web.Response:
+    def _guard_refusal(self, code: ErrorCode, message: str) -> web.Response:
         self._metrics.request_guard.labels(code).inc()
         return _forbidden(message, code)
 

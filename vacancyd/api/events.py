@@ -39,6 +39,7 @@ from aiohttp import web
 
 from vacancyd import __version__
 from vacancyd.core.events import StateEvent
+from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.state import SharedState
 
@@ -88,8 +89,8 @@ def make_handler(
             return web.json_response(
                 error_body(
                     f"too many /events subscribers (at most {max_subscribers}); retry later",
-                    "no_vacancy",
-                    "too_many_subscribers",
+                    ErrorType.NO_VACANCY,
+                    ErrorCode.TOO_MANY_SUBSCRIBERS,
                 ),
                 status=503,
                 headers={"Retry-After": "5"},

@@ -13,7 +13,13 @@ this module is its only executor and the only writer of the admission ledger. It
   server's API with a deadline;
 * on every release, asks the collectors for a fresh sample of each released resource, so
   the next admission's "sample after the last release" rule is usually met by the time the
-  next request arrives.
+  next request arrives, and serves the wait queues;
+* sharing (docs/architecture.md "Sharing the card"): a request the ledger refuses
+  ``resource_busy`` on an upstream with ``busy = "wait"`` waits in that upstream's FIFO
+  (:mod:`vacancyd.control.waiting`) instead; a job of an upstream with ``exclusive_of`` has
+  the other servers unloaded before it is forwarded and is charged again on a fresh sample
+  after that, and its own server frees its memory before its reservation is released
+  (:mod:`vacancyd.control.sharing`).
 
 The proxy keeps only its own HTTP objects; a reclaim reads jobs and asks for cuts here.
 Times are the event loop's monotonic clock in seconds.
@@ -31,6 +37,8 @@ from prometheus_client import Counter
 
 from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.api.metrics import Metrics
+from vacancyd.control.sharing import CardSharing
+from vacancyd.control.waiting import WaitRooms
 from vacancyd.core import gate
 from vacancyd.core.ledger import Job
 from vacancyd.core.lifecycle import (
@@ -46,9 +54,12 @@ from vacancyd.core.lifecycle import (
     Transition,
     WatchIdle,
 )
-from vacancyd.core.reasons import Admit, Refuse
+from vacancyd.core.policy import UpstreamPolicy
+from vacancyd.core.reasons import Admit, Decision, Reason, Refuse
 from vacancyd.core.reclaim import Edge
-from vacancyd.core.snapshot import RequestFacts
+from vacancyd.core.sharing import serve_order
+from vacancyd.core.snapshot import RequestFacts, Snapshot
+from vacancyd.core.waiting import waits_on
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import SharedState
 
@@ -82,6 +93,19 @@ class Work:
         self._jobs: dict[int, JobState] = {}
         self._listeners: list[Callable[[str], None]] = []
         self._reclaiming: ReclaimCheck = lambda _upstream: None
+        #: Wait queues of upstreams with ``busy = "wait"`` (see :meth:`enable_wait`).
+        self.rooms: WaitRooms[JobState] = WaitRooms(
+            state.clock,
+            request_sample=state.request_sample,
+            counts=state.ledger.waiting,
+            observe=lambda up, outcome, s: metrics.wait_seconds.labels(up, outcome).observe(s),
+        )
+        self.rooms.set_order(serve_order(state.upstreams))
+        # Anything that may change a waiting request's answer serves the queues again.
+        state.subscribe(lambda _event: self.rooms.serve())
+        state.sample_hooks.append(self.rooms.serve)
+        #: Exclusivity effects; None until :meth:`share_cards` (no upstream is exclusive).
+        self.card: CardSharing | None = None
         self.m_cancelled = Counter(
             "vacancyd_reclaim_cancelled_jobs",
             "Borrowed jobs a reclaim cancelled, by kind (stream: a cut connection; "
@@ -97,6 +121,15 @@ class Work:
     ) -> None:
         """Declare one upstream's lifecycle rules (and its controller, for tracked work)."""
         self._upstreams[name] = _Upstream(rules, controller)
+
+    def enable_wait(self, name: str, *, max_waiting: int, timeout_s: float) -> None:
+        """Let busy requests on ``name`` wait: at most ``max_waiting`` at once, each for at
+        most ``timeout_s`` seconds (``busy = "wait"``)."""
+        self.rooms.add(name, max_waiting=max_waiting, timeout_s=timeout_s)
+
+    def share_cards(self, card: CardSharing) -> None:
+        """Carry out exclusivity for upstreams with ``exclusive_of`` (set once)."""
+        self.card = card
 
     def guard_with(self, check: ReclaimCheck) -> None:
         """Refuse admission while ``check`` says the upstream is being reclaimed (set once,
@@ -114,16 +147,43 @@ class Work:
         return self._reclaiming(upstream)
 
     async def admit(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
-        """Gate then ledger, with at most one fresh observation in between.
+        """Gate then ledger, with at most one fresh observation in between; then, where the
+        upstream says so, a wait for a slot and the exclusive job's unload.
 
         A refusal that says a fresher sample could change it (``extra["refresh"]``) waits up
         to :data:`REFRESH_WAIT_S` seconds for a sample taken after the request arrived and
-        decides once more; the second decision stands.
+        decides once more; the second decision stands. With ``busy = "wait"``, a
+        ``resource_busy`` refusal (and any request arriving while others wait) joins the
+        upstream's FIFO instead; only ``resource_busy`` ever waits. Raises CancelledError
+        when the client goes away (nothing stays reserved for it).
         """
+        waits = self.rooms.has_queue(upstream)
+        if waits and self.rooms.waiting(upstream):
+            # Others wait already: join behind them (FIFO), unless the gate refuses anyway.
+            early = self._attempt(upstream, facts, reserve=False)
+            decision: JobState | Refuse = (
+                early if isinstance(early, Refuse) and not waits_on(early) else self._busy()
+            )
+        else:
+            decision = await self._admit_once(upstream, facts)
+        if waits and isinstance(decision, Refuse) and decision.reason is Reason.RESOURCE_BUSY:
+            decision = await self.rooms.wait(
+                upstream, lambda: self._attempt(upstream, facts), self._drop
+            )
+        if isinstance(decision, JobState) and self.card is not None:
+            if self.card.is_exclusive(upstream):
+                return await self._take_card(decision, facts)
+        return decision
+
+    @staticmethod
+    def _busy() -> Refuse:
+        return Refuse.of(Reason.RESOURCE_BUSY, "other requests wait for this upstream")
+
+    async def _admit_once(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
         policy = self.state.upstreams[upstream]
         for attempt in (1, 2):
             snap = self.state.snapshot()
-            decision = gate.decide(facts, snap, policy)
+            decision = self._decide(facts, snap, policy)
             if isinstance(decision, Admit):
                 return self._reserve(upstream, decision, snap.now, facts)
             refresh = decision.extra.get("refresh")
@@ -133,6 +193,61 @@ class Work:
             if key is None or not await self.state.fresh_sample(key, REFRESH_WAIT_S):
                 return decision
         raise AssertionError("unreachable")
+
+    def _attempt(
+        self, upstream: str, facts: RequestFacts, *, reserve: bool = True
+    ) -> JobState | Refuse:
+        """One synchronous admission attempt (a waiting request's turn); with ``reserve``
+        False, only the refusal it would get (an admission is reported as ``resource_busy``)."""
+        snap = self.state.snapshot()
+        decision = self._decide(facts, snap, self.state.upstreams[upstream])
+        if isinstance(decision, Refuse):
+            return decision
+        if not reserve:
+            return self._busy()
+        return self._reserve(upstream, decision, snap.now, facts)
+
+    def _decide(self, facts: RequestFacts, snap: Snapshot, policy: UpstreamPolicy) -> Decision:
+        """The gate's decision; for an exclusive upstream a memory refusal is provisional,
+        since the memory the other servers hold is given back by the unload before the job
+        runs (the job is charged again on a fresh sample after it: :meth:`_take_card`)."""
+        decision = gate.decide(facts, snap, policy)
+        if (
+            isinstance(decision, Refuse)
+            and decision.reason is Reason.INSUFFICIENT_CAPACITY
+            and policy.exclusive_of
+            and self.card is not None
+        ):
+            return Admit(resources=policy.resources)
+        return decision
+
+    async def _take_card(self, job: JobState, facts: RequestFacts) -> JobState | Refuse:
+        """Unload the servers an exclusive job shares the card with, then charge it on a
+        fresh capacity sample; a refusal releases the job."""
+        assert self.card is not None
+        policy = self.state.upstreams[job.upstream]
+        try:
+            refusal = await self.card.before_forward(job.upstream)
+            if refusal is None:
+                await self.state.fresh_sample(policy.resource, REFRESH_WAIT_S)
+                decision = gate.decide(facts, self.state.snapshot(), policy)
+                if isinstance(decision, Refuse):
+                    refusal = decision
+                else:
+                    self.state.ledger.set_charge(job.id, decision.charged_mib)
+        except BaseException:
+            self._drop(job)
+            raise
+        if refusal is not None:
+            self._drop(job)
+            return refusal
+        return job
+
+    def _drop(self, job: JobState) -> None:
+        """Release a job admitted for a request that will not run it (gone, or refused after
+        its unload): nothing was forwarded, so nothing needs freeing."""
+        if self._jobs.pop(job.id, None) is not None:
+            self._release_now(job.id)
 
     def _reserve(
         self, upstream: str, admit: Admit, now: float, facts: RequestFacts
@@ -144,7 +259,9 @@ class Work:
             log.info(
                 "residency credit on %s for model %r: %s", upstream, facts.model, admit.credit.why
             )
-        reserved = self.state.ledger.reserve(upstream, admit.resources, now, facts.model)
+        reserved = self.state.ledger.reserve(
+            upstream, admit.resources, now, facts.model, charged_mib=admit.charged_mib
+        )
         if isinstance(reserved, Refuse):
             return reserved
         job = JobState(reserved.id, upstream, reserved.resources, now, reserved.model)
@@ -274,11 +391,40 @@ class Work:
         return job
 
     def _release(self, job_id: int) -> None:
-        """Release the ledger entry and ask for a fresh sample of each resource."""
+        """Release the ledger entry and ask for a fresh sample of each resource; an
+        exclusive upstream's server frees its memory first (the card stays reserved until it
+        has), and the servers it excluded load their ``warm_model`` again after."""
+        entry = self.state.ledger.get(job_id)
+        card = self.card
+        if entry is None or card is None or not card.is_exclusive(entry.upstream):
+            self._release_now(job_id)
+            return
+        keys = frozenset(j.key for j in self._jobs.values() if j.key is not None)
+
+        async def free_then_release() -> None:
+            try:
+                await card.after_job(entry.upstream, keys)
+            finally:
+                self._release_now(job_id)
+            if not self._card_wanted(entry.upstream):
+                await card.warm(entry.upstream)
+
+        self.supervisor.spawn(
+            free_then_release(), name=f"free {entry.upstream} job {job_id}", essential=False
+        )
+
+    def _card_wanted(self, upstream: str) -> bool:
+        """True while a job of ``upstream`` holds the card or one of its requests waits."""
+        return self.rooms.waiting(upstream) > 0 or any(
+            j.upstream == upstream for j in self.state.ledger.jobs()
+        )
+
+    def _release_now(self, job_id: int) -> None:
         released = self.state.ledger.release(job_id, self.state.clock())
         if released is not None:
             for name in released.resources:
                 self.state.request_sample(name)
+        self.rooms.serve()
 
     def _changed(self, upstream: str) -> None:
         for listener in self._listeners:

@@ -67,6 +67,8 @@ class ResourceView:
 
     ``released_at``: when the ledger last released a job on it (monotonic s); the gate admits
     into it again only on a capacity sample taken after that (product map L3).
+    ``charged_mib``: MiB the gate charged the jobs still running on it; a new admission must
+    fit beside them, so concurrent jobs together never take more than the resource can lend.
     """
 
     policy: ResourcePolicy
@@ -74,6 +76,7 @@ class ResourceView:
     capacity: Observation[CapacityReading]
     released_at: float | None = None
     pressure: PressureView | None = None
+    charged_mib: int = 0
 
     @property
     def name(self) -> str:
@@ -106,6 +109,8 @@ class Snapshot:
     servers: Mapping[str, Observation[ServerState]] = field(default_factory=dict)
     #: The daemon is shutting down: no new borrowed work, whatever else holds.
     stopping: bool = False
+    #: Borrowed jobs running per upstream (the ledger's), for residency proofs under concurrency.
+    active_jobs: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from vacancyd.core.reasons import ErrorCode, Reason
+
 MIB = 1024 * 1024
 #: The budget a body holds grows in steps of this many bytes as its bytes arrive.
 RESERVE_STEP_BYTES = 256 * 1024
@@ -24,7 +26,7 @@ JOIN_ON_LOOP_BYTES = 1024 * 1024
 class BodyError(Exception):
     """A body could not be buffered. ``status`` is the HTTP status to answer."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: ErrorCode | Reason, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -93,14 +95,14 @@ def check_forwarded_body(request: web.Request, max_bytes: int) -> None:
     if request.method in ("GET", "HEAD"):
         raise BodyError(
             400,
-            "body_not_allowed",
+            ErrorCode.BODY_NOT_ALLOWED,
             f"a {request.method} request must not carry a body on this route",
         )
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in _IDENTITY:
         raise BodyError(
             415,
-            "encoded_body_not_allowed",
+            ErrorCode.ENCODED_BODY_NOT_ALLOWED,
             f"Content-Encoding {encoding!r} is not accepted on this route; send the body as is",
         )
     check_declared_length(request, max_bytes)
@@ -112,7 +114,7 @@ def check_declared_length(request: web.Request, max_bytes: int) -> None:
     if declared is not None and declared > max_bytes:
         raise BodyError(
             413,
-            "request_too_large",
+            ErrorCode.REQUEST_TOO_LARGE,
             f"request body of {declared} bytes exceeds the {_size(max_bytes)} limit",
         )
 
@@ -148,7 +150,7 @@ async def read_body(
             wait = min(idle_timeout_s, remaining)
             if wait <= 0:
                 raise BodyError(
-                    408, "body_timeout", f"body not received within {read_timeout_s:g} s"
+                    408, ErrorCode.BODY_TIMEOUT, f"body not received within {read_timeout_s:g} s"
                 )
             try:
                 async with asyncio.timeout(wait):
@@ -156,16 +158,18 @@ async def read_body(
             except RequestPayloadError as exc:
                 raise BodyError(
                     400,
-                    "invalid_request_body",
+                    ErrorCode.INVALID_REQUEST_BODY,
                     f"request body could not be read: {exc.__cause__ or exc}",
                 ) from exc
             except TimeoutError:
                 if wait < idle_timeout_s:
                     raise BodyError(
-                        408, "body_timeout", f"body not received within {read_timeout_s:g} s"
+                        408,
+                        ErrorCode.BODY_TIMEOUT,
+                        f"body not received within {read_timeout_s:g} s",
                     ) from None
                 raise BodyError(
-                    408, "body_idle", f"no body data for {idle_timeout_s:g} s"
+                    408, ErrorCode.BODY_IDLE, f"no body data for {idle_timeout_s:g} s"
                 ) from None
             if not chunk:
                 break
@@ -173,7 +177,7 @@ async def read_body(
             if total > max_bytes:
                 raise BodyError(
                     413,
-                    "request_too_large",
+                    ErrorCode.REQUEST_TOO_LARGE,
                     f"request body exceeds the {_size(max_bytes)} limit",
                 )
             if total > reservation.bytes:
@@ -196,7 +200,9 @@ def _size(n: int) -> str:
 
 
 def _exhausted() -> BodyError:
-    return BodyError(503, "body_budget_exhausted", "the proxy is buffering too many request bodies")
+    return BodyError(
+        503, Reason.BODY_BUDGET_EXHAUSTED, "the proxy is buffering too many request bodies"
+    )
 
 
 async def drain(request: web.Request, limit_bytes: int, timeout_s: float) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,9 @@ _FULL = {
     why: _response(
         503,
         "Service Unavailable",
-        error_body(f"No vacancy: {text}", "no_vacancy", "connection_limit", limit=why),
+        error_body(
+            f"No vacancy: {text}", ErrorType.NO_VACANCY, ErrorCode.CONNECTION_LIMIT, limit=why
+        ),
         True,
     )
     for why, text in {
@@ -244,7 +247,9 @@ class JsonErrorHandler(RequestHandler):
         text = message or (str(exc) if exc else "bad request")
         resp = web.json_response(
             error_body(
-                f"the request could not be parsed: {text}", "invalid_request_error", "bad_request"
+                f"the request could not be parsed: {text}",
+                ErrorType.INVALID_REQUEST,
+                ErrorCode.BAD_REQUEST,
             ),
             status=status,
             headers={"Server": SERVER_HEADER},

@@ -53,11 +53,14 @@ from vacancyd.config.policies import (
 )
 from vacancyd.config.secrets import Secrets, read_secrets
 from vacancyd.control.reclaim import Reclaimer
+from vacancyd.control.sharing import CardSharing, ExclusiveSettings
+from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
-from vacancyd.core.lifecycle import JobRules
+from vacancyd.core.lifecycle import JobRules, JobState
 from vacancyd.core.observations import CapacityReading
+from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.site import (
@@ -166,6 +169,11 @@ class Daemon:
         self.metrics.attach(self.state)
         self.supervisor = Supervisor()
         self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
+        for up in self.settings.upstream:
+            if up.busy == "wait":
+                self.work.enable_wait(
+                    up.name, max_waiting=up.waiting_limit, timeout_s=up.wait_timeout
+                )
         self.reclaimer = Reclaimer(
             self.state,
             policies={u.name: reclaim_policy(u) for u in self.settings.upstream},
@@ -263,8 +271,36 @@ class Daemon:
             if adapter.observe is not None:
                 self._start_observer(upstream, credential)
 
+        self._share_cards()
         self._start_collectors()
         self._start_kubernetes(started_at)
+
+    @property
+    def waiting(self) -> WaitRooms[JobState]:
+        """The wait queues of upstreams with ``busy = "wait"``."""
+        return self.work.rooms
+
+    def _share_cards(self) -> None:
+        """Exclusivity effects for upstreams with ``exclusive_of`` (Ollama + ComfyUI)."""
+        exclusive = {
+            u.name: ExclusiveSettings(
+                u.unload_timeout, UnloadTimeout(u.on_unload_timeout or UnloadTimeout.FORWARD)
+            )
+            for u in self.settings.upstream
+            if u.exclusive_of
+        }
+        if not exclusive:
+            return
+        self.work.share_cards(
+            CardSharing(
+                self.state.upstreams,
+                exclusive,
+                self.reclaimer.controllers,
+                warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
+                clock=self.state.clock,
+                registry=self.metrics.registry,
+            )
+        )
 
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes
