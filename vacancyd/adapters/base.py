@@ -109,7 +109,7 @@ def parse_json_body_steps(
     for anything that is not a JSON object (including JSON nested too deeply to parse
     safely) or not valid multipart.
     """
-    if not body.strip():
+    if not body or body.isspace():  # (isspace stops at the first other byte: no copy)
         return None
     mime = content_type_header.split(";", 1)[0].strip().lower()
     try:

@@ -152,7 +152,10 @@ class ComfyController:
         """
         if not route.pattern.endswith("/prompt"):
             return body, None
-        text = body.rstrip()
+        end = len(body)
+        while end and body[end - 1] in b" \t\r\n":  # rstrip without copying a large body
+            end -= 1
+        text = body if end == len(body) else body[:end]
         if len(body) <= SMALL_JSON_BYTES:
             try:
                 payload = json.loads(body)
@@ -162,7 +165,10 @@ class ComfyController:
                 return body, None
             empty = not payload
         else:
-            if not text.endswith(b"}") or not text.lstrip().startswith(b"{"):
+            start = 0
+            while start < end and body[start] in b" \t\r\n":
+                start += 1
+            if not text.endswith(b"}") or body[start : start + 1] != b"{":
                 return body, None
             empty = _EMPTY_OBJECT.fullmatch(text) is not None
         prompt_id = new_prompt_id()
