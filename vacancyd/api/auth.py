@@ -8,8 +8,9 @@ counted in ``vacancyd_auth_total{scope,outcome}``.
 
 Browser guards. A request trusted for where it comes from rather than for a secret it holds
 can be sent by any web page the owner opens, so such a request must name this host in
-``Host`` (a loopback name, an IP address, or one of ``server_names``): a DNS-rebinding page
-names its own domain and is refused with 403 ``host_not_allowed``. A bearer token cannot be
+``Host`` (a single-label name such as ``localhost``, an IP address, or one of
+``server_names``): a DNS-rebinding page names its own domain (it needs a name whose DNS
+answers it controls) and is refused with 403 ``host_not_allowed``. A bearer token cannot be
 ridden this way (a page does not have it), so token-authenticated requests keep any Host.
 Admin mutations additionally refuse (403) an ``Origin`` not in ``allowed_origins`` and
 ``Sec-Fetch-Site: cross-site``/``same-site``, and position-trusted ones must send a body (when
@@ -101,16 +102,17 @@ class Authenticator:
         self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
 
     def host_allowed(self, request: web.Request) -> bool:
-        """Whether ``Host`` names this host: an IP literal, ``localhost`` (or a name under
-        it), or a configured ``server_names`` entry. A request without Host (HTTP/1.0, not
-        a browser) passes."""
+        """Whether ``Host`` names this host: an IP literal, a single-label name (``localhost``,
+        the machine's own name: a web page cannot make such a name resolve where it wants),
+        a name under ``localhost``, or a configured ``server_names`` entry. A request without
+        Host (HTTP/1.0, not a browser) passes."""
         header = request.headers.get("Host")
         if header is None:
             return True
         name = host_name(header)
         return (
-            name in self._server_names
-            or name == "localhost"
+            "." not in name
+            or name in self._server_names
             or name.endswith(".localhost")
             or _is_ip(name)
         )

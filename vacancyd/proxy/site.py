@@ -6,8 +6,10 @@ the cap holds exactly even when the kernel hands over a burst at once. A connect
 loopback trust) moves it out of that state (:func:`mark_authenticated`). Unauthenticated
 connections have budgets of their own, so anonymous clients cannot fill a listener:
 
-* at most ``max_unauthenticated_connections`` at once on the listener, and at most
-  ``max_unauthenticated_per_peer`` from one address;
+* at most ``max_unauthenticated_connections`` at once on the listener, and, once half of
+  those are in use, at most ``max_unauthenticated_per_peer`` from one address (so a client
+  that opens a burst of connections on an idle listener is not refused, while a flood from
+  one address can hold at most half the pool);
 * each is closed ``unauthenticated_timeout_s`` after it opened (gracefully: a response in
   progress finishes first), so a slow-header connection holds its place briefly;
 * a connection must complete its first request's headers within ``header_read_timeout_s``.
@@ -309,7 +311,11 @@ class _PeerChecked(_Guarded):
         peername = transport.get_extra_info("peername")
         peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
         guard = self.guard
-        if guard.per_peer[peer] >= guard.limits.max_unauthenticated_per_peer:
+        limits = guard.limits
+        if (
+            guard.per_peer[peer] >= limits.max_unauthenticated_per_peer
+            and guard.unauthenticated >= limits.max_unauthenticated // 2
+        ):
             guard.open -= 1
             if guard.on_refused is not None:
                 guard.on_refused("peer")
