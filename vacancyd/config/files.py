@@ -25,7 +25,7 @@ def _kind(mode: int) -> str:
     for test, name in _KINDS:
         if test(mode):
             return name
-    return "not a regular file"
+    return "of another kind"
 
 
 def _size(n: int) -> str:
@@ -47,7 +47,7 @@ def read_regular_file(path: Path, max_bytes: int) -> bytes:
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path} is {_kind(info.st_mode)}, not a regular file")
+            raise ValueError(f"{path} is not a regular file (it is {_kind(info.st_mode)})")
         if info.st_size > max_bytes:
             raise ValueError(f"{path} is larger than {_size(max_bytes)}")
         chunks: list[bytes] = []

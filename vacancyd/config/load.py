@@ -74,7 +74,7 @@ def _read(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise ConfigError(str(path), [f"the file is not UTF-8 text: {exc}"]) from exc
     except ValueError as exc:
-        raise ConfigError(str(path), [str(exc)]) from exc
+        raise ConfigError(str(path), [f"cannot read the file: {exc}"]) from exc
 
 
 def parse_config(text: str, source: str = "<string>") -> Settings:
