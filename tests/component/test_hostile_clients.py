@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
-from vacancyd.proxy.site import GuardedTCPSite
+from vacancyd.web.site import GuardedTCPSite
 
 TOKEN = "borrow-token-0123456789"
 READ = "read-token-0123456789ab"

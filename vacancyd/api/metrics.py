@@ -13,7 +13,6 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -22,6 +21,7 @@ from vacancyd.core import sharing
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
 from vacancyd.core.status import PresenceStatus, StatusDocument
+from vacancyd.web.metrics import Metrics
 
 if TYPE_CHECKING:
     from vacancyd.state import SharedState
@@ -144,10 +144,49 @@ class StateCollector(Collector):
         for name, up in sorted(doc.upstreams.items()):
             upstream_lendable.add_metric([name], 1.0 if up.lendable else 0.0)
         yield upstream_lendable
+        yield from _headroom_metrics(doc)
 
         yield GaugeMetricFamily(
             "vacancyd_ready", "1 when /readyz answers 200.", value=float(doc.ready)
         )
+
+
+def _headroom_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
+    """What fits now: lendable bytes per resource and upstream, and the largest model."""
+    resource = GaugeMetricFamily(
+        "vacancyd_resource_lendable_bytes",
+        "Free bytes the resource could lend now (free minus min_free_mib; 0 when not lendable).",
+        labels=["resource"],
+    )
+    for name, r in sorted(doc.resources.items()):
+        if r.lendable_mib is not None:
+            resource.add_metric([name], r.lendable_mib * MIB)
+    upstream = GaugeMetricFamily(
+        "vacancyd_upstream_headroom_bytes",
+        "Bytes a borrowed request on the upstream could use now (0 while it refuses all).",
+        labels=["upstream"],
+    )
+    largest = GaugeMetricFamily(
+        "vacancyd_upstream_largest_model_bytes",
+        "Footprint of the largest configured model a request would be admitted for now "
+        "(0 when none would be).",
+        labels=["upstream"],
+    )
+    info = GaugeMetricFamily(
+        "vacancyd_upstream_largest_model_info",
+        "1 for the largest configured model a request would be admitted for now.",
+        labels=["upstream", "model"],
+    )
+    for name, up in sorted(doc.upstreams.items()):
+        room = up.headroom
+        if room is None:
+            continue
+        if room.lendable_mib is not None:
+            upstream.add_metric([name], room.lendable_mib * MIB)
+        largest.add_metric([name], float(room.largest_model_mib or 0) * MIB)
+        if room.largest_model is not None:
+            info.add_metric([name, room.largest_model], 1.0)
+    yield from (resource, upstream, largest, info)
 
 
 def _sharing_metrics(state: SharedState) -> Iterator[GaugeMetricFamily]:
@@ -273,71 +312,9 @@ def _pressure_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     yield from (quality, engaged, calibrated, threshold, owner, borrower, observed, unseen)
 
 
-class Metrics:
-    """The daemon's private registry and its counters."""
+def attach_state(metrics: Metrics, state: SharedState) -> None:
+    """Render the state's gauges on ``metrics``' registry at every scrape."""
+    metrics.registry.register(StateCollector(state))
 
-    def __init__(self) -> None:
-        # ``*_created`` series only add cardinality for our always-running counters.
-        disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.decisions = Counter(
-            "vacancyd_admission_decisions",
-            "Gate and ledger decisions on borrowed work, by outcome and reason.",
-            ["upstream", "outcome", "reason"],
-            registry=self.registry,
-        )
-        self.auth_decisions = Counter(
-            "vacancyd_auth",
-            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
-            ["scope", "outcome"],
-            registry=self.registry,
-        )
-        self.proxied = Counter(
-            "vacancyd_proxy_requests",
-            "Requests answered by a proxy listener, by route class and status code.",
-            ["upstream", "route_class", "code"],
-            registry=self.registry,
-        )
-        self.upstream_errors = Counter(
-            "vacancyd_upstream_errors",
-            "Forwarded requests that failed to reach the upstream or broke mid-response.",
-            ["upstream", "stage"],
-            registry=self.registry,
-        )
-        self.wait_seconds = Histogram(
-            "vacancyd_wait_seconds",
-            "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
-            "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
-            ["upstream", "outcome"],
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-            registry=self.registry,
-        )
 
-        self.connections_refused = Counter(
-            "vacancyd_connections_refused",
-            "Connections refused by a listener's budgets, by listener and budget "
-            "(connections, unauthenticated, peer).",
-            ["listener", "limit"],
-            registry=self.registry,
-        )
-        self.malformed_requests = Counter(
-            "vacancyd_malformed_requests",
-            "Requests a listener could not parse (bad request line or headers), by listener.",
-            ["listener"],
-            registry=self.registry,
-        )
-        self.request_guard = Counter(
-            "vacancyd_request_guard_refusals",
-            "Requests refused for their Host, Origin, Sec-Fetch-Site or Content-Type, by reason.",
-            ["reason"],
-            registry=self.registry,
-        )
-
-    def attach(self, state: SharedState) -> None:
-        self.registry.register(StateCollector(state))
-
-    def auth(self, scope: str, outcome: str) -> None:
-        self.auth_decisions.labels(scope, outcome).inc()
-
-    def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
-        self.decisions.labels(upstream, outcome, reason).inc()
+__all__ = ["Metrics", "StateCollector", "attach_state"]

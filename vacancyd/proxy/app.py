@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +34,6 @@ from yarl import URL
 
 from vacancyd.adapters.base import Adapter, BadRequest, Controller
 from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES, run_cooperatively
-from vacancyd.api.auth import Authenticator
-from vacancyd.api.metrics import Metrics
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.control.work import Work
 from vacancyd.core import gate
@@ -46,8 +44,10 @@ from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal
 from vacancyd.core.snapshot import RequestFacts
-from vacancyd.proxy import bodies, headers, tunnel
+from vacancyd.proxy import bodies, headers, probe, tunnel
 from vacancyd.state import SharedState
+from vacancyd.web.auth import Authenticator
+from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -65,9 +65,12 @@ class Upstream:
     target: URL
     credential: str | None
 
+    #: A pool's listener borrows its first member's settings under the pool's own name.
+    alias: str | None = None
+
     @property
     def name(self) -> str:
-        return self.settings.name
+        return self.alias or self.settings.name
 
 
 def origin_form(raw_target: str) -> str:
@@ -116,8 +119,11 @@ class Proxy:
         work: Work,
         controller: Controller | None = None,
         tunnels: tunnel.TunnelLimits | None = None,
+        members: Mapping[str, Proxy] | None = None,
     ) -> None:
         self.upstream = upstream
+        #: A pool's member proxies, first member first (``[[pool]]``); empty otherwise.
+        self.members: Mapping[str, Proxy] = members or {}
         self.work = work
         self.controller = controller
         self.tunnels = tunnel.Tunnels(tunnels or tunnel.TunnelLimits())
@@ -135,7 +141,23 @@ class Proxy:
 
     # -- entry point ---------------------------------------------------------------------
 
+    def probe(self, request: web.Request) -> web.Response:
+        """The lendability probe for this upstream (:mod:`vacancyd.proxy.probe`)."""
+        if not self.upstream.settings.public_probe:
+            denied = self.auth.check(request, probe.SCOPE)
+            if denied is not None:
+                return denied
+        return probe.answer(
+            request,
+            self.work,
+            self.upstream.policy,
+            canonical_model=self.upstream.adapter.canonical_model,
+            refusal_status=self.upstream.settings.refusal_status,
+        )
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if origin_form(request.raw_path).partition("?")[0] == probe.PATH:
+            return self.probe(request)  # not a proxied request: no upstream, no counters
         klass = "unauthenticated"
         response: web.StreamResponse | None = None
         try:
@@ -260,10 +282,7 @@ class Proxy:
         except bodies.BodyError as exc:
             answer = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
         else:
-            refusal = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
-            if refusal is not None and refusal.extra.get("refresh") is not None:
-                refusal = None  # a fresh sample may still admit it: let the body come
-            refusal = refusal or self._reclaim_refusal()
+            refusal = self._early_refusal()
             if refusal is not None:
                 answer = self._refusal_response(request, refusal)
         if answer is not None:
@@ -329,12 +348,9 @@ class Proxy:
             return await self._answer_and_drain(
                 request, json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             )
-        early = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
-        if early is not None and early.extra.get("refresh") is None:
+        early = self._early_refusal()
+        if early is not None:
             return await self._refuse(request, early)
-        reclaiming = self._reclaim_refusal()
-        if reclaiming is not None:
-            return await self._refuse(request, reclaiming)
 
         try:
             body, reservation = await bodies.read_body(
@@ -360,6 +376,13 @@ class Proxy:
                 facts = await self._read_facts(c, body, request.headers.get("Content-Type", ""))
             except BadRequest as exc:
                 return json_error(400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+            runs = self
+            if self.members:
+                chosen = self.work.choose(list(self.members), facts)
+                if isinstance(chosen, Refuse):
+                    return await self._refuse(request, chosen)
+                runs = self.members[chosen]
+                name = chosen
             decision = await self.work.admit(name, facts)
             if isinstance(decision, Refuse):
                 return await self._refuse(request, decision)
@@ -367,9 +390,9 @@ class Proxy:
             self.metrics.decision(name, "admitted")
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
             key: str | None = None
-            if self.controller is not None:
-                body, key = self.controller.prepare(c.route, body)
-            return await self._run_job(request, c, query, job, body, key, reservation.release)
+            if runs.controller is not None:
+                body, key = runs.controller.prepare(c.route, body)
+            return await runs._run_job(request, c, query, job, body, key, reservation.release)
         finally:
             reservation.release()
 
@@ -384,6 +407,23 @@ class Proxy:
 
     def _reclaim_refusal(self) -> Refuse | None:
         return self.work.refusal(self.upstream.name)
+
+    def _early_refusal(self) -> Refuse | None:
+        """Gate steps 1–5 and the reclaim check, before the body is read: a refusal no fresh
+        sample can change. A pool refuses only when every member does (the one that frees up
+        first answers)."""
+        proxies = list(self.members.values()) or [self]
+        refusals: list[Refuse] = []
+        snap = self.state.snapshot()
+        for proxy in proxies:
+            refusal = gate.decide_before_body(snap, proxy.upstream.policy)
+            if refusal is not None and refusal.extra.get("refresh") is not None:
+                refusal = None  # a fresh sample may still admit it: let the body come
+            refusal = refusal or proxy._reclaim_refusal()
+            if refusal is None:
+                return None
+            refusals.append(refusal)
+        return min(refusals, key=lambda r: r.retry_after_s)
 
     async def _run_job(
         self,

@@ -1,0 +1,75 @@
+"""The daemon's private Prometheus registry and the counters the listeners increment.
+
+Names follow Prometheus conventions (see :mod:`vacancyd.api.metrics` for the gauges that
+render the state). A private registry, not the global one, keeps tests independent.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+
+
+class Metrics:
+    """The daemon's private registry and its counters."""
+
+    def __init__(self) -> None:
+        # ``*_created`` series only add cardinality for our always-running counters.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.decisions = Counter(
+            "vacancyd_admission_decisions",
+            "Gate and ledger decisions on borrowed work, by outcome and reason.",
+            ["upstream", "outcome", "reason"],
+            registry=self.registry,
+        )
+        self.auth_decisions = Counter(
+            "vacancyd_auth",
+            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
+            ["scope", "outcome"],
+            registry=self.registry,
+        )
+        self.proxied = Counter(
+            "vacancyd_proxy_requests",
+            "Requests answered by a proxy listener, by route class and status code.",
+            ["upstream", "route_class", "code"],
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "vacancyd_upstream_errors",
+            "Forwarded requests that failed to reach the upstream or broke mid-response.",
+            ["upstream", "stage"],
+            registry=self.registry,
+        )
+        self.wait_seconds = Histogram(
+            "vacancyd_wait_seconds",
+            "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
+            "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
+            ["upstream", "outcome"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.connections_refused = Counter(
+            "vacancyd_connections_refused",
+            "Connections refused by a listener's budgets, by listener and budget "
+            "(connections, unauthenticated, peer).",
+            ["listener", "limit"],
+            registry=self.registry,
+        )
+        self.malformed_requests = Counter(
+            "vacancyd_malformed_requests",
+            "Requests a listener could not parse (bad request line or headers), by listener.",
+            ["listener"],
+            registry=self.registry,
+        )
+        self.request_guard = Counter(
+            "vacancyd_request_guard_refusals",
+            "Requests refused for their Host, Origin, Sec-Fetch-Site or Content-Type, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+
+    def auth(self, scope: str, outcome: str) -> None:
+        self.auth_decisions.labels(scope, outcome).inc()
+
+    def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
+        self.decisions.labels(upstream, outcome, reason).inc()
