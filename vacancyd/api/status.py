@@ -4,6 +4,13 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
 
     {"version", "uptime_s", "ready", "not_ready": [str],
      "lending_enabled": bool, "stopping": bool,
+     "owner_controls": {"holds": [{"kind", "detail", "resources", "until", "ends_in_s"}],
+                        "schedule": {"timezone", "open", "windows", "next_change",
+                                     "next_change_local", "next_change_in_s"} | null,
+                        "pause": {"kind", "set_at", "until", "until_local", "ends_in_s",
+                                  "seen_owner", "reason", "detail"} | null,
+                        "pause_error", "pause_persist_error", "power": {...} | null,
+                        "exclusive_apps": {SCOPE: {...}}} | null,
      "presence": {"source", "sampled", "age_s", "evidence_complete", "refuses",
                   "veto": {"active", "release_in_s"}, "detail", "exempt_upstreams": [str],
                   "sessions": [{"id", "kind", "owner", "why", "type", "class", "seat",
@@ -258,4 +265,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
 
 def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
     """The ``/status`` JSON object (see the module docstring for its shape)."""
-    return build_status(state, started_at).to_json()
+    doc = build_status(state, started_at).to_json()
+    # The owner's controls (vacancyd.control.owner) render their own part, in wall time.
+    doc["owner_controls"] = None if state.owner_view is None else dict(state.owner_view())
+    return doc
