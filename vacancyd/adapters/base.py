@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import email.policy
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from email.parser import BytesParser
 from typing import Any, Protocol, runtime_checkable
@@ -23,6 +23,15 @@ from vacancyd.core.reasons import ErrorCode
 from vacancyd.core.snapshot import RequestFacts, ServerState
 
 Observe = Callable[[aiohttp.ClientSession, URL], Awaitable[ServerState]]
+#: Builds a stateful observer for one upstream: (session, target, known Modelfile contexts
+#: per digest) -> a callable taking one observation. Raises ProbeError when it cannot.
+MakeObserver = Callable[
+    [aiohttp.ClientSession, URL, Callable[[], Mapping[str, int | None]]],
+    Callable[[], Awaitable[ServerState]],
+]
+#: Reads the runner facts of a work body: (route, payload) -> (num_ctx, runner options,
+#: dialect); see RequestFacts.
+ReadOptions = Callable[[Route, dict[str, Any] | None], tuple[int | None, tuple[str, ...], str]]
 
 
 class UpstreamError(Exception):
@@ -32,7 +41,7 @@ class UpstreamError(Exception):
 class Controller(Protocol):
     """What reclaim can do on one upstream server beyond refusing and cutting streams.
 
-    Spec "Yield" (Y6, Y7, T2). Built per upstream by ``Adapter.make_controller``. Every method
+    See docs/reclaim.md. Built per upstream by ``Adapter.make_controller``. Every method
     that does I/O raises :class:`UpstreamError` on failure; callers bound it with a deadline.
     """
 
@@ -57,14 +66,14 @@ class Controller(Protocol):
         ...
 
     async def unload(self, admitted: frozenset[str]) -> tuple[str, str]:
-        """Hand the server's memory back (Y7); ``admitted``: job keys vacancyd admitted.
+        """Hand the server's memory back; ``admitted``: job keys vacancyd admitted.
 
         Returns (outcome, detail): outcome ``unloaded`` or ``skipped`` (a metric label).
         """
         ...
 
     async def warm(self, model: str) -> str:
-        """Load ``model`` again once lending resumes (T2)."""
+        """Load ``model`` again once lending resumes."""
         ...
 
     async def resident(self) -> list[str] | None:
@@ -163,15 +172,25 @@ class Adapter:
     observe: Observe | None = None
     needs_model_observation: bool = False
     #: Builds the reclaim controller (unload, cancel) for servers that have one; None for
-    #: servers that can only be refused (openai, llamacpp: spec "Yield", Y8).
+    #: servers that can only be refused (openai, llamacpp: docs/reclaim.md).
     make_controller: MakeController | None = None
     #: True when a closed connection does not prove the server stopped the work (an
     #: OpenAI-compatible server or llama-server may keep generating): a job a reclaim cut
-    #: is then held in the ledger until evidence or an administrator releases it (L2, L5).
+    #: is then held in the ledger until evidence or an administrator releases it.
     cut_is_uncertain: bool = False
     #: The server's own name rule, so a footprint listed as ``llama3.2`` matches a request
     #: for ``Llama3.2:latest`` when the server treats them as one model.
     canonical_model: Callable[[str], str] = str
+    #: A stateful observer, for servers whose observation needs memory between polls
+    #: (Ollama reads each model's Modelfile once per digest). Used instead of ``observe``.
+    make_observer: MakeObserver | None = None
+    #: Reads load-time options from a work body, for servers whose residency depends on them.
+    read_options: ReadOptions | None = None
+
+    @property
+    def observable(self) -> bool:
+        """True when the daemon runs an observer for this server."""
+        return self.observe is not None or self.make_observer is not None
 
     def read_facts(self, route: Route, body: bytes, content_type_header: str) -> RequestFacts:
         """Read the request facts from a buffered work body. Raises :class:`BadRequest`.
@@ -190,4 +209,10 @@ class Adapter:
                 ErrorCode.BACKGROUND_UNSUPPORTED,
             )
         model = model_from(payload, route)
-        return RequestFacts(model=None if model is None else self.canonical_model(model))
+        canonical = None if model is None else self.canonical_model(model)
+        if self.read_options is None:
+            return RequestFacts(model=canonical)
+        num_ctx, options, dialect = self.read_options(route, payload)
+        return RequestFacts(
+            model=canonical, num_ctx=num_ctx, runner_options=options, dialect=dialect
+        )

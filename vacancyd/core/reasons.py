@@ -1,7 +1,7 @@
 """Refusal reasons, error codes, their Retry-After hints, and the gate's decision values.
 
-The reason codes and retry hints are the wire contract of the spec's "Gate" section
-(../shared/seeds/vacancyd-architecture.md); their string values appear verbatim in the
+The reason codes and retry hints are a wire contract (docs/architecture.md, the gate);
+their string values appear verbatim in the
 JSON refusal body (``error.code``), in metrics labels and in logs.
 """
 
@@ -92,17 +92,22 @@ RETRY_AFTER_S: dict[Reason, int] = {
 
 @dataclass(frozen=True, slots=True)
 class Credit:
-    """Outcome of a residency proof (spec "Gate" step 6).
+    """Outcome of a residency proof (docs/architecture.md step 6).
 
     ``applied`` is True when the model was proved resident and the smaller
     ``resident_min_free_mib`` was charged. ``why`` says why a credit did or did not apply;
     ``failed_only_for_age`` marks a proof that would have passed with a fresher observation,
-    which lets the proxy take one fresh observation and decide again (product map A8).
+    which lets the proxy take one fresh observation and decide again.
+    ``added_mib``: for servers whose credit is memory they hold and reuse (ComfyUI's
+    allocator), the MiB added back to free memory instead of shrinking the charge.
     """
 
     applied: bool
     why: str
     failed_only_for_age: bool = False
+    added_mib: float = 0.0
+    #: A short stable code for metrics labels (``resident``, ``not_loaded``, ``stale``...).
+    code: str = ""
 
 
 @dataclass(frozen=True, slots=True)
