@@ -1,4 +1,4 @@
-"""Scoped bearer authentication and the browser guards (spec "Proxy" and "API and metrics").
+"""Scoped bearer authentication and the browser guards (docs/architecture.md, THREAT_MODEL.md).
 
 Scopes: ``borrow`` (proxy work and pass-through routes), ``read`` (/status, /metrics),
 ``admin`` (runtime switches; implies ``read``). With ``trust_loopback`` a client connecting
