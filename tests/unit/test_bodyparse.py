@@ -73,3 +73,19 @@ def test_form_fields_read_text_fields_and_skip_files() -> None:
 def test_form_fields_refuse_malformed_bodies(body: bytes, ctype: str, why: str) -> None:
     with pytest.raises(BodyParseError, match=why):
         form_fields(body, ctype, ["m"])
+
+
+@pytest.mark.parametrize("pad", [b"", PAD], ids=["small", "large"])
+def test_whole_fields_are_built_in_full(pad: bytes) -> None:
+    body = (
+        b'{"options": {"num_ctx": 8192, "stop": ["a", {"b": null}]}, '
+        + pad
+        + b'"shift": false, "model": "m", "messages": [{"role": "user"}]}'
+    )
+    got = json_fields(body, ["model", "messages"], ["options", "shift"])
+    assert got == {
+        "model": "m",
+        "messages": NON_SCALAR,
+        "options": {"num_ctx": 8192, "stop": ["a", {"b": None}]},
+        "shift": False,
+    }

@@ -111,16 +111,23 @@ class BadRequest(Exception):
 
 
 def parse_json_body(
-    body: bytes, content_type_header: str, keys: frozenset[str]
+    body: bytes,
+    content_type_header: str,
+    keys: frozenset[str],
+    whole: frozenset[str] = frozenset(),
 ) -> dict[str, Any] | None:
     """The top-level fields ``keys`` of a work body (see :func:`parse_json_body_steps`)."""
-    return bodyparse.run(parse_json_body_steps(body, content_type_header, keys))
+    return bodyparse.run(parse_json_body_steps(body, content_type_header, keys, whole))
 
 
 def parse_json_body_steps(
-    body: bytes, content_type_header: str, keys: frozenset[str]
+    body: bytes,
+    content_type_header: str,
+    keys: frozenset[str],
+    whole: frozenset[str] = frozenset(),
 ) -> bodyparse.Steps[dict[str, Any] | None]:
-    """The top-level fields ``keys`` of a work body, or None when the body is empty.
+    """The top-level fields ``keys`` of a work body, or None when the body is empty;
+    objects and arrays are built only for the keys in ``whole``.
 
     Servers parse the body as JSON whatever its Content-Type says (llama-server, Ollama and
     vLLM do), so the proxy must too: a body is JSON unless it is ``multipart/form-data``,
@@ -135,7 +142,7 @@ def parse_json_body_steps(
     try:
         if mime == "multipart/form-data":
             return dict((yield from bodyparse.form_fields_steps(body, content_type_header, keys)))
-        return (yield from bodyparse.json_fields_steps(body, keys))
+        return (yield from bodyparse.json_fields_steps(body, keys, whole))
     except bodyparse.BodyParseError as exc:
         raise BadRequest(str(exc)) from exc
 
@@ -175,6 +182,9 @@ class Adapter:
     make_observer: MakeObserver | None = None
     #: Reads load-time options from a work body, for servers whose residency depends on them.
     read_options: ReadOptions | None = None
+    #: Top-level body fields ``read_options`` reads, built in full (every other field is
+    #: skipped unbuilt; see vacancyd.adapters.bodyparse).
+    body_fields: frozenset[str] = frozenset()
 
     @property
     def observable(self) -> bool:
@@ -193,8 +203,12 @@ class Adapter:
     ) -> bodyparse.Steps[RequestFacts]:
         """:meth:`read_facts` in pauseable steps, for a large body read on the event loop
         (``bodyparse.run_cooperatively``). Raises :class:`BadRequest`."""
-        keys = _WANTED if route.model_key is None else _WANTED | {route.model_key}
-        payload = yield from parse_json_body_steps(body, content_type_header, keys)
+        keys = _WANTED | self.body_fields
+        if route.model_key is not None:
+            keys |= {route.model_key}
+        payload = yield from parse_json_body_steps(
+            body, content_type_header, keys, self.body_fields
+        )
         if (
             payload is not None
             and payload.get("background") is True

@@ -83,19 +83,23 @@ async def run_cooperatively(steps: Steps[T], slice_s: float = SLICE_S) -> T:
             began = clock()
 
 
-def json_fields(body: bytes, keys: Iterable[str]) -> dict[str, Any]:
+def json_fields(body: bytes, keys: Iterable[str], whole: Iterable[str] = ()) -> dict[str, Any]:
     """The top-level ``keys`` present in a JSON object body (see :func:`json_fields_steps`)."""
-    return run(json_fields_steps(body, keys))
+    return run(json_fields_steps(body, keys, whole))
 
 
-def json_fields_steps(body: bytes, keys: Iterable[str]) -> Steps[dict[str, Any]]:
+def json_fields_steps(
+    body: bytes, keys: Iterable[str], whole: Iterable[str] = ()
+) -> Steps[dict[str, Any]]:
     """The top-level ``keys`` present in a JSON object body, scalars by value.
 
-    A wanted key whose value is an object or array maps to :data:`NON_SCALAR`. A key given
-    twice keeps its last value (what ``json.loads`` and the servers do). Raises
+    A wanted key whose value is an object or array maps to :data:`NON_SCALAR`, unless it is
+    also in ``whole``: those values are built in full (an adapter's small option objects).
+    A key given twice keeps its last value (what ``json.loads`` and the servers do). Raises
     :class:`BodyParseError` when the body is not one JSON object.
     """
-    wanted = frozenset(keys)
+    full = frozenset(whole)
+    wanted = frozenset(keys) | full
     if len(body) <= SMALL_JSON_BYTES:
         try:
             payload = json.loads(body)
@@ -106,12 +110,12 @@ def json_fields_steps(body: bytes, keys: Iterable[str]) -> Steps[dict[str, Any]]
         if not isinstance(payload, dict):
             raise BodyParseError("request body must be a JSON object")
         return {
-            k: NON_SCALAR if isinstance(payload[k], dict | list) else payload[k]
+            k: NON_SCALAR if isinstance(payload[k], dict | list) and k not in full else payload[k]
             for k in wanted
             if k in payload
         }
     try:
-        return (yield from _json_fields_pushed(body, wanted))
+        return (yield from _json_fields_pushed(body, wanted, full))
     except BodyParseError:
         raise
     except (ijson.JSONError, UnicodeDecodeError, ValueError) as exc:
@@ -119,12 +123,15 @@ def json_fields_steps(body: bytes, keys: Iterable[str]) -> Steps[dict[str, Any]]
         raise BodyParseError(f"request body is not valid JSON: {reason}") from exc
 
 
-def _json_fields_pushed(body: bytes, wanted: frozenset[str]) -> Steps[dict[str, Any]]:
+def _json_fields_pushed(
+    body: bytes, wanted: frozenset[str], full: frozenset[str]
+) -> Steps[dict[str, Any]]:
     # basic events, not ijson.parse: parse builds a dotted path per event, which costs
     # O(depth²) memory on a deeply nested body.
     found: dict[str, Any] = {}
     depth = 0
     key: str | None = None  # the top-level key whose value comes next
+    builder: Any = None  # builds the value of a key in ``full``
     seen_any = False
     events = ijson.sendable_list()
     parser = ijson.basic_parse_coro(events, use_float=True)
@@ -132,6 +139,18 @@ def _json_fields_pushed(body: bytes, wanted: frozenset[str]) -> Steps[dict[str, 
     for offset in range(0, len(body), PIECE_BYTES):
         parser.send(bytes(view[offset : offset + PIECE_BYTES]))
         for event, value in events:
+            if builder is not None:
+                builder.event(event, value)
+                if event in ("start_map", "start_array"):
+                    depth += 1
+                    if depth > MAX_JSON_DEPTH:
+                        raise BodyParseError("request body nests JSON too deeply to read")
+                elif event in ("end_map", "end_array"):
+                    depth -= 1
+                if depth == 1:
+                    found[key] = builder.value  # type: ignore[index]
+                    builder = None
+                continue
             if not seen_any:
                 if event != "start_map":
                     raise BodyParseError("request body must be a JSON object")
@@ -143,7 +162,11 @@ def _json_fields_pushed(body: bytes, wanted: frozenset[str]) -> Steps[dict[str, 
                 continue
             if event in ("start_map", "start_array"):
                 if depth == 1 and key is not None:
-                    found[key] = NON_SCALAR
+                    if key in full:
+                        builder = ijson.ObjectBuilder()
+                        builder.event(event, value)
+                    else:
+                        found[key] = NON_SCALAR
                 depth += 1
                 if depth > MAX_JSON_DEPTH:
                     raise BodyParseError("request body nests JSON too deeply to read")
