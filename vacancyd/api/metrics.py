@@ -17,8 +17,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd.api.status import build_status
-from vacancyd.core.holds import HoldKind
 from vacancyd.core import sharing
+from vacancyd.core.holds import HoldKind
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
 from vacancyd.core.status import PresenceStatus, StatusDocument
