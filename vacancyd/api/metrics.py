@@ -70,9 +70,9 @@ class StateCollector(Collector):
             "exclusive_app), 0 otherwise.",
             labels=["kind"],
         )
-        active = {h.kind.value for h in self._state.holds}
+        in_force = {h.kind.value for h in self._state.holds}
         for kind in HoldKind:
-            holds.add_metric([kind.value], 1.0 if kind.value in active else 0.0)
+            holds.add_metric([kind.value], 1.0 if kind.value in in_force else 0.0)
         yield holds
 
         enabled = GaugeMetricFamily(
