@@ -26,8 +26,11 @@ with the same JSON error envelope as everything else, and counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -325,6 +328,25 @@ class _PeerChecked(_Guarded):
             refused.connection_made(transport)
             return
         super().connection_made(transport)
+
+
+_LINGER_RESET = struct.pack("ii", 1, 0)
+
+
+def reset_connection(transport: asyncio.Transport | None) -> None:
+    """Close ``transport`` with a TCP reset (SO_LINGER 0), not a FIN.
+
+    A cut stream must never look like a clean end: an HTTP/1.0 reply, or a 1.1 reply framed
+    by the connection's close, ends exactly where a FIN says it does, so only a reset tells
+    the client the reply is incomplete.
+    """
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    transport.abort()
 
 
 def mark_authenticated(request: web.BaseRequest) -> None:
