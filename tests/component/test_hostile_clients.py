@@ -137,7 +137,10 @@ async def test_a_slow_header_flood_from_one_peer_leaves_others_served() -> None:
 
 
 async def test_probes_are_answered_and_the_cap_is_exact_when_the_listener_is_full() -> None:
-    limits = "max_connections = 32\nmax_unauthenticated_per_peer = 1000"
+    limits = (
+        "max_connections = 32\nmax_unauthenticated_connections = 32\n"
+        "max_unauthenticated_per_peer = 1000"
+    )
     async with lender(limits=limits) as (d, _seen), aiohttp.ClientSession() as http:
         # a burst from many addresses at once: never more than 32 open, the rest get 503
         site = next(iter(d.daemon._runners["api"].sites))
