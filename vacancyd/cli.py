@@ -267,11 +267,17 @@ def format_status(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _api_url(settings: Settings) -> str:
+    """The API listener's URL: https when the listeners serve TLS."""
+    scheme = "https" if settings.server.tls_cert_file is not None else "http"
+    return f"{scheme}://{settings.server.listen}"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     url = args.url
     if url is None and args.config is not None:
         try:
-            url = "http://" + load_config(args.config).server.listen
+            url = _api_url(load_config(args.config))
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 2
@@ -307,7 +313,7 @@ def _api_target(args: argparse.Namespace, what: str) -> tuple[str, str | None] |
     url = args.url
     if url is None and args.config is not None:
         try:
-            url = "http://" + load_config(args.config).server.listen
+            url = _api_url(load_config(args.config))
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 2
