@@ -420,6 +420,24 @@ async def test_malformed_requests_get_the_json_envelope_and_are_counted() -> Non
         assert json_of(data)["error"]["code"] == "missing_token"
 
 
+async def test_a_connect_tunnel_request_gets_the_json_envelope_on_every_listener() -> None:
+    # An authority-form CONNECT target has no path, so the router never reaches a handler;
+    # aiohttp's own 404 used to answer it as text/plain on the proxy listener.
+    async with lender() as (d, seen):
+        for listener in ("up", "api"):
+            data = await raw(
+                addr(d, listener),
+                b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\nConnection: close\r\n\r\n",
+            )
+            head = data.split(b"\r\n\r\n", 1)[0]
+            assert data.startswith(b"HTTP/1.1 404"), data[:60]
+            assert b"Content-Type: application/json" in head, head
+            error = json_of(data)["error"]
+            assert error["code"] == "not_found"
+            assert error["message"] == "CONNECT 127.0.0.1:22: Not Found"
+        assert seen == []
+
+
 # -- cut streams ---------------------------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.proxy import probe
 from vacancyd.state import SharedState
+from vacancyd.web.errors import json_errors
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -69,28 +70,6 @@ async def _read_json(request: web.Request, empty: bytes) -> object | web.Respons
     except (ValueError, UnicodeDecodeError) as exc:
         return _bad_request(f"body is not valid JSON: {exc}")
     return payload
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer aiohttp's own errors (404, 405, 413) as JSON like every other API error."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = {
-            404: ErrorCode.NOT_FOUND,
-            405: ErrorCode.METHOD_NOT_ALLOWED,
-            413: ErrorCode.REQUEST_TOO_LARGE,
-        }.get(exc.status, ErrorCode.HTTP_ERROR)
-        return web.json_response(
-            error_body(
-                f"{request.method} {request.path}: {exc.reason}", ErrorType.INVALID_REQUEST, code
-            ),
-            status=exc.status,
-            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
-        )
 
 
 async def _read_enabled(request: web.Request) -> bool | web.Response:

@@ -47,6 +47,7 @@ from vacancyd.core.snapshot import RequestFacts
 from vacancyd.proxy import bodies, headers, probe, tunnel
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
+from vacancyd.web.errors import json_errors
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import reset_connection
 
@@ -640,7 +641,9 @@ class Proxy:
 
 
 def make_app(proxy: Proxy) -> web.Application:
-    app = web.Application(client_max_size=proxy.max_body)
+    # json_errors: what the router never hands to proxy.handle (a CONNECT authority-form
+    # target has no path to match) still gets a JSON error, not aiohttp's plain text.
+    app = web.Application(client_max_size=proxy.max_body, middlewares=[json_errors])
     # [\s\S], not ".": a path with an encoded newline must still reach the handler
     # (and get its JSON answer), not aiohttp's plain-text 404.
     app.router.add_route("*", r"/{tail:[\s\S]*}", proxy.handle, expect_handler=proxy.expect)
