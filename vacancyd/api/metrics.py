@@ -9,24 +9,36 @@ series (not a collector failure).
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from vacancyd import __version__
 from vacancyd.core import gate
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
 from vacancyd.core.reasons import Refuse
-from vacancyd.core.snapshot import RequestFacts
+from vacancyd.core.snapshot import RequestFacts, Snapshot
 
 if TYPE_CHECKING:
     from vacancyd.state import SharedState
 
 MIB = 1024 * 1024
+#: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
+#: seconds to minutes.
+REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class StateCollector(Collector):
@@ -151,8 +163,60 @@ class StateCollector(Collector):
             upstream_lendable.add_metric([name], 1.0 if ok_now else 0.0)
         yield upstream_lendable
 
+        yield from _server_families(state, snap, now)
+
         ready, _ = state.ready(now)
         yield GaugeMetricFamily("vacancyd_ready", "1 when /readyz answers 200.", value=float(ready))
+
+
+def _server_families(state: SharedState, snap: Snapshot, now: float) -> Iterator[GaugeMetricFamily]:
+    """The server observation the gate reads (llama-server ``/slots``): its quality against
+    the upstream's freshness bound, its age, and whether the server was idle."""
+    quality = GaugeMetricFamily(
+        "vacancyd_server_observation_quality",
+        "Server observation quality per upstream (1 for the current one).",
+        labels=["upstream", "quality"],
+    )
+    age = GaugeMetricFamily(
+        "vacancyd_server_observation_age_seconds",
+        "Age of the newest good server observation.",
+        labels=["upstream"],
+    )
+    idle = GaugeMetricFamily(
+        "vacancyd_server_idle",
+        "1 when the newest server observation showed no request in progress.",
+        labels=["upstream"],
+    )
+    for name, policy in sorted(state.upstreams.items()):
+        obs = snap.servers.get(name)
+        if obs is None and not policy.needs_model_observation:
+            continue
+        q = Quality.UNKNOWN if obs is None else obs.quality(now, policy.model_observation_max_age_s)
+        for each in Quality:
+            quality.add_metric([name, each.value], 1.0 if each is q else 0.0)
+        if obs is None:
+            continue
+        obs_age = obs.age_s(now)
+        if obs_age is not None:
+            age.add_metric([name], obs_age)
+        if obs.value is not None:
+            idle.add_metric([name], 1.0 if obs.value.idle else 0.0)
+    yield from (quality, age, idle)
+
+
+class BuildCollector(Collector):
+    """``vacancyd_build_info``: a constant 1 labelled with the version and Python."""
+
+    def collect(self) -> Iterator[InfoMetricFamily]:
+        yield InfoMetricFamily(
+            "vacancyd_build",
+            "vacancyd build information.",
+            value={
+                "version": __version__,
+                "python": platform.python_version(),
+                "implementation": platform.python_implementation(),
+            },
+        )
 
 
 def _presence_families(
@@ -274,6 +338,19 @@ class Metrics:
             ["upstream", "stage"],
             registry=self.registry,
         )
+        self.request_duration = Histogram(
+            "vacancyd_request_duration_seconds",
+            "Time from a request's arrival to the end of its response (streams included), "
+            "per upstream and route class.",
+            ["upstream", "route_class"],
+            buckets=REQUEST_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.registry.register(BuildCollector())
+        # process_* (CPU seconds, resident memory, open fds, start time) and python_info,
+        # the series every Prometheus client exposes.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
 
     def attach(self, state: SharedState) -> None:
         self.registry.register(StateCollector(state))

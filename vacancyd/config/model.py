@@ -302,6 +302,7 @@ class UpstreamSettings(_Model):
     credential: SecretStr | None = None
     credential_file: Path | None = None
     refusal_status: Literal[503, 429] = 503
+    retry_after_max_s: int | None = Field(None, ge=1, le=86400)
     # Reclaim keys (docs/reclaim.md; docs/configuration.md "[[upstream]] (reclaim keys)").
     on_owner_return: Literal["drain", "cancel", "finish"] = "drain"
     drain_timeout_s: float = Field(30.0, ge=0, le=86400)

@@ -45,7 +45,7 @@ from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import Admit, Reason, Refuse
 from vacancyd.core.refusal import error_body, render_refusal
 from vacancyd.core.snapshot import RequestFacts
-from vacancyd.proxy import bodies, headers, tunnel
+from vacancyd.proxy import bodies, headers, observe, tunnel
 from vacancyd.state import SharedState
 
 if TYPE_CHECKING:
@@ -131,6 +131,7 @@ class Proxy:
             path, _, query = origin_form(request.raw_path).partition("?")
             c = classify(request.method, path, query, self.upstream.adapter.table)
             klass = c.klass.value
+            request[observe.ROUTE_CLASS] = klass
             response = await self._dispatch(request, c, query)
             return response
         finally:
@@ -242,9 +243,11 @@ class Proxy:
     # -- work ----------------------------------------------------------------------------
 
     def _refusal_response(self, request: web.Request, refusal: Refuse) -> web.Response:
+        settings = self.upstream.settings
         status, hdrs, body = render_refusal(
-            refusal, self.upstream.name, self.upstream.settings.refusal_status
+            refusal, self.upstream.name, settings.refusal_status, settings.retry_after_max_s
         )
+        request[observe.REFUSAL] = refusal
         self.metrics.decision(self.upstream.name, "refused", refusal.reason.value)
         log.debug(
             "refused %s %s on %s: %s (%s)",
@@ -324,6 +327,7 @@ class Proxy:
             if isinstance(decision, Refuse):
                 return await self._refuse(request, decision)
             job = decision
+            request[observe.JOB] = job
             self.metrics.decision(name, "admitted")
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
             key: str | None = None
@@ -448,7 +452,11 @@ class Proxy:
         refusal = Refuse.of(
             edge.reason, f"the lender reclaimed {name!r} ({edge.trigger}) before the reply"
         )
-        status, hdrs, rbody = render_refusal(refusal, name, self.upstream.settings.refusal_status)
+        settings = self.upstream.settings
+        status, hdrs, rbody = render_refusal(
+            refusal, name, settings.refusal_status, settings.retry_after_max_s
+        )
+        request[observe.REFUSAL] = refusal
         self.metrics.decision(name, "cancelled", refusal.reason.value)
         return web.json_response(rbody, status=status, headers=hdrs)
 
@@ -545,6 +553,7 @@ class Proxy:
             forward_authorization=up.settings.forward_authorization,
             credential=up.credential,
         )
+        observe.inject_trace_context(out_headers)
         data: Any = body
         if body is not None and len(body) > LARGE_BODY_BYTES:
             data = io.BytesIO(body)  # aiohttp sends large in-memory bodies in chunks this way

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_log import AccessLogger
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
@@ -54,6 +56,7 @@ from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
+from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, sdnotify
@@ -214,7 +217,13 @@ class Daemon:
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
             self.state.set_listener(up.name, up.listen, bound=False)
-            address = await self._serve(up.name, make_app(proxy), up.listen, limits.max_connections)
+            address = await self._serve(
+                up.name,
+                make_app(proxy),
+                up.listen,
+                limits.max_connections,
+                access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
+            )
             self.state.set_listener(up.name, address, bound=True)
             if adapter.observe is not None:
                 self._start_observer(upstream, credential)
@@ -239,7 +248,14 @@ class Daemon:
             lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
         )
 
-    async def _serve(self, name: str, app: web.Application, listen: str, cap: int) -> str:
+    async def _serve(
+        self,
+        name: str,
+        app: web.Application,
+        listen: str,
+        cap: int,
+        access_log_class: type[AbstractAccessLogger] = AccessLogger,
+    ) -> str:
         limits = self.settings.server.limits
         runner = web.AppRunner(
             app,
@@ -252,6 +268,7 @@ class Daemon:
             lingering_time=0,
             access_log=logging.getLogger(f"vacancyd.access.{name}"),
             access_log_format='%a "%r" %s %b %Tfs',
+            access_log_class=access_log_class,
         )
         await runner.setup()
         self._runners[name] = runner
