@@ -12,6 +12,7 @@ Task tree (names as they appear in logs):
 * ``observer NAME`` — server observation for adapters that need it (essential)
 * ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
 * ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
+* ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
   ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
 
@@ -507,6 +508,9 @@ async def run_daemon(settings: Settings) -> int:
             log.error("%s", exc)
             return 2
         sdnotify.notify(f"READY=1\nSTATUS=lending through {len(settings.upstream)} listener(s)")
+        ping_s = sdnotify.watchdog_interval_s()
+        if ping_s is not None:
+            daemon.supervisor.spawn(sdnotify.watchdog(ping_s), name="watchdog", essential=False)
         code = await daemon.wait()
         if code:
             log.error("%s", daemon.supervisor.failure)
