@@ -122,7 +122,12 @@ async def test_resource_busy_is_retried_by_the_sdk_and_then_served() -> None:
         held = state.ledger.reserve("up", ("ram",), state.clock(), "tiny")
         assert isinstance(held, Job)
         loop = asyncio.get_running_loop()
-        loop.call_later(1.0, lambda: state.released(held.id, state.clock()))
+
+        def release() -> None:  # what the proxy does when a borrowed job ends
+            state.ledger.release(held.id, state.clock())
+            state.request_sample("ram")
+
+        loop.call_later(1.0, release)
         started = time.monotonic()
         reply = await chat(client)
         elapsed = time.monotonic() - started

@@ -66,6 +66,13 @@ class Controller(Protocol):
         """Load ``model`` again once lending resumes (T2)."""
         ...
 
+    async def resident(self) -> list[str] | None:
+        """Models the server holds in memory now, or None when it cannot tell.
+
+        Exclusivity confirms an unload with it before forwarding an exclusive job.
+        """
+        ...
+
 
 MakeController = Callable[[aiohttp.ClientSession, URL], Controller]
 

@@ -21,6 +21,7 @@ from vacancyd.api import events
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
+from vacancyd.core.ledger import Job
 from vacancyd.core.refusal import error_body
 from vacancyd.state import SharedState
 
@@ -83,8 +84,11 @@ def make_api(
     metrics: Metrics,
     *,
     started_at: float,
+    release: Callable[[int], Job | None],
     events_keepalive_s: float = events.KEEPALIVE_S,
 ) -> web.Application:
+    """The operator's application. ``release(job_id)`` frees a borrowed job's reservation
+    and returns its ledger record as it was (None for an unknown job)."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     events.install(app)
 
@@ -174,7 +178,7 @@ def make_api(
             job.phase,
             request.remote,
         )
-        state.released(job_id, state.clock())
+        release(job_id)
         return web.json_response({"released": job_id, "phase": job.phase.value})
 
     app.router.add_post("/admin/reclaim", scoped("admin", post_reclaim))

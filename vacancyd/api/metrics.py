@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd import __version__
-from vacancyd.core import gate
+from vacancyd.core import gate, sharing
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
@@ -143,6 +143,7 @@ class StateCollector(Collector):
             for phase in Phase:
                 active.add_metric([upstream, phase.value], float(counts.get((upstream, phase), 0)))
         yield active
+        yield from _sharing_metrics(state)
 
         listener = GaugeMetricFamily(
             "vacancyd_listener_up",
@@ -167,6 +168,43 @@ class StateCollector(Collector):
 
         ready, _ = state.ready(now)
         yield GaugeMetricFamily("vacancyd_ready", "1 when /readyz answers 200.", value=float(ready))
+
+
+def _sharing_metrics(state: SharedState) -> Iterator[GaugeMetricFamily]:
+    """Slots, wait queues and exclusivity (docs/architecture.md "Sharing the card")."""
+    ledger = state.ledger
+    waiting = GaugeMetricFamily(
+        "vacancyd_waiting",
+        "Borrowed requests waiting for a slot (busy = wait).",
+        labels=["upstream"],
+    )
+    for upstream in sorted(state.upstreams):
+        waiting.add_metric([upstream], float(ledger.waiting.get(upstream, 0)))
+    yield waiting
+    jobs = GaugeMetricFamily(
+        "vacancyd_resource_jobs",
+        "Borrowed jobs holding each resource (more than one with max_concurrent).",
+        labels=["resource"],
+    )
+    per_resource = ledger.jobs_per_resource()
+    for name in sorted(state.resources):
+        jobs.add_metric([name], float(per_resource.get(name, 0)))
+    yield jobs
+    shared = sorted({p.resource for p in state.upstreams.values() if p.exclusive_of})
+    if not shared:
+        return
+    card = GaugeMetricFamily(
+        "vacancyd_exclusivity_state",
+        "What a resource shared by exclusive upstreams is doing (1 for the current state): "
+        "idle, shared (jobs that may run together) or exclusive (an exclusive job alone).",
+        labels=["resource", "state"],
+    )
+    holders = ledger.holders_by_upstream()
+    for name in shared:
+        now = sharing.card_state(name, holders, state.upstreams)
+        for each in sharing.CardState:
+            card.add_metric([name, each.value], 1.0 if each is now else 0.0)
+    yield card
 
 
 def _server_families(state: SharedState, snap: Snapshot, now: float) -> Iterator[GaugeMetricFamily]:
@@ -336,6 +374,14 @@ class Metrics:
             "vacancyd_upstream_errors",
             "Forwarded requests that failed to reach the upstream or broke mid-response.",
             ["upstream", "stage"],
+            registry=self.registry,
+        )
+        self.wait_seconds = Histogram(
+            "vacancyd_wait_seconds",
+            "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
+            "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
+            ["upstream", "outcome"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
         self.request_duration = Histogram(

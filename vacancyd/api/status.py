@@ -41,6 +41,7 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
 from vacancyd.core.reasons import Admit
+from vacancyd.core.reclaim import Reclaim
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.state import SharedState
 
@@ -190,22 +191,21 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
                 for job in state.ledger.jobs()
                 if job.upstream == name
             ],
-            "reclaim": _reclaim_doc(state.reclaim_views.get(name), now),
+            "reclaim": _reclaim_doc(state.reclaims.get(name), now),
         }
     return doc
 
 
-def _reclaim_doc(view: Any, now: float) -> dict[str, Any] | None:
-    if not view:
+def _reclaim_doc(r: Reclaim | None, now: float) -> dict[str, Any] | None:
+    if r is None:
         return None
-    deadline = view.get("deadline")
     return {
-        "phase": view.get("phase"),
-        "policy": view.get("policy"),
-        "trigger": view.get("trigger"),
-        "resource": view.get("resource"),
-        "edges_age_s": [_round(now - at) for at in view.get("edges_at", [])],
-        "edge_triggers": list(view.get("edge_triggers", [])),
-        "deadline_in_s": None if deadline is None else _round(deadline - now),
-        "outcome": view.get("outcome"),
+        "phase": r.phase.value,
+        "policy": r.policy.on_owner_return.value,
+        "trigger": r.first.trigger.value,
+        "resource": r.first.resource,
+        "edges_age_s": [_round(now - e.at) for e in r.edges],
+        "edge_triggers": [e.trigger.value for e in r.edges],
+        "deadline_in_s": None if r.deadline is None else _round(r.deadline - now),
+        "outcome": r.outcome,
     }

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from vacancyd.core.ledger import Job
+from vacancyd.core.lifecycle import JobState
 from vacancyd.core.reasons import Refuse
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 #: Request keys the proxy handler sets (``request[ROUTE_CLASS] = "work"``).
 ROUTE_CLASS = web.RequestKey("vacancyd.route_class", str)
 REFUSAL: web.RequestKey[Refuse] = web.RequestKey("vacancyd.refusal")
-JOB: web.RequestKey[Job] = web.RequestKey("vacancyd.job")
+JOB: web.RequestKey[JobState] = web.RequestKey("vacancyd.job")
 
 #: Set by :mod:`vacancyd.runtime.telemetry` while tracing is on: writes the current span's
 #: W3C ``traceparent`` (and ``tracestate``) into a header mapping.
@@ -55,7 +55,7 @@ def refusal_of(request: web.BaseRequest) -> Refuse | None:
     return request.get(REFUSAL)
 
 
-def job_of(request: web.BaseRequest) -> Job | None:
+def job_of(request: web.BaseRequest) -> JobState | None:
     return request.get(JOB)
 
 
