@@ -450,6 +450,17 @@ class KubernetesSettings(ClusterSettings):
     _address = field_validator("address")(_check_endpoint_ip)
 
 
+class TelemetrySettings(_Model):
+    """OpenTelemetry tracing (docs/observability.md "Traces"). Off unless ``otlp_endpoint``
+    is set: an OTLP/HTTP collector base URL (``/v1/traces`` is appended when it has no
+    path). ``sample_ratio`` (0-1) samples new traces; a borrower's sampled ``traceparent``
+    is always followed. Needs the ``otel`` extra."""
+
+    otlp_endpoint: AnyHttpUrl | None = None
+    service_name: str = Field("vacancyd", min_length=1, max_length=200)
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+
+
 class Settings(_Model):
     """The whole configuration file."""
 
@@ -460,6 +471,7 @@ class Settings(_Model):
     resource: list[ResourceSettings] = []
     upstream: list[UpstreamSettings] = []
     kubernetes: KubernetesSettings | None = None
+    telemetry: TelemetrySettings = TelemetrySettings()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:

@@ -29,6 +29,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -69,6 +70,7 @@ from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, sdnotify
 from vacancyd.runtime.tasks import Supervisor
+from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import PressureSample, SharedState
 
 log = logging.getLogger(__name__)
@@ -152,6 +154,9 @@ class Daemon:
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
+    #: replaces the OTLP exporter when set (tests pass an in-memory one)
+    span_exporter: Any = None
+    tracing: Tracing | None = None
 
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
@@ -188,6 +193,7 @@ class Daemon:
             tokens, trust_loopback=settings.server.trust_loopback, metrics=self.metrics
         )
         limits = settings.server.limits
+        self.tracing = start_tracing(settings.telemetry, self.state, self.span_exporter)
 
         api = make_api(
             self.state, auth, self.metrics, started_at=started_at, release=self.work.admin_release
@@ -246,7 +252,7 @@ class Daemon:
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(
                 up.name,
-                make_app(proxy),
+                self._proxy_app(proxy),
                 up.listen,
                 limits.max_connections,
                 access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
@@ -285,6 +291,12 @@ class Daemon:
                 registry=self.metrics.registry,
             )
         )
+
+    def _proxy_app(self, proxy: Proxy) -> web.Application:
+        app = make_app(proxy)
+        if self.tracing is not None:
+            app.middlewares.append(self.tracing.middleware(proxy.upstream.name))
+        return app
 
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes
@@ -544,6 +556,8 @@ class Daemon:
         if api is not None:
             await api.cleanup()
         await self.supervisor.stop()
+        if self.tracing is not None:
+            await self.tracing.shutdown()
         await self.save_calibrations()
         for session in self._sessions:
             await session.close()
