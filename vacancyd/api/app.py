@@ -86,9 +86,12 @@ def make_api(
     started_at: float,
     release: Callable[[int], Job | None],
     events_keepalive_s: float = events.KEEPALIVE_S,
+    extra_routes: Callable[[web.Application, Callable[[str, Handler], Handler]], None]
+    | None = None,
 ) -> web.Application:
     """The operator's application. ``release(job_id)`` frees a borrowed job's reservation
-    and returns its ledger record as it was (None for an unknown job)."""
+    and returns its ledger record as it was (None for an unknown job). ``extra_routes(app,
+    scoped)`` adds further routes (the debug window and diagnostics, vacancyd.api.ops)."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     events.install(app)
 
@@ -192,4 +195,6 @@ def make_api(
     )
     app.router.add_put("/admin/lending", scoped("admin", put_lending))
     app.router.add_put("/admin/resources/{name}", scoped("admin", put_resource))
+    if extra_routes is not None:
+        extra_routes(app, scoped)
     return app

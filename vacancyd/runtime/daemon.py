@@ -41,6 +41,7 @@ from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import make_api
 from vacancyd.api.auth import Authenticator, Token
 from vacancyd.api.metrics import Metrics
+from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import render_status
 from vacancyd.collectors import logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
@@ -157,6 +158,7 @@ class Daemon:
     #: replaces the OTLP exporter when set (tests pass an in-memory one)
     span_exporter: Any = None
     tracing: Tracing | None = None
+    diagnostics: Diagnostics | None = None
 
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
@@ -195,8 +197,20 @@ class Daemon:
         limits = settings.server.limits
         self.tracing = start_tracing(settings.telemetry, self.state, self.span_exporter)
 
+        self.diagnostics = Diagnostics(
+            self.state,
+            settings,
+            started_at=started_at,
+            secrets=lambda: [t[1] for t in secrets.tokens] + list(secrets.credentials.values()),
+            users=lambda: self.presence.seen_users if self.presence is not None else (),
+        )
         api = make_api(
-            self.state, auth, self.metrics, started_at=started_at, release=self.work.admin_release
+            self.state,
+            auth,
+            self.metrics,
+            started_at=started_at,
+            release=self.work.admin_release,
+            extra_routes=self.diagnostics.install,
         )
         await self._serve("api", api, settings.server.listen, limits.max_connections)
 
