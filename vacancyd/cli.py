@@ -233,6 +233,11 @@ def format_status(doc: dict[str, Any]) -> str:
             f"{'bound' if listener.get('bound') else 'NOT BOUND'} -> resource {u.get('resource')}"
             f"{' + ' + ', '.join(u['also_requires']) if u.get('also_requires') else ''}: {verdict}"
         )
+        if listener.get("state") == "listens_on_network":
+            lines.append(
+                f"    WARNING: its server can be reached without the gate: "
+                f"{listener.get('state_detail')}"
+            )
         server = u.get("server")
         if server:
             lines.append(

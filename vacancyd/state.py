@@ -31,6 +31,7 @@ from vacancyd.core.events import (
     UnseenGpuWorkChanged,
     VetoChanged,
 )
+from vacancyd.core.exposure import Exposure
 from vacancyd.core.ledger import Ledger
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
@@ -161,6 +162,8 @@ class SharedState:
         self.veto = VetoTracker(release_after_s)
         self.ledger = Ledger(self.upstreams)
         self.listeners: dict[str, ListenerState] = {}
+        #: per upstream: what kind of socket serves its target (vacancyd.core.exposure)
+        self.target_exposure: dict[str, Exposure] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []

@@ -18,7 +18,8 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                        "calibration_observed_s", "calibration_needed_s",
                                        "release_in_s", "gpu", "detail", "last_edge"} | null}},
      "upstreams": {NAME: {"adapter", "resource", "also_requires", "owner_scope",
-                          "listener": {"address", "bound", "error"},
+                          "listener": {"address", "bound", "error", "state",
+                                       "state_detail"},
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
                           "busy",
                           "server": {"quality", "age_s", "idle", "error"} | null,
@@ -38,6 +39,7 @@ from typing import Any
 from vacancyd import __version__
 from vacancyd.core import gate
 from vacancyd.core import presence as presence_rules
+from vacancyd.core.exposure import ListenerExposure
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
 from vacancyd.core.reasons import Admit
@@ -152,6 +154,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
                 "detail": decision.detail,
             }
         listener = state.listeners.get(name)
+        exposure = state.target_exposure.get(name)
         server = snap.servers.get(name)
         server_doc = None
         if policy.needs_model_observation or server is not None:
@@ -173,7 +176,14 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
             "owner_scope": policy.owner_scope.value,
             "listener": None
             if listener is None
-            else {"address": listener.address, "bound": listener.bound, "error": listener.error},
+            else {
+                "address": listener.address,
+                "bound": listener.bound,
+                "error": listener.error,
+                # what serves the upstream's own target (vacancyd.core.exposure)
+                "state": exposure.state.value if exposure else ListenerExposure.UNKNOWN.value,
+                "state_detail": exposure.detail if exposure else "not observed yet",
+            },
             "lendable": refusal is None,
             # Lendable says what the gate would decide; busy says whether a borrowed job
             # holds one of its resources right now (the ledger refuses resource_busy).

@@ -14,6 +14,8 @@ Task tree (names as they appear in logs):
 * ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
 * ``hold NAME job N`` — watches a held job's server for idleness (not essential)
 * ``reclaim cancel NAME`` / ``warm NAME`` — a reclaim's server calls (not essential)
+* ``target listeners`` — which sockets serve each upstream's target, for /status (not
+  essential)
 * ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
   ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
@@ -43,7 +45,7 @@ from vacancyd.api.auth import Authenticator, Token
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import render_status
-from vacancyd.collectors import logind, presence, system
+from vacancyd.collectors import exposure, logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError
@@ -60,6 +62,7 @@ from vacancyd.control.sharing import CardSharing, ExclusiveSettings
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
+from vacancyd.core.exposure import Exposure, ListenerExposure
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.lifecycle import JobRules, JobState
 from vacancyd.core.observations import CapacityReading
@@ -84,6 +87,9 @@ SHUTDOWN_GRACE_S = 5.0
 class StartupError(Exception):
     """The daemon could not start (a listener could not bind, a secret could not be read)."""
 
+
+#: How often the sockets serving each upstream's target are read (seconds).
+TARGET_WATCH_S = 15.0
 
 #: How often learned calibrations are written to the state directory (seconds).
 CALIBRATION_SAVE_INTERVAL_S = 300.0
@@ -277,6 +283,7 @@ class Daemon:
 
         self._share_cards()
         self._start_collectors()
+        self.supervisor.spawn(self._watch_targets(), name="target listeners", essential=False)
         self._start_kubernetes(started_at)
 
     @property
@@ -305,6 +312,36 @@ class Daemon:
                 registry=self.metrics.registry,
             )
         )
+
+    async def _watch_targets(self) -> None:
+        """Every TARGET_WATCH_S, read which sockets serve each upstream's target (in a
+        thread: the socket table can be large) and warn when one listens on the network."""
+        targets = []
+        for up in self.settings.upstream:
+            url = URL(str(up.target))
+            if url.host is not None and url.port is not None:
+                targets.append((up.name, url.host, url.port))
+        state = self.state
+        while True:
+            try:
+                async with asyncio.timeout(self.settings.collectors.probe_timeout_s * 5):
+                    found = await asyncio.to_thread(exposure.observe_targets, targets)
+            except TimeoutError:
+                found = {
+                    name: Exposure(ListenerExposure.UNKNOWN, "reading the socket table timed out")
+                    for name, _, _ in targets
+                }
+            for name, verdict in found.items():
+                before = state.target_exposure.get(name)
+                network = ListenerExposure.LISTENS_ON_NETWORK
+                if verdict.state is network and (before is None or before.state is not network):
+                    log.warning(
+                        "upstream %s: %s; bind it to 127.0.0.1 so borrowers must pass the gate",
+                        name,
+                        verdict.detail,
+                    )
+                state.target_exposure[name] = verdict
+            await asyncio.sleep(TARGET_WATCH_S)
 
     def _proxy_app(self, proxy: Proxy) -> web.Application:
         app = make_app(proxy)
