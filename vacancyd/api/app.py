@@ -17,11 +17,12 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from vacancyd.api import events
+from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
 from vacancyd.core.ledger import Job
+from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.state import SharedState
 
@@ -31,7 +32,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _bad_request(message: str) -> web.Response:
     return web.json_response(
-        error_body(message, "invalid_request_error", "invalid_body"), status=400
+        error_body(message, ErrorType.INVALID_REQUEST, ErrorCode.INVALID_BODY), status=400
     )
 
 
@@ -54,12 +55,14 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
-            exc.status, "http_error"
-        )
+        code = {
+            404: ErrorCode.NOT_FOUND,
+            405: ErrorCode.METHOD_NOT_ALLOWED,
+            413: ErrorCode.REQUEST_TOO_LARGE,
+        }.get(exc.status, ErrorCode.HTTP_ERROR)
         return web.json_response(
             error_body(
-                f"{request.method} {request.path}: {exc.reason}", "invalid_request_error", code
+                f"{request.method} {request.path}: {exc.reason}", ErrorType.INVALID_REQUEST, code
             ),
             status=exc.status,
             headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
@@ -139,8 +142,8 @@ def make_api(
             return web.json_response(
                 error_body(
                     f"no resource named {name!r} (declared: {', '.join(sorted(state.switches))})",
-                    "not_found_error",
-                    "unknown_resource",
+                    ErrorType.NOT_FOUND,
+                    ErrorCode.UNKNOWN_RESOURCE,
                 ),
                 status=404,
             )
@@ -172,7 +175,8 @@ def make_api(
         job = state.ledger.get(job_id)
         if job is None:
             return web.json_response(
-                error_body(f"no job {job_id}", "not_found_error", "unknown_job"), status=404
+                error_body(f"no job {job_id}", ErrorType.NOT_FOUND, ErrorCode.UNKNOWN_JOB),
+                status=404,
             )
         log.warning(
             "admin released job %d (%s, %s) (from %s)",
@@ -186,6 +190,7 @@ def make_api(
 
     app.router.add_post("/admin/reclaim", scoped("admin", post_reclaim))
     app.router.add_post("/admin/jobs/{id}/release", scoped("admin", release_job))
+    app.router.add_get("/", page.status_page)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))

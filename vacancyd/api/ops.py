@@ -36,6 +36,7 @@ from vacancyd import __version__
 from vacancyd.api.status import render_status
 from vacancyd.config.model import Settings
 from vacancyd.core.events import StateEvent
+from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.state import SharedState
 
@@ -215,7 +216,7 @@ class Diagnostics:
 
 def _bad(message: str) -> web.Response:
     return web.json_response(
-        error_body(message, "invalid_request_error", "invalid_body"), status=400
+        error_body(message, ErrorType.INVALID_REQUEST, ErrorCode.INVALID_BODY), status=400
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vacancyd.core.reasons import Reason, Refuse
+from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 
 SOURCE = "vacancyd"
 
@@ -29,7 +29,9 @@ SDK_MAX_RETRY_AFTER_S = 60
 SDK_RETRYABLE: frozenset[Reason] = frozenset({Reason.RESOURCE_BUSY, Reason.BODY_BUDGET_EXHAUSTED})
 
 
-def error_body(message: str, type_: str, code: str, **extra: Any) -> dict[str, Any]:
+def error_body(
+    message: str, type_: ErrorType, code: ErrorCode | Reason, **extra: Any
+) -> dict[str, Any]:
     """The JSON body for any error vacancyd answers itself."""
     error: dict[str, Any] = {
         "message": message,
@@ -69,5 +71,7 @@ def render_refusal(
         extra["resource"] = refusal.resource
     if refusal.credit is not None:
         extra["residency_credit"] = {"applied": refusal.credit.applied, "why": refusal.credit.why}
-    body = error_body(f"No vacancy: {refusal.detail}", "no_vacancy", refusal.reason.value, **extra)
+    body = error_body(
+        f"No vacancy: {refusal.detail}", ErrorType.NO_VACANCY, refusal.reason, **extra
+    )
     return status, headers, body

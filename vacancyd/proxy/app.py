@@ -41,7 +41,7 @@ from vacancyd.core import gate
 from vacancyd.core.classify import Classification, RouteClass, classify
 from vacancyd.core.lifecycle import Ending, JobState
 from vacancyd.core.policy import UpstreamPolicy
-from vacancyd.core.reasons import Reason, Refuse
+from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal
 from vacancyd.proxy import bodies, headers, observe, tunnel
@@ -93,7 +93,9 @@ class _Exchange:
         self.response: web.StreamResponse | None = None
 
 
-def json_error(status: int, message: str, type_: str, code: str, **extra: Any) -> web.Response:
+def json_error(
+    status: int, message: str, type_: ErrorType, code: ErrorCode | Reason, **extra: Any
+) -> web.Response:
     return web.json_response(error_body(message, type_, code, **extra), status=status)
 
 
@@ -157,8 +159,8 @@ class Proxy:
                 return json_error(
                     404,
                     f"{c.path} does not name work borrowed through this lender",
-                    "not_found_error",
-                    "unknown_result",
+                    ErrorType.NOT_FOUND,
+                    ErrorCode.UNKNOWN_RESULT,
                 )
         if c.klass in (RouteClass.PASSTHROUGH, RouteClass.RESULTS):
             return await self._pass(request, c, query)
@@ -172,8 +174,8 @@ class Proxy:
                 f"{request.method} {c.path} is not a borrower route on this lender "
                 f"({'a management route' if c.klass is RouteClass.MANAGEMENT else c.why}); "
                 f"borrower reads: {', '.join(reads)}",
-                "permission_error",
-                "management_denied",
+                ErrorType.PERMISSION,
+                ErrorCode.MANAGEMENT_DENIED,
                 borrower_reads=reads,
             )
         return json_error(
@@ -181,8 +183,8 @@ class Proxy:
             f"{request.method} {c.path} is not a route vacancyd's {self.upstream.adapter.name!r} "
             f"adapter recognizes ({c.why}); if the server really has it, report it to the "
             "vacancyd project so the adapter can classify it",
-            "not_implemented",
-            "unrecognized_route",
+            ErrorType.NOT_IMPLEMENTED,
+            ErrorCode.UNRECOGNIZED_ROUTE,
         )
 
     async def _pass(
@@ -235,7 +237,7 @@ class Proxy:
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
-            answer = json_error(exc.status, str(exc), "invalid_request_error", exc.code)
+            answer = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
         else:
             refusal = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
             if refusal is not None and refusal.extra.get("refresh") is not None:
@@ -288,14 +290,14 @@ class Proxy:
             return json_error(
                 501,
                 f"{c.path} is a work route; vacancyd does not tunnel WebSocket work",
-                "not_implemented",
-                "websocket_work_unsupported",
+                ErrorType.NOT_IMPLEMENTED,
+                ErrorCode.WEBSOCKET_WORK_UNSUPPORTED,
             )
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
             return await self._answer_and_drain(
-                request, json_error(exc.status, str(exc), "invalid_request_error", exc.code)
+                request, json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             )
         early = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
         if early is not None and early.extra.get("refresh") is None:
@@ -317,7 +319,7 @@ class Proxy:
                 return await self._refuse(
                     request, Refuse.of(Reason.BODY_BUDGET_EXHAUSTED, str(exc))
                 )
-            response = json_error(exc.status, str(exc), "invalid_request_error", exc.code)
+            response = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             if exc.status == 408:
                 response.force_close()
                 return response
@@ -329,7 +331,7 @@ class Proxy:
                     c.route, body, request.headers.get("Content-Type", "")
                 )
             except BadRequest as exc:
-                return json_error(400, str(exc), "invalid_request_error", exc.code)
+                return json_error(400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             decision = await self.work.admit(name, facts)
             if isinstance(decision, Refuse):
                 return await self._refuse(request, decision)
@@ -468,8 +470,10 @@ class Proxy:
             return json_error(
                 502,
                 f"the upstream server of {up.name!r} {what} ({exc.__class__.__name__})",
-                "upstream_error",
-                "upstream_unreachable" if unreachable else "upstream_protocol_error",
+                ErrorType.UPSTREAM,
+                ErrorCode.UPSTREAM_UNREACHABLE
+                if unreachable
+                else ErrorCode.UPSTREAM_PROTOCOL_ERROR,
                 upstream=up.name,
             )
         try:
