@@ -20,6 +20,7 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.events import (
     CapacityChanged,
     EdgeRaised,
+    LendabilityChanged,
     LendingSwitched,
     ListenerChanged,
     PresenceSampled,
@@ -28,6 +29,7 @@ from vacancyd.core.events import (
     ReclaimChanged,
     ResourceSwitched,
     StateEvent,
+    Stopping,
     UnseenGpuWorkChanged,
     VetoChanged,
 )
@@ -203,6 +205,19 @@ class SharedState:
                 log.exception("state listener failed on %s", event.kind)
 
     # -- writers -------------------------------------------------------------------------
+
+    def set_stopping(self) -> None:
+        """Mark the daemon as shutting down: new work is refused, /readyz turns 503, and
+        followers of ``/events`` are told at once (event ``stopping``)."""
+        if not self.stopping:
+            self.stopping = True
+            self._emit(Stopping())
+
+    def note_lendability(self, upstreams: Mapping[str, Mapping[str, object]]) -> None:
+        """Tell subscribers that what a borrowed request would get changed (event
+        ``lendable``): ``upstreams`` maps each upstream to its new summary. The daemon's
+        lendability watcher calls this; not every such change is another transition."""
+        self._emit(LendabilityChanged(dict(upstreams)))
 
     def set_lending(self, enabled: bool) -> bool:
         """Flip the global lending switch; returns True when it changed."""
@@ -508,6 +523,7 @@ class SharedState:
             calibrated=ps.learner.ready,
             engaged=ps.tracker.engaged,
             detail=detail,
+            above_threshold=ps.tracker.above_since is not None,
         )
 
     def snapshot(self, now: float | None = None) -> Snapshot:

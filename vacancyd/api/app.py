@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -24,6 +24,7 @@ from vacancyd.api.status import render_status
 from vacancyd.core.ledger import Job
 from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
+from vacancyd.proxy import probe
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,15 @@ def make_api(
     started_at: float,
     release: Callable[[int], Job | None],
     events_keepalive_s: float = events.KEEPALIVE_S,
+    probes: Mapping[str, probe.ProbeEndpoint] | None = None,
     extra_routes: Callable[[web.Application, Callable[[str, Handler], Handler]], None]
     | None = None,
 ) -> web.Application:
     """The operator's application. ``release(job_id)`` frees a borrowed job's reservation
-    and returns its ledger record as it was (None for an unknown job). ``extra_routes(app,
-    scoped)`` adds further routes (the debug window and diagnostics, vacancyd.api.ops)."""
+    and returns its ledger record as it was (None for an unknown job). ``probes`` maps an
+    upstream name to its lendability probe (which checks its own token rule); it may be
+    filled after this call. ``extra_routes(app, scoped)`` adds further routes (the debug
+    window and diagnostics, vacancyd.api.ops)."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     events.install(app)
 
@@ -188,6 +192,17 @@ def make_api(
         release(job_id)
         return web.json_response({"released": job_id, "phase": job.phase.value})
 
+    async def lendable(request: web.Request) -> web.Response:
+        name = request.match_info["upstream"]
+        endpoint = (probes or {}).get(name)
+        if endpoint is not None:
+            return endpoint.answer(request)
+        if any(p.public for p in (probes or {}).values()):
+            return probe.unknown_upstream(name, None)  # no names to an anonymous caller
+        denied = auth.check(request, probe.SCOPE)
+        return denied or probe.unknown_upstream(name, sorted(state.upstreams))
+
+    app.router.add_route("*", "/lendable/{upstream}", lendable)
     app.router.add_post("/admin/reclaim", scoped("admin", post_reclaim))
     app.router.add_post("/admin/jobs/{id}/release", scoped("admin", release_job))
     app.router.add_get("/", page.status_page)

@@ -3,7 +3,7 @@
 Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
 
     {"version", "uptime_s", "ready", "not_ready": [str],
-     "lending_enabled": bool,
+     "lending_enabled": bool, "stopping": bool,
      "presence": {"source", "sampled", "age_s", "evidence_complete", "refuses",
                   "veto": {"active", "release_in_s"}, "detail", "exempt_upstreams": [str],
                   "sessions": [{"id", "kind", "owner", "why", "type", "class", "seat",
@@ -11,7 +11,8 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                 "owner_processes"?}],
                   "session_counts": {KIND: int}},
      "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
-                          "utilization_ratio", "used_mib", "lendable", "why_not", "error",
+                          "utilization_ratio", "used_mib", "lendable", "lendable_mib",
+                          "why_not", "error",
                           "held_by": {"job", "upstream", "phase"} | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
                                        "owner_load_ratio", "borrower_load_ratio",
@@ -22,11 +23,19 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                        "state_detail"},
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
                           "busy",
+                          "headroom": {"lendable_mib", "largest_model", "largest_model_mib"},
                           "server": {"quality", "age_s", "idle", "error"} | null,
                           "unseen_gpu_work": str | null,
                           "active_work": [{"job", "phase", "model", "age_s"}],
                           "reclaim": {"phase", "policy", "trigger", "resource", "edges_age_s",
                                       "edge_triggers", "deadline_in_s", "outcome"} | null}}}
+
+``stopping`` is true from the moment the daemon starts shutting down. ``lendable_mib`` is
+what the resource could lend now (free minus ``min_free_mib``; 0 while it is not lendable;
+null without byte capacity or a reading). An upstream's ``headroom`` is the same for its
+primary resource, 0 while the upstream refuses every borrowed request, plus the configured
+model (``models.footprint_mib``) with the largest footprint that a request would be admitted
+for now (null when none would be).
 
 ``reclaim`` is the upstream's latest reclaim (spec "Yield", Y5): phase waiting, stood_down,
 proceeding or done; ``edges_at`` are the ages (s) of the edges it answers, first first.
@@ -46,6 +55,7 @@ from vacancyd.core.reasons import Admit
 from vacancyd.core.reclaim import Reclaim
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.core.status import (
+    HeadroomStatus,
     HolderStatus,
     JobStatus,
     ListenerStatus,
@@ -142,6 +152,11 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
         elif value is not None:
             why_not = view.policy.evaluate(value)
         holder = state.ledger.holder(name)
+        lendable_mib: float | None = None
+        if value is not None and value.free_mib is not None and view.policy.has_bytes:
+            lendable_mib = (
+                max(0.0, value.free_mib - view.policy.min_free_mib) if why_not is None else 0.0
+            )
         resources[name] = ResourceStatus(
             kind=view.policy.kind.value,
             enabled=view.switch_on,
@@ -158,6 +173,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             else HolderStatus(holder.id, holder.upstream, holder.phase.value),
             pressure=_pressure(state, name, now),
             has_bytes=view.policy.has_bytes,
+            lendable_mib=lendable_mib,
         )
     upstreams: dict[str, UpstreamStatus] = {}
     for name, policy in state.upstreams.items():
@@ -165,6 +181,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
         refusal = None
         if not isinstance(decision, Admit):
             refusal = RefusalStatus(decision.reason.value, decision.retry_after_s, decision.detail)
+        room = gate.headroom(snap, policy)
         listener = state.listeners.get(name)
         exposure = state.target_exposure.get(name)
         server = snap.servers.get(name)
@@ -206,6 +223,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
                 if job.upstream == name
             ),
             reclaim=_reclaim(state.reclaims.get(name), now),
+            headroom=HeadroomStatus(room.lendable_mib, room.largest_model, room.largest_model_mib),
         )
     return StatusDocument(
         version=__version__,
@@ -216,6 +234,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
         presence=presence_doc,
         resources=resources,
         upstreams=upstreams,
+        stopping=snap.stopping,
     )
 
 

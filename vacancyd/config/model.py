@@ -25,7 +25,7 @@ from pydantic import (
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
 
-Scope = Literal["borrow", "read", "admin"]
+Scope = Literal["borrow", "read", "admin", "probe"]
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 #: A Kubernetes DNS-1123 label (namespace, Service name).
@@ -309,6 +309,8 @@ class UpstreamSettings(_Model):
     credential_file: Path | None = None
     refusal_status: Literal[503, 429] = 503
     retry_after_max_s: int | None = Field(None, ge=1, le=86400)
+    #: The lendability probe (docs/balancers.md) answers without a token.
+    public_probe: bool = False
     # Reclaim keys (docs/reclaim.md; docs/configuration.md "[[upstream]] (reclaim keys)").
     on_owner_return: Literal["drain", "cancel", "finish"] = "drain"
     drain_timeout_s: float = Field(30.0, ge=0, le=86400)
@@ -407,7 +409,9 @@ class ClusterSettings(_Model):
     upstream also joins ``SERVICE-direct``, ready while the lender is alive. Times are seconds:
     ``heartbeat_s`` between Node condition refreshes when nothing changes, ``resync_s``
     between re-applies of the EndpointSlices (which repairs outside edits),
-    ``request_timeout_s`` per API call, ``backoff_max_s`` the longest wait after API errors.
+    ``request_timeout_s`` per API call, ``backoff_max_s`` the longest wait after API errors,
+    ``lendable_stable_s`` how long an upstream that was published not lendable must stay
+    lendable before it is published lendable again (not-lendable is always published at once).
     """
 
     kubeconfig: Path | None = None
@@ -420,6 +424,7 @@ class ClusterSettings(_Model):
     resync_s: float = Field(30.0, ge=0.5, le=3600)
     request_timeout_s: float = Field(10.0, gt=0, le=300)
     backoff_max_s: float = Field(60.0, ge=1, le=3600)
+    lendable_stable_s: float = Field(0.0, ge=0, le=3600)
 
     def service_for(self, upstream: str) -> str:
         return self.services.get(upstream) or f"{self.service_prefix}-{upstream}"

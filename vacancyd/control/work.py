@@ -175,6 +175,21 @@ class Work:
                 return await self._take_card(decision, facts)
         return decision
 
+    def would_admit(self, upstream: str, facts: RequestFacts) -> Refuse | None:
+        """None when a request with ``facts`` would be admitted on ``upstream`` now, else
+        the refusal it would get (``resource_busy`` while others wait for it). Reserves,
+        samples and waits for nothing: the lendability probe asks this."""
+        policy = self.state.upstreams[upstream]
+        decision = self._decide(facts, self.state.snapshot(), policy)
+        if isinstance(decision, Refuse):
+            return decision
+        reclaiming = self._reclaiming(upstream)
+        if reclaiming is not None:
+            return reclaiming
+        if self.rooms.has_queue(upstream) and self.rooms.waiting(upstream):
+            return self._busy()
+        return self.state.ledger.fits(upstream, decision.resources)
+
     @staticmethod
     def _busy() -> Refuse:
         return Refuse.of(Reason.RESOURCE_BUSY, "other requests wait for this upstream")

@@ -22,6 +22,8 @@ It never raises and never reads a clock: ``snap.now`` is the time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, UpstreamPolicy
 from vacancyd.core.reasons import Admit, Credit, Decision, Reason, Refuse
@@ -246,3 +248,41 @@ def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy)
             extra={"refresh": "server"} if credit.failed_only_for_age else {},
         )
     return Admit(resources=upstream.resources, charged_mib=charge, credit=credit)
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """What fits on an upstream now (MiB).
+
+    ``lendable_mib``: live free memory of the primary resource minus its ``min_free_mib``,
+    0 when the upstream would refuse any borrowed request, None when the resource has no
+    byte capacity or is not measured. ``largest_model``/``largest_model_mib``: the model of
+    the footprint table with the largest footprint that a request would be admitted for now
+    (residency credit included), None when none would be.
+    """
+
+    lendable_mib: float | None
+    largest_model: str | None
+    largest_model_mib: int | None
+
+
+def headroom(snap: Snapshot, upstream: UpstreamPolicy) -> Headroom:
+    """The upstream's :class:`Headroom` at ``snap.now``; never raises."""
+    primary = snap.resources.get(upstream.resource)
+    reading = None if primary is None else primary.capacity.value
+    free: float | None = None
+    if (
+        primary is not None
+        and primary.policy.has_bytes
+        and reading is not None
+        and reading.free_mib is not None
+        and primary.quality(snap.now) is Quality.READY
+    ):
+        free = max(0.0, reading.free_mib - primary.policy.min_free_mib)
+    if decide_before_body(snap, upstream) is not None:
+        return Headroom(0.0 if free is not None else None, None, None)
+    # Largest footprint first: the first admitted model is the largest one that fits.
+    for model, mib in sorted(upstream.footprint_mib.items(), key=lambda kv: (-kv[1], kv[0])):
+        if isinstance(decide(RequestFacts(model=model), snap, upstream), Admit):
+            return Headroom(free, model, mib)
+    return Headroom(free, None, None)

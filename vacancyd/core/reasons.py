@@ -69,6 +69,8 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     HTTP_ERROR = "http_error"
     UNKNOWN_RESOURCE = "unknown_resource"
+    UNKNOWN_UPSTREAM = "unknown_upstream"
+    UNKNOWN_MODEL = "unknown_model"
     UNKNOWN_JOB = "unknown_job"
 
 

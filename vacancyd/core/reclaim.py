@@ -238,24 +238,38 @@ def decided(reclaim: Reclaim, action: StandDown | Proceed, now: float) -> Reclai
 def trigger_cleared(reclaim: Reclaim, snap: Snapshot, upstream: UpstreamPolicy) -> bool:
     """Would admission's own checks admit ``upstream`` again, for every edge answered? (Y5).
 
-    Owner edges clear when the owner checks pass (presence sampled and fresh; for a
-    host-scoped upstream complete session evidence and no veto). Pressure edges clear when the
-    resource has a fresh, calibrated pressure reading that is not engaged and the resource's
-    own admission checks pass. Operator edges never clear by themselves.
+    A drain or finish wait stands down only when all of these hold:
+
+    * the owner checks admit the upstream (presence sampled and fresh; for a host-scoped
+      upstream complete session evidence and no veto);
+    * every resource a pressure edge of this reclaim named has a fresh, calibrated pressure
+      reading that is not engaged and is at or below its threshold (so not building towards
+      engagement), and passes the resource's own admission checks;
+    * every other pressure-gated resource the upstream depends on admits.
+
+    Operator edges never clear by themselves.
     """
+    refused: set[str] = set()
     for edge in reclaim.edges:
         if edge.trigger is Trigger.ADMIN:
             return False
-        if edge.trigger is Trigger.OWNER:
-            if gate.decide_owner(snap, upstream) is not None:
-                return False
-            continue
-        view = snap.resources.get(edge.resource or "")
+        if edge.trigger is Trigger.PRESSURE:
+            refused.add(edge.resource or "")
+    if gate.decide_owner(snap, upstream) is not None:
+        return False
+    for name in refused:
+        view = snap.resources.get(name)
         if view is None or view.pressure is None:
             return False
         p = view.pressure
-        if p.quality is not Quality.READY or not p.calibrated or p.engaged:
+        if p.quality is not Quality.READY or not p.calibrated or p.engaged or p.above_threshold:
             return False
-        if gate.decide_resource(view, view.name, snap.now) is not None:
+        if gate.decide_resource(view, name, snap.now) is not None:
+            return False
+    for name in upstream.resources:
+        view = snap.resources.get(name)
+        if name in refused or view is None or view.pressure is None:
+            continue
+        if gate.decide_resource(view, name, snap.now) is not None:
             return False
     return True

@@ -53,12 +53,18 @@ class PresenceView:
 
 @dataclass(frozen=True, slots=True)
 class PressureView:
-    """Per-resource owner GPU pressure (product map R1–R5); None on resources without it."""
+    """Per-resource owner GPU pressure (product map R1–R5); None on resources without it.
+
+    ``above_threshold``: the newest valid reading's owner load is above the threshold in
+    force, so the hysteresis is building towards engagement (or holding it). The gate still
+    admits until it engages; a reclaim never stands down on such a reading.
+    """
 
     quality: Quality
     calibrated: bool
     engaged: bool
     detail: str = ""
+    above_threshold: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,9 @@ class ResourceStatus:
     held_by: HolderStatus | None
     pressure: PressureStatus | None
     has_bytes: bool = True
+    #: MiB it could lend now: free minus ``min_free_mib``, 0 while not lendable, None
+    #: without byte capacity or a reading.
+    lendable_mib: float | None = None
 
     @property
     def lendable(self) -> bool:
@@ -152,6 +155,7 @@ class ResourceStatus:
             "total_mib": _round(self.total_mib),
             "utilization_ratio": _round(self.utilization_ratio, 3),
             "lendable": self.lendable,
+            "lendable_mib": _round(self.lendable_mib),
             "why_not": self.why_not,
             "error": self.error,
             "used_mib": _round(self.used_mib),
@@ -214,6 +218,15 @@ class ReclaimStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class HeadroomStatus:
+    """What fits on an upstream now (see ``vacancyd.core.gate.Headroom``); MiB."""
+
+    lendable_mib: float | None
+    largest_model: str | None
+    largest_model_mib: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamStatus:
     """One ``[[upstream]]``: what the gate would decide now and the work it has."""
 
@@ -228,6 +241,7 @@ class UpstreamStatus:
     unseen_gpu_work: str | None
     active_work: tuple[JobStatus, ...]
     reclaim: ReclaimStatus | None
+    headroom: HeadroomStatus | None = None
 
     @property
     def lendable(self) -> bool:
@@ -268,6 +282,13 @@ class UpstreamStatus:
                 "idle": server.idle,
                 "error": server.error,
             },
+            "headroom": None
+            if self.headroom is None
+            else {
+                "lendable_mib": _round(self.headroom.lendable_mib),
+                "largest_model": self.headroom.largest_model,
+                "largest_model_mib": self.headroom.largest_model_mib,
+            },
             "unseen_gpu_work": self.unseen_gpu_work,
             "active_work": [
                 {"job": j.job, "phase": j.phase, "model": j.model, "age_s": _round(j.age_s)}
@@ -300,6 +321,8 @@ class StatusDocument:
     presence: PresenceStatus
     resources: Mapping[str, ResourceStatus]
     upstreams: Mapping[str, UpstreamStatus]
+    #: True from the moment the daemon starts shutting down.
+    stopping: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The ``/status`` JSON object (rounded)."""
@@ -309,6 +332,7 @@ class StatusDocument:
             "ready": self.ready,
             "not_ready": list(self.not_ready),
             "lending_enabled": self.lending_enabled,
+            "stopping": self.stopping,
             "presence": self.presence.to_json(),
             "resources": {name: r.to_json() for name, r in self.resources.items()},
             "upstreams": {name: u.to_json() for name, u in self.upstreams.items()},

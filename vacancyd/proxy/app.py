@@ -44,7 +44,7 @@ from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal
-from vacancyd.proxy import bodies, headers, observe, tunnel
+from vacancyd.proxy import bodies, headers, observe, probe, tunnel
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,23 @@ class Proxy:
 
     # -- entry point ---------------------------------------------------------------------
 
+    def probe(self, request: web.Request) -> web.Response:
+        """The lendability probe for this upstream (:mod:`vacancyd.proxy.probe`)."""
+        if not self.upstream.settings.public_probe:
+            denied = self.auth.check(request, probe.SCOPE)
+            if denied is not None:
+                return denied
+        return probe.answer(
+            request,
+            self.work,
+            self.upstream.policy,
+            canonical_model=self.upstream.adapter.canonical_model,
+            refusal_status=self.upstream.settings.refusal_status,
+        )
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        if origin_form(request.raw_path).partition("?")[0] == probe.PATH:
+            return self.probe(request)  # not a proxied request: no upstream, no counters
         klass = "unauthenticated"
         response: web.StreamResponse | None = None
         try:

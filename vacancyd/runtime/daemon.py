@@ -70,10 +70,11 @@ from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.observe import ProxyAccessLogger
+from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, sdnotify
-from vacancyd.runtime.tasks import Supervisor
+from vacancyd.runtime import calibration, lendability, sdnotify
+from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import PressureSample, SharedState
 
@@ -210,12 +211,14 @@ class Daemon:
             secrets=lambda: [t[1] for t in secrets.tokens] + list(secrets.credentials.values()),
             users=lambda: self.presence.seen_users if self.presence is not None else (),
         )
+        probes: dict[str, ProbeEndpoint] = {}
         api = make_api(
             self.state,
             auth,
             self.metrics,
             started_at=started_at,
             release=self.work.admin_release,
+            probes=probes,
             extra_routes=self.diagnostics.install,
         )
         await self._serve("api", api, settings.server.listen, limits.max_connections)
@@ -269,6 +272,7 @@ class Daemon:
                 controller=controller,
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
+            probes[up.name] = ProbeEndpoint(up.public_probe, proxy.probe)
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(
                 up.name,
@@ -284,6 +288,9 @@ class Daemon:
         self._share_cards()
         self._start_collectors()
         self.supervisor.spawn(self._watch_targets(), name="target listeners", essential=False)
+        self.supervisor.spawn(
+            lendability.watch(self.state), name="lendability watcher", essential=False
+        )
         self._start_kubernetes(started_at)
 
     @property
@@ -401,6 +408,10 @@ class Daemon:
         address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
         self.bound[name] = address
         log.info("%s listening on http://%s", name, address)
+        server = site.listening
+        assert server is not None
+        task_name = f"api@{address}" if name == "api" else f"listener {name}@{address}"
+        self.supervisor.spawn(hold_listener(task_name, server), name=task_name, essential=True)
         return address
 
     def _control_session(self, credential: str | None) -> aiohttp.ClientSession:
@@ -588,7 +599,9 @@ class Daemon:
         With ``[kubernetes]``, the cluster is told first that this lender stops (bounded by
         the request timeout), so it routes away before the listeners close.
         """
-        self.state.stopping = True  # new work refused and /readyz 503 from here on
+        # New work refused and /readyz 503 from here on; /events followers hear it now.
+        self.state.set_stopping()
+        self.supervisor.stopping()  # listeners closing from here on are not failures
         in_flight = self.state.ledger.jobs()
         if in_flight:
             log.warning(
@@ -599,11 +612,15 @@ class Daemon:
                 SHUTDOWN_GRACE_S,
             )
         if self.kubernetes is not None:
-            await self.kubernetes.stop()
+            # Terminating first (endpoints not ready, terminating), so the cluster routes
+            # away while in-flight work finishes; stopped once the listeners are closed.
+            await self.kubernetes.announce_terminating()
         # Every proxy listener stops accepting at once and shares one grace period; the
         # API listener goes last so /healthz and /readyz answer during the grace.
         api = self._runners.pop("api", None)
         await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
+        if self.kubernetes is not None:
+            await self.kubernetes.stop()
         if api is not None:
             await api.cleanup()
         await self.supervisor.stop()
