@@ -20,6 +20,7 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.events import (
     CapacityChanged,
     EdgeRaised,
+    HoldChanged,
     LendabilityChanged,
     LendingSwitched,
     ListenerChanged,
@@ -34,6 +35,7 @@ from vacancyd.core.events import (
     VetoChanged,
 )
 from vacancyd.core.exposure import Exposure
+from vacancyd.core.holds import Hold
 from vacancyd.core.ledger import Ledger
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
@@ -169,6 +171,8 @@ class SharedState:
         self._sample_wanted: dict[str, asyncio.Event] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []
+        #: Pool name -> its member upstreams, first member first (``[[pool]]``).
+        self.pools: dict[str, tuple[str, ...]] = {}
         #: Called after every capacity or server sample (the wait queues re-decide on them).
         self.sample_hooks: list[Callable[[], None]] = []
         self.pressure: dict[str, PressureState] = {
@@ -178,6 +182,10 @@ class SharedState:
         self.unseen = UnseenGpuWork()
         #: Each upstream's latest reclaim as published by vacancyd.control.reclaim (Y5).
         self.reclaims: dict[str, Reclaim] = {}
+        #: The owner's holds in force (vacancyd.control.owner writes them; core/holds.py).
+        self.holds: tuple[Hold, ...] = ()
+        #: Renders the owner's controls for /status (set by vacancyd.control.owner).
+        self.owner_view: Callable[[], Mapping[str, object]] | None = None
 
     @property
     def reclaim_views(self) -> Mapping[str, dict[str, object]]:
@@ -419,6 +427,25 @@ class SharedState:
             return
         self._emit(EdgeRaised(kind, now, resource, detail))
 
+    def set_holds(self, holds: tuple[Hold, ...], now: float) -> None:
+        """Replace the owner's holds (monotonic ``now``). A hold that was not in force before
+        raises a ``hold`` reclaim edge (per GPU resource for a GPU-only hold), so it hands
+        borrowed work back exactly as the owner's return does; every change emits ``hold``.
+        """
+        before = {h.key for h in self.holds}
+        after = {h.key for h in holds}
+        self.holds = holds
+        for hold in holds:
+            if hold.key in before:
+                continue
+            log.warning("owner hold %s engaged: %s", hold.key, hold.detail)
+            self._emit(HoldChanged(hold.key, True, hold.detail, now))
+            for resource in sorted(hold.resources) if hold.resources is not None else [None]:
+                self.raise_edge("hold", now, resource=resource, detail=hold.detail)
+        for key in sorted(before - after):
+            log.info("owner hold %s released", key)
+            self._emit(HoldChanged(key, False, "", now))
+
     def publish_reclaim(self, reclaim: Reclaim) -> None:
         """Record an upstream's reclaim for /status and tell subscribers."""
         self.reclaims[reclaim.upstream] = reclaim
@@ -546,6 +573,7 @@ class SharedState:
             },
             servers=dict(self.servers),
             stopping=self.stopping,
+            holds=self.holds,
             active_jobs=dict(self.ledger.jobs_per_upstream()),
         )
 

@@ -4,6 +4,13 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
 
     {"version", "uptime_s", "ready", "not_ready": [str],
      "lending_enabled": bool, "stopping": bool,
+     "owner_controls": {"holds": [{"kind", "detail", "resources", "until", "ends_in_s"}],
+                        "schedule": {"timezone", "open", "windows", "next_change",
+                                     "next_change_local", "next_change_in_s"} | null,
+                        "pause": {"kind", "set_at", "until", "until_local", "ends_in_s",
+                                  "seen_owner", "reason", "detail"} | null,
+                        "pause_error", "pause_persist_error", "power": {...} | null,
+                        "exclusive_apps": {SCOPE: {...}}} | null,
      "presence": {"source", "sampled", "age_s", "evidence_complete", "refuses",
                   "veto": {"active", "release_in_s"}, "detail", "exempt_upstreams": [str],
                   "sessions": [{"id", "kind", "owner", "why", "type", "class", "seat",
@@ -23,12 +30,19 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                        "state_detail"},
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
                           "busy",
+                          "sharing": {"max_concurrent", "jobs", "waiting", "exclusive_of",
+                                      "excluded_by", "card"},
                           "headroom": {"lendable_mib", "largest_model", "largest_model_mib"},
                           "server": {"quality", "age_s", "idle", "error"} | null,
                           "unseen_gpu_work": str | null,
                           "active_work": [{"job", "phase", "model", "age_s"}],
                           "reclaim": {"phase", "policy", "trigger", "resource", "edges_age_s",
-                                      "edge_triggers", "deadline_in_s", "outcome"} | null}}}
+                                      "edge_triggers", "deadline_in_s", "outcome"} | null}},
+     "pools": {NAME: {"members": [str], "listener": {...} | null, "lendable"}}}
+
+``busy``: the ledger would refuse a new job ``resource_busy`` now (every ``max_concurrent``
+slot taken, or an exclusivity). ``sharing.card``: the primary resource's exclusivity state
+(idle, shared, exclusive). ``pools`` appears only when ``[[pool]]`` listeners are configured.
 
 ``stopping`` is true from the moment the daemon starts shutting down. ``lendable_mib`` is
 what the resource could lend now (free minus ``min_free_mib``; 0 while it is not lendable;
@@ -46,7 +60,7 @@ from __future__ import annotations
 from typing import Any
 
 from vacancyd import __version__
-from vacancyd.core import gate
+from vacancyd.core import gate, sharing
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exposure import ListenerExposure
 from vacancyd.core.observations import Quality
@@ -59,6 +73,7 @@ from vacancyd.core.status import (
     HolderStatus,
     JobStatus,
     ListenerStatus,
+    PoolStatus,
     PresenceStatus,
     PressureEdgeStatus,
     PressureStatus,
@@ -66,6 +81,7 @@ from vacancyd.core.status import (
     RefusalStatus,
     ResourceStatus,
     ServerStatus,
+    SharingStatus,
     StatusDocument,
     UpstreamStatus,
     VetoStatus,
@@ -176,6 +192,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             lendable_mib=lendable_mib,
         )
     upstreams: dict[str, UpstreamStatus] = {}
+    holders = state.ledger.holders_by_upstream()
     for name, policy in state.upstreams.items():
         decision = gate.decide(RequestFacts(), snap, policy)
         refusal = None
@@ -214,7 +231,15 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
                 state_detail=exposure.detail if exposure else "not observed yet",
             ),
             refusal=refusal,
-            busy=any(state.ledger.holder(r) is not None for r in policy.resources),
+            busy=state.ledger.fits(name, policy.resources) is not None,
+            sharing=SharingStatus(
+                max_concurrent=policy.max_concurrent,
+                jobs=sum(1 for job in jobs if job.upstream == name),
+                waiting=state.ledger.waiting.get(name, 0),
+                exclusive_of=tuple(sorted(policy.exclusive_of)),
+                excluded_by=tuple(sorted(policy.excluded_by)),
+                card=sharing.card_state(policy.resource, holders, state.upstreams).value,
+            ),
             server=server_doc,
             unseen_gpu_work=state.unseen_gpu_work.get(name),
             active_work=tuple(
@@ -234,10 +259,23 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
         presence=presence_doc,
         resources=resources,
         upstreams=upstreams,
+        pools={
+            name: PoolStatus(
+                members=members,
+                listener=None
+                if (ls := state.listeners.get(name)) is None
+                else ListenerStatus(ls.address, ls.bound, ls.error),
+                lendable=any(upstreams[m].lendable for m in members if m in upstreams),
+            )
+            for name, members in state.pools.items()
+        },
         stopping=snap.stopping,
     )
 
 
 def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
     """The ``/status`` JSON object (see the module docstring for its shape)."""
-    return build_status(state, started_at).to_json()
+    doc = build_status(state, started_at).to_json()
+    # The owner's controls (vacancyd.control.owner) render their own part, in wall time.
+    doc["owner_controls"] = None if state.owner_view is None else dict(state.owner_view())
+    return doc

@@ -158,6 +158,22 @@ class EdgeRaised:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldChanged:
+    """One of the owner's holds (``vacancyd.core.holds``: schedule, pause, battery, an
+    exclusive app) came into force or ended, at monotonic ``at``. ``hold`` is its key
+    (``pause``, ``exclusive_app:gpu``, ...)."""
+
+    kind: ClassVar[str] = "hold"
+    hold: str
+    active: bool
+    detail: str
+    at: float
+
+    def payload(self) -> dict[str, object]:
+        return {"hold": self.hold, "active": self.active, "detail": self.detail, "at": self.at}
+
+
+@dataclass(frozen=True, slots=True)
 class ReclaimChanged:
     """An upstream's reclaim moved to ``phase``."""
 
@@ -216,6 +232,7 @@ StateEvent = (
     | PresenceSampled
     | VetoChanged
     | EdgeRaised
+    | HoldChanged
     | ReclaimChanged
     | ListenerChanged
 )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from vacancyd.core import gate
+from vacancyd.core.holds import decide_holds
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, UpstreamPolicy
 from vacancyd.core.reasons import Reason
@@ -41,6 +42,8 @@ class Trigger(StrEnum):
     OWNER = "owner"  #: host policy veto engaged (owner returned)
     PRESSURE = "pressure"  #: a resource's attributed GPU pressure engaged
     ADMIN = "admin"  #: an operator asked for a reclaim (POST /admin/reclaim); never clears
+    #: an owner hold began (schedule window closed, pause, battery, exclusive app)
+    HOLD = "hold"
 
 
 class ReclaimPhase(StrEnum):
@@ -94,7 +97,7 @@ class Edge:
     @property
     def reason(self) -> Reason:
         """The refusal reason for work this edge refuses or cancels before its headers."""
-        if self.trigger is Trigger.OWNER:
+        if self.trigger in (Trigger.OWNER, Trigger.HOLD):
             return Reason.OWNER_ACTIVE
         if self.trigger is Trigger.PRESSURE:
             return Reason.RESOURCE_PRESSURED
@@ -109,7 +112,9 @@ def affected_upstreams(
     Owner return reclaims host-scoped upstreams only. A pressure edge on a resource reclaims
     every upstream that depends on it (primary or ``also_requires``); while the owner veto is
     active it reclaims only resource-scoped ones, since the veto already reclaimed the rest.
-    An operator edge names no resource and reclaims every upstream.
+    An operator edge names no resource and reclaims every upstream. A hold edge reclaims
+    every upstream (whatever its owner scope), or with a resource (a GPU-exclusive app) every
+    upstream that depends on it.
     """
     names = []
     for name, up in sorted(upstreams.items()):
@@ -245,7 +250,8 @@ def trigger_cleared(reclaim: Reclaim, snap: Snapshot, upstream: UpstreamPolicy) 
     * every resource a pressure edge of this reclaim named has a fresh, calibrated pressure
       reading that is not engaged and is at or below its threshold (so not building towards
       engagement), and passes the resource's own admission checks;
-    * every other pressure-gated resource the upstream depends on admits.
+    * every other pressure-gated resource the upstream depends on admits;
+    * no owner hold (schedule, pause, battery, exclusive app) covers the upstream.
 
     Operator edges never clear by themselves.
     """
@@ -256,6 +262,8 @@ def trigger_cleared(reclaim: Reclaim, snap: Snapshot, upstream: UpstreamPolicy) 
         if edge.trigger is Trigger.PRESSURE:
             refused.add(edge.resource or "")
     if gate.decide_owner(snap, upstream) is not None:
+        return False
+    if decide_holds(snap.holds, upstream.resources) is not None:
         return False
     for name in refused:
         view = snap.resources.get(name)

@@ -69,6 +69,10 @@ def render_refusal(
         extra["retry_after_hint_s"] = refusal.retry_after_s
     if refusal.resource is not None:
         extra["resource"] = refusal.resource
+    # An owner hold says which control holds the host and, when known, until when (epoch s).
+    for key in ("hold", "until"):
+        if key in refusal.extra:
+            extra[key] = refusal.extra[key]
     if refusal.credit is not None:
         extra["residency_credit"] = {"applied": refusal.credit.applied, "why": refusal.credit.why}
     body = error_body(

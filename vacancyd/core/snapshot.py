@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vacancyd.core.holds import Hold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy
 
@@ -115,6 +116,8 @@ class Snapshot:
     servers: Mapping[str, Observation[ServerState]] = field(default_factory=dict)
     #: The daemon is shutting down: no new borrowed work, whatever else holds.
     stopping: bool = False
+    #: The owner's holds in force now (schedule, pause, battery, exclusive apps).
+    holds: tuple[Hold, ...] = ()
     #: Borrowed jobs running per upstream (the ledger's), for residency proofs under concurrency.
     active_jobs: Mapping[str, int] = field(default_factory=dict)
 

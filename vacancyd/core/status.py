@@ -10,7 +10,7 @@ fields exist for metrics only and are not in the JSON (marked below).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vacancyd.core.observations import Quality
@@ -218,6 +218,49 @@ class ReclaimStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class SharingStatus:
+    """An upstream's slots and wait queue (``max_concurrent``, ``busy = "wait"``) and its
+    side of an exclusivity; ``card`` is its primary resource's state (idle, shared,
+    exclusive)."""
+
+    max_concurrent: int
+    jobs: int
+    waiting: int
+    exclusive_of: tuple[str, ...]
+    excluded_by: tuple[str, ...]
+    card: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_concurrent": self.max_concurrent,
+            "jobs": self.jobs,
+            "waiting": self.waiting,
+            "exclusive_of": list(self.exclusive_of),
+            "excluded_by": list(self.excluded_by),
+            "card": self.card,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """A ``[[pool]]`` listener: its members (first member first) and whether any lends."""
+
+    members: tuple[str, ...]
+    listener: ListenerStatus | None
+    lendable: bool
+
+    def to_json(self) -> dict[str, Any]:
+        ls = self.listener
+        return {
+            "members": list(self.members),
+            "listener": None
+            if ls is None
+            else {"address": ls.address, "bound": ls.bound, "error": ls.error},
+            "lendable": self.lendable,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class HeadroomStatus:
     """What fits on an upstream now (see ``vacancyd.core.gate.Headroom``); MiB."""
 
@@ -241,6 +284,7 @@ class UpstreamStatus:
     unseen_gpu_work: str | None
     active_work: tuple[JobStatus, ...]
     reclaim: ReclaimStatus | None
+    sharing: SharingStatus | None = None
     headroom: HeadroomStatus | None = None
 
     @property
@@ -264,9 +308,10 @@ class UpstreamStatus:
                 "state_detail": ls.state_detail,
             },
             "lendable": self.lendable,
-            # Lendable says what the gate would decide; busy says whether a borrowed job
-            # holds one of its resources right now (the ledger refuses resource_busy).
+            # Lendable says what the gate would decide; busy says whether the ledger would
+            # refuse a new job resource_busy right now (every slot taken, or an exclusivity).
             "busy": self.busy,
+            "sharing": None if self.sharing is None else self.sharing.to_json(),
             "refusal": None
             if refusal is None
             else {
@@ -321,12 +366,13 @@ class StatusDocument:
     presence: PresenceStatus
     resources: Mapping[str, ResourceStatus]
     upstreams: Mapping[str, UpstreamStatus]
+    pools: Mapping[str, PoolStatus] = field(default_factory=dict)
     #: True from the moment the daemon starts shutting down.
     stopping: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        """The ``/status`` JSON object (rounded)."""
-        return {
+        """The ``/status`` JSON object (rounded); ``pools`` only where pools are configured."""
+        doc = {
             "version": self.version,
             "uptime_s": _round(self.uptime_s),
             "ready": self.ready,
@@ -337,3 +383,6 @@ class StatusDocument:
             "resources": {name: r.to_json() for name, r in self.resources.items()},
             "upstreams": {name: u.to_json() for name, u in self.upstreams.items()},
         }
+        if self.pools:
+            doc["pools"] = {name: p.to_json() for name, p in self.pools.items()}
+        return doc

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,9 +63,12 @@ class Upstream:
     target: URL
     credential: str | None
 
+    #: A pool's listener borrows its first member's settings under the pool's own name.
+    alias: str | None = None
+
     @property
     def name(self) -> str:
-        return self.settings.name
+        return self.alias or self.settings.name
 
 
 def origin_form(raw_target: str) -> str:
@@ -114,8 +117,11 @@ class Proxy:
         work: Work,
         controller: Controller | None = None,
         tunnels: tunnel.TunnelLimits | None = None,
+        members: Mapping[str, Proxy] | None = None,
     ) -> None:
         self.upstream = upstream
+        #: A pool's member proxies, first member first (``[[pool]]``); empty otherwise.
+        self.members: Mapping[str, Proxy] = members or {}
         self.work = work
         self.controller = controller
         self.tunnels = tunnel.Tunnels(tunnels or tunnel.TunnelLimits())
@@ -255,10 +261,7 @@ class Proxy:
         except bodies.BodyError as exc:
             answer = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
         else:
-            refusal = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
-            if refusal is not None and refusal.extra.get("refresh") is not None:
-                refusal = None  # a fresh sample may still admit it: let the body come
-            refusal = refusal or self._reclaim_refusal()
+            refusal = self._early_refusal()
             if refusal is not None:
                 answer = self._refusal_response(request, refusal)
         if answer is not None:
@@ -315,12 +318,9 @@ class Proxy:
             return await self._answer_and_drain(
                 request, json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             )
-        early = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
-        if early is not None and early.extra.get("refresh") is None:
+        early = self._early_refusal()
+        if early is not None:
             return await self._refuse(request, early)
-        reclaiming = self._reclaim_refusal()
-        if reclaiming is not None:
-            return await self._refuse(request, reclaiming)
 
         try:
             body, reservation = await bodies.read_body(
@@ -348,6 +348,13 @@ class Proxy:
                 )
             except BadRequest as exc:
                 return json_error(400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+            runs = self
+            if self.members:
+                chosen = self.work.choose(list(self.members), facts)
+                if isinstance(chosen, Refuse):
+                    return await self._refuse(request, chosen)
+                runs = self.members[chosen]
+                name = chosen
             decision = await self.work.admit(name, facts)
             if isinstance(decision, Refuse):
                 return await self._refuse(request, decision)
@@ -356,14 +363,31 @@ class Proxy:
             self.metrics.decision(name, "admitted")
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
             key: str | None = None
-            if self.controller is not None:
-                body, key = self.controller.prepare(c.route, body)
-            return await self._run_job(request, c, query, job, body, key, reservation.release)
+            if runs.controller is not None:
+                body, key = runs.controller.prepare(c.route, body)
+            return await runs._run_job(request, c, query, job, body, key, reservation.release)
         finally:
             reservation.release()
 
     def _reclaim_refusal(self) -> Refuse | None:
         return self.work.refusal(self.upstream.name)
+
+    def _early_refusal(self) -> Refuse | None:
+        """Gate steps 1–5 and the reclaim check, before the body is read: a refusal no fresh
+        sample can change. A pool refuses only when every member does (the one that frees up
+        first answers)."""
+        proxies = list(self.members.values()) or [self]
+        refusals: list[Refuse] = []
+        snap = self.state.snapshot()
+        for proxy in proxies:
+            refusal = gate.decide_before_body(snap, proxy.upstream.policy)
+            if refusal is not None and refusal.extra.get("refresh") is not None:
+                refusal = None  # a fresh sample may still admit it: let the body come
+            refusal = refusal or proxy._reclaim_refusal()
+            if refusal is None:
+                return None
+            refusals.append(refusal)
+        return min(refusals, key=lambda r: r.retry_after_s)
 
     async def _run_job(
         self,

@@ -10,6 +10,8 @@ Task tree (names as they appear in logs):
 * ``collector presence`` — the presence loop (headless or logind), when one is configured
   (essential); logind's signals wake it through ``state.sample_wanted("presence")``
 * ``observer NAME`` — server observation for adapters that need it (essential)
+* ``owner controls`` — the lending schedule, pauses, the battery rule and exclusive apps
+  (essential; ``vacancyd.control.owner``)
 * ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
 * ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
 * ``hold NAME job N`` — watches a held job's server for idleness (not essential)
@@ -30,7 +32,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -57,15 +59,19 @@ from vacancyd.config.policies import (
     upstream_policy,
 )
 from vacancyd.config.secrets import Secrets, read_secrets
+from vacancyd.config.zone import resolve_zone
+from vacancyd.control.owner import OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.sharing import CardSharing, ExclusiveSettings
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
+from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.exposure import Exposure, ListenerExposure
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.lifecycle import JobRules, JobState
 from vacancyd.core.observations import CapacityReading
+from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
@@ -142,6 +148,36 @@ def build_state(settings: Settings) -> SharedState:
     return state
 
 
+def owner_controls_config(settings: Settings) -> OwnerControlsConfig:
+    """The owner-controls loop's settings; raises ConfigError when the zone is unknown."""
+    owner = settings.owner
+    zone_name = settings.schedule.timezone if settings.schedule else None
+    try:
+        tz, zone = resolve_zone(zone_name)
+    except ValueError as exc:
+        raise ConfigError("configuration", [f"schedule.timezone: {exc}"]) from exc
+    exclusive = {}
+    for scope in ExclusiveScope:
+        names = frozenset(a.name for a in owner.exclusive_apps if a.scope == scope.value)
+        if names:
+            exclusive[scope] = ExclusiveTracker(
+                names, owner.exclusive_grace_s, owner.exclusive_resume_after_s
+            )
+    source = presence_rules.resolve_source(owner.presence, sys.platform)
+    return OwnerControlsConfig(
+        state_dir=settings.state_dir,
+        tz=tz,
+        zone=zone,
+        schedule=None if settings.schedule is None else settings.schedule.build(tz, zone),
+        power=PowerPolicy(owner.lend_on_battery, owner.min_battery_percent),
+        exclusive=exclusive,
+        gpu_resources=frozenset(r.name for r in settings.resource if r.kind == "gpu"),
+        presence_evidence=source is presence_rules.PresenceSource.LOGIND,
+        poll_s=settings.collectors.poll_s,
+        probe_timeout_s=settings.collectors.probe_timeout_s,
+    )
+
+
 def read_tokens(secrets: Secrets) -> list[Token]:
     return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens]
 
@@ -154,6 +190,7 @@ class Daemon:
     supervisor: Supervisor = field(init=False)
     work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
+    owner: OwnerControls = field(init=False)
     bound: dict[str, str] = field(default_factory=dict)
     #: runner per listener name ("api" and each upstream's name)
     _runners: dict[str, web.AppRunner] = field(default_factory=dict)
@@ -187,6 +224,7 @@ class Daemon:
             metrics=self.metrics,
             work=self.work,
         )
+        self.owner = OwnerControls(self.state, owner_controls_config(self.settings))
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -204,6 +242,9 @@ class Daemon:
         limits = settings.server.limits
         self.tracing = start_tracing(settings.telemetry, self.state, self.span_exporter)
 
+        # The owner's holds (a restored pause, the schedule, the battery) are in force
+        # before the first borrower can connect.
+        await self.owner.sample()
         self.diagnostics = Diagnostics(
             self.state,
             settings,
@@ -218,11 +259,13 @@ class Daemon:
             self.metrics,
             started_at=started_at,
             release=self.work.admin_release,
+            controls=self.owner,
             probes=probes,
             extra_routes=self.diagnostics.install,
         )
         await self._serve("api", api, settings.server.listen, limits.max_connections)
 
+        proxies: dict[str, Proxy] = {}
         for up in settings.upstream:
             credential = secrets.credentials.get(up.name)
             adapter = ADAPTERS[up.adapter]
@@ -284,6 +327,30 @@ class Daemon:
             self.state.set_listener(up.name, address, bound=True)
             if adapter.observe is not None:
                 self._start_observer(upstream, credential)
+            proxies[up.name] = proxy
+
+        for pool in settings.pool:
+            first = proxies[pool.members[0]]
+            pool_proxy = Proxy(
+                replace(first.upstream, alias=pool.name),
+                state=self.state,
+                auth=auth,
+                metrics=self.metrics,
+                limits=limits,
+                session=first.session,
+                work=self.work,
+                tunnels=TunnelLimits(
+                    first.upstream.settings.websocket_max_tunnels,
+                    first.upstream.settings.websocket_idle_timeout_s,
+                ),
+                members={m: proxies[m] for m in pool.members},
+            )
+            self.state.pools[pool.name] = tuple(pool.members)
+            self.state.set_listener(pool.name, pool.listen, bound=False)
+            address = await self._serve(
+                pool.name, make_app(pool_proxy), pool.listen, limits.max_connections
+            )
+            self.state.set_listener(pool.name, address, bound=True)
 
         self._share_cards()
         self._start_collectors()
@@ -475,6 +542,7 @@ class Daemon:
                 essential=True,
             )
         self._start_pressure()
+        self.supervisor.spawn(self.owner.run(), name="owner controls", essential=True)
         source = presence_rules.resolve_source(self.settings.owner.presence, sys.platform)
         if source is presence_rules.PresenceSource.LOGIND:
             self._start_logind()
