@@ -9,36 +9,24 @@ series (not a collector failure).
 
 from __future__ import annotations
 
-import platform
 from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-    disable_created_metrics,
-)
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vacancyd import __version__
 from vacancyd.api.status import build_status
 from vacancyd.core import sharing
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
 from vacancyd.core.status import PresenceStatus, StatusDocument
+from vacancyd.web.metrics import Metrics
 
 if TYPE_CHECKING:
     from vacancyd.state import SharedState
 
 MIB = 1024 * 1024
-#: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
-#: seconds to minutes.
-REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class StateCollector(Collector):
@@ -271,21 +259,6 @@ def _server_families(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     yield from (quality, age, idle)
 
 
-class BuildCollector(Collector):
-    """``vacancyd_build_info``: a constant 1 labelled with the version and Python."""
-
-    def collect(self) -> Iterator[InfoMetricFamily]:
-        yield InfoMetricFamily(
-            "vacancyd_build",
-            "vacancyd build information.",
-            value={
-                "version": __version__,
-                "python": platform.python_version(),
-                "implementation": platform.python_implementation(),
-            },
-        )
-
-
 def _presence_families(presence: PresenceStatus) -> Iterator[GaugeMetricFamily]:
     """Presence detail: the newest reading's owner signal, evidence and sessions by kind."""
     if presence.owner_signal is None:
@@ -372,64 +345,9 @@ def _pressure_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     yield from (quality, engaged, calibrated, threshold, owner, borrower, observed, unseen)
 
 
-class Metrics:
-    """The daemon's private registry and its counters."""
+def attach_state(metrics: Metrics, state: SharedState) -> None:
+    """Render the state's gauges on ``metrics``' registry at every scrape."""
+    metrics.registry.register(StateCollector(state))
 
-    def __init__(self) -> None:
-        # ``*_created`` series only add cardinality for our always-running counters.
-        disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.decisions = Counter(
-            "vacancyd_admission_decisions",
-            "Gate and ledger decisions on borrowed work, by outcome and reason.",
-            ["upstream", "outcome", "reason"],
-            registry=self.registry,
-        )
-        self.auth_decisions = Counter(
-            "vacancyd_auth",
-            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
-            ["scope", "outcome"],
-            registry=self.registry,
-        )
-        self.proxied = Counter(
-            "vacancyd_proxy_requests",
-            "Requests answered by a proxy listener, by route class and status code.",
-            ["upstream", "route_class", "code"],
-            registry=self.registry,
-        )
-        self.upstream_errors = Counter(
-            "vacancyd_upstream_errors",
-            "Forwarded requests that failed to reach the upstream or broke mid-response.",
-            ["upstream", "stage"],
-            registry=self.registry,
-        )
-        self.wait_seconds = Histogram(
-            "vacancyd_wait_seconds",
-            "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
-            "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
-            ["upstream", "outcome"],
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
-            registry=self.registry,
-        )
-        self.request_duration = Histogram(
-            "vacancyd_request_duration_seconds",
-            "Time from a request's arrival to the end of its response (streams included), "
-            "per upstream and route class.",
-            ["upstream", "route_class"],
-            buckets=REQUEST_BUCKETS_S,
-            registry=self.registry,
-        )
-        self.registry.register(BuildCollector())
-        # process_* (CPU seconds, resident memory, open fds, start time) and python_info,
-        # the series every Prometheus client exposes.
-        ProcessCollector(registry=self.registry)
-        PlatformCollector(registry=self.registry)
 
-    def attach(self, state: SharedState) -> None:
-        self.registry.register(StateCollector(state))
-
-    def auth(self, scope: str, outcome: str) -> None:
-        self.auth_decisions.labels(scope, outcome).inc()
-
-    def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
-        self.decisions.labels(upstream, outcome, reason).inc()
+__all__ = ["Metrics", "StateCollector", "attach_state"]

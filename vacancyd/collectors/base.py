@@ -16,12 +16,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from vacancyd.core.observations import ProbeError
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-class ProbeError(Exception):
-    """A probe could not measure; the message says what failed, for /status and logs."""
 
 
 async def _wait(wake: asyncio.Event | None, interval_s: float) -> None:
@@ -103,3 +101,6 @@ async def run_async_probe_loop(
         else:
             on_sample(value, started)
         await _wait(wake, interval_s)
+
+
+__all__ = ["ProbeError", "run_async_probe_loop", "run_probe_loop"]

@@ -33,8 +33,6 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, BadRequest, Controller
-from vacancyd.api.auth import Authenticator
-from vacancyd.api.metrics import Metrics
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.control.work import Work
 from vacancyd.core import gate
@@ -46,6 +44,8 @@ from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal
 from vacancyd.proxy import bodies, headers, observe, probe, tunnel
 from vacancyd.state import SharedState
+from vacancyd.web.auth import Authenticator
+from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024

@@ -43,8 +43,7 @@ from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import make_api
-from vacancyd.api.auth import Authenticator, Token
-from vacancyd.api.metrics import Metrics
+from vacancyd.api.metrics import attach_state
 from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import render_status
 from vacancyd.collectors import exposure, logind, presence, system
@@ -83,6 +82,8 @@ from vacancyd.runtime import calibration, lendability, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import PressureSample, SharedState
+from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ class Daemon:
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
         self.metrics = Metrics()
-        self.metrics.attach(self.state)
+        attach_state(self.metrics, self.state)
         self.supervisor = Supervisor()
         self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
         for up in self.settings.upstream:

@@ -1,0 +1,102 @@
+"""The daemon's private Prometheus registry and the counters the listeners increment.
+
+Names follow Prometheus conventions (see :mod:`vacancyd.api.metrics` for the gauges that
+render the state). A private registry, not the global one, keeps tests independent.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.core import InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from vacancyd import __version__
+
+#: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
+#: seconds to minutes.
+REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class BuildCollector(Collector):
+    """``vacancyd_build_info``: a constant 1 labelled with the version and Python."""
+
+    def collect(self) -> Iterator[InfoMetricFamily]:
+        yield InfoMetricFamily(
+            "vacancyd_build",
+            "vacancyd build information.",
+            value={
+                "version": __version__,
+                "python": platform.python_version(),
+                "implementation": platform.python_implementation(),
+            },
+        )
+
+
+class Metrics:
+    """The daemon's private registry and its counters."""
+
+    def __init__(self) -> None:
+        # ``*_created`` series only add cardinality for our always-running counters.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.decisions = Counter(
+            "vacancyd_admission_decisions",
+            "Gate and ledger decisions on borrowed work, by outcome and reason.",
+            ["upstream", "outcome", "reason"],
+            registry=self.registry,
+        )
+        self.auth_decisions = Counter(
+            "vacancyd_auth",
+            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
+            ["scope", "outcome"],
+            registry=self.registry,
+        )
+        self.proxied = Counter(
+            "vacancyd_proxy_requests",
+            "Requests answered by a proxy listener, by route class and status code.",
+            ["upstream", "route_class", "code"],
+            registry=self.registry,
+        )
+        self.upstream_errors = Counter(
+            "vacancyd_upstream_errors",
+            "Forwarded requests that failed to reach the upstream or broke mid-response.",
+            ["upstream", "stage"],
+            registry=self.registry,
+        )
+        self.wait_seconds = Histogram(
+            "vacancyd_wait_seconds",
+            "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
+            "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
+            ["upstream", "outcome"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.request_duration = Histogram(
+            "vacancyd_request_duration_seconds",
+            "Time from a request's arrival to the end of its response (streams included), "
+            "per upstream and route class.",
+            ["upstream", "route_class"],
+            buckets=REQUEST_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.registry.register(BuildCollector())
+        # process_* (CPU seconds, resident memory, open fds, start time) and python_info,
+        # the series every Prometheus client exposes.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+
+    def auth(self, scope: str, outcome: str) -> None:
+        self.auth_decisions.labels(scope, outcome).inc()
+
+    def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
+        self.decisions.labels(upstream, outcome, reason).inc()
