@@ -21,6 +21,7 @@ from prometheus_client.core import InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd import __version__
+from vacancyd.core.reasons import Credit
 
 #: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
 #: seconds to minutes.
@@ -73,12 +74,27 @@ class Metrics:
             ["upstream", "stage"],
             registry=self.registry,
         )
+        self.wake_seconds = Histogram(
+            "vacancyd_wake_duration_seconds",
+            "Time a sleeping upstream (vLLM sleep mode) took to wake before a borrowed request "
+            "was forwarded, by outcome (woken, failed).",
+            ["upstream", "outcome"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
         self.wait_seconds = Histogram(
             "vacancyd_wait_seconds",
             "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
             "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
             ["upstream", "outcome"],
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+        self.residency_credits = Counter(
+            "vacancyd_residency_credits",
+            "Residency proofs at the per-model step, by outcome (applied, denied) and reason "
+            "code (resident, allocator, not_loaded, stale, expiring, context_unknown, ...).",
+            ["upstream", "outcome", "reason"],
             registry=self.registry,
         )
         self.request_duration = Histogram(
@@ -100,3 +116,8 @@ class Metrics:
 
     def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
         self.decisions.labels(upstream, outcome, reason).inc()
+
+    def residency(self, upstream: str, credit: Credit) -> None:
+        """Count one residency proof's outcome (admitted or refused at the per-model step)."""
+        outcome = "applied" if credit.applied else "denied"
+        self.residency_credits.labels(upstream, outcome, credit.code or "unknown").inc()
