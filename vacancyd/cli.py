@@ -57,7 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if args.config is None:
         _say(args, "WARNING", "no --config given; using the embedded default configuration")
-    return asyncio.run(run_daemon(settings))
+    return asyncio.run(run_daemon(settings, config_path=args.config))
 
 
 def cmd_companion(args: argparse.Namespace) -> int:

@@ -43,6 +43,7 @@ from vacancyd.state import SharedState
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Scoped = Callable[[str, Handler], Handler]
+Mutation = Callable[[Handler], Handler]
 
 #: The longest debug window one request may open (minutes).
 MAX_DEBUG_MINUTES = 240
@@ -181,8 +182,9 @@ class Diagnostics:
         }
         return scrub(json.dumps(doc, indent=1, default=str), self.secrets(), self.users())
 
-    def install(self, app: web.Application, scoped: Scoped) -> None:
-        """Add ``PUT /admin/debug`` and ``GET /admin/diagnostics`` (admin scope)."""
+    def install(self, app: web.Application, scoped: Scoped, mutation: Mutation) -> None:
+        """Add ``PUT /admin/debug`` (admin scope and the browser guards every admin change
+        gets) and ``GET /admin/diagnostics`` (admin scope)."""
 
         async def put_debug(request: web.Request) -> web.Response:
             try:
@@ -210,7 +212,7 @@ class Diagnostics:
         async def get_diagnostics(_: web.Request) -> web.Response:
             return web.Response(text=self.bundle(), content_type="application/json")
 
-        app.router.add_put("/admin/debug", scoped("admin", put_debug))
+        app.router.add_put("/admin/debug", mutation(put_debug))
         app.router.add_get("/admin/diagnostics", scoped("admin", get_diagnostics))
 
 
