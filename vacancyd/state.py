@@ -120,6 +120,10 @@ class PressureState:
 Listener = Callable[[StateEvent], None]
 
 
+def _matched_owner_process(reading: PresenceReading) -> bool:
+    return any(s.get("owner_processes") for s in reading.sessions)
+
+
 class _ReclaimViews(Mapping[str, dict[str, object]]):
     __slots__ = ("_reclaims",)
 
@@ -499,6 +503,8 @@ class SharedState:
 
     def record_presence(self, reading: PresenceReading, now: float) -> None:
         first = self.presence.reading.observed_at is None
+        before = self.presence.reading.value
+        was_engaged = self.veto.engaged
         self.presence.reading = self.presence.reading.succeeded(reading, now)
         if first:
             log.info("owner presence sampled (%s)", self.presence.source)
@@ -510,6 +516,15 @@ class SharedState:
                 f": {reading.detail}" if reading.detail else "",
             )
             self._emit(VetoChanged(self.veto.engaged, reading.detail, now))
+        elif (
+            was_engaged
+            and _matched_owner_process(reading)
+            and not (before is not None and _matched_owner_process(before))
+            and any(u.lend_while_present for u in self.upstreams.values())
+        ):
+            # An owner program now holds a machine whose owner was already present: the
+            # upstreams that lend while present hand their small jobs back too.
+            self.raise_edge("owner", now, detail=f"owner program running: {reading.detail}")
 
     def record_presence_failure(self, error: str, now: float) -> None:
         """Record that presence could not be read at ``now`` (monotonic s).
@@ -656,6 +671,7 @@ class SharedState:
             max_age_s=self.presence_max_age_s,
             refuses=self.presence.refuses,
             detail=detail,
+            owner_process=reading is not None and _matched_owner_process(reading),
         )
 
     def pressure_view(self, name: str, now: float) -> PressureView | None:

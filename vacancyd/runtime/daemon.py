@@ -63,7 +63,7 @@ from vacancyd.config.policies import (
 )
 from vacancyd.config.secrets import Secrets, read_secrets
 from vacancyd.config.zone import resolve_zone
-from vacancyd.control.owner import OwnerControls, OwnerControlsConfig
+from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.sharing import CardSharing, ExclusiveSettings
 from vacancyd.control.waiting import WaitRooms
@@ -82,7 +82,7 @@ from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, learned, lendability, sdnotify
+from vacancyd.runtime import calibration, durable, learned, lendability, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import PressureSample, SharedState
@@ -197,6 +197,29 @@ def owner_controls_config(settings: Settings) -> OwnerControlsConfig:
     )
 
 
+#: The saved pause's format version in ``STATE_DIR/pause.json``.
+PAUSE_VERSION = 1
+
+
+class DurablePauseStore:
+    """The owner's pause as a versioned durable-state file (:mod:`vacancyd.runtime.durable`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> Mapping[str, object] | None:
+        try:
+            return durable.read_state(self.path, {PAUSE_VERSION})
+        except durable.StateFileError as exc:
+            raise ValueError(str(exc)) from exc
+
+    def save(self, data: Mapping[str, object] | None) -> None:
+        if data is None:
+            durable.remove_state(self.path)
+        else:
+            durable.write_state(self.path, {"version": PAUSE_VERSION, **data})
+
+
 def read_tokens(secrets: Secrets) -> list[Token]:
     return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens]
 
@@ -246,7 +269,11 @@ class Daemon:
             metrics=self.metrics,
             work=self.work,
         )
-        self.owner = OwnerControls(self.state, owner_controls_config(self.settings))
+        self.owner = OwnerControls(
+            self.state,
+            owner_controls_config(self.settings),
+            DurablePauseStore(self.settings.state_dir / PAUSE_FILE),
+        )
 
     def request_stop(self) -> None:
         self._stop.set()
