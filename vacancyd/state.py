@@ -38,6 +38,7 @@ from vacancyd.core.events import (
 from vacancyd.core.exposure import Exposure
 from vacancyd.core.holds import Hold
 from vacancyd.core.ledger import Job, Ledger
+from vacancyd.core.lifecycle import Hold as JobHold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import (
@@ -205,6 +206,8 @@ class SharedState:
         self.state_errors: dict[str, str] = {}
         #: Per durable state file (or the directory), why its newest write failed.
         self.write_errors: dict[str, str] = {}
+        #: Held jobs (id -> their hold), kept current by vacancyd.control.work for /status.
+        self.job_holds: Mapping[int, JobHold] = {}
         #: The owner's holds in force (vacancyd.control.owner writes them; core/holds.py).
         self.holds: tuple[Hold, ...] = ()
         #: Extra /status parts per upstream (a vLLM controller's ``sleep`` state), by name.
