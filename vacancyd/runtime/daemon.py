@@ -270,6 +270,9 @@ class Daemon:
                     self._control_session(credential), upstream.target
                 )
                 self.reclaimer.controllers[up.name] = controller
+                view = getattr(controller, "view", None)
+                if callable(view):
+                    self.state.upstream_views[up.name] = view
             self.work.add_upstream(
                 up.name,
                 JobRules(

@@ -40,6 +40,14 @@ class Metrics:
             ["upstream", "stage"],
             registry=self.registry,
         )
+        self.wake_seconds = Histogram(
+            "vacancyd_wake_duration_seconds",
+            "Time a sleeping upstream (vLLM sleep mode) took to wake before a borrowed request "
+            "was forwarded, by outcome (woken, failed).",
+            ["upstream", "outcome"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
         self.wait_seconds = Histogram(
             "vacancyd_wait_seconds",
             "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
