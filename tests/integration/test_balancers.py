@@ -133,6 +133,12 @@ async def borrow(http: aiohttp.ClientSession, url: str) -> int:
         return resp.status
 
 
+async def until_logged(log: Path, text: str, timeout_s: float = 20.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while text not in await asyncio.to_thread(log.read_text):
+            await asyncio.sleep(0.05)
+
+
 async def until_listening(port: int, timeout_s: float = 10.0) -> None:
     async with asyncio.timeout(timeout_s):
         while True:
@@ -158,9 +164,11 @@ async def test_haproxy_checks_the_probe_and_routes_only_to_the_lendable_lender(
         cfg = pointed(block("haproxy"), lenders, port).replace("inter 2s", "inter 100ms")
         (tmp_path / "haproxy.cfg").write_text(cfg)
         argv = [haproxy, "-db", "-f", str(tmp_path / "haproxy.cfg")]
-        with running(argv, tmp_path / "haproxy.log"):
+        log_path = tmp_path / "haproxy.log"
+        with running(argv, log_path):
             await until_listening(port)
-            await asyncio.sleep(0.5)  # a few checks: b fails, a rises
+            # HAProxy logs each state change its checks make: b goes down, a stays up
+            await until_logged(log_path, "lenders/office-pc is DOWN")
             url = f"http://127.0.0.1:{port}"
             async with aiohttp.ClientSession() as http:
                 statuses = [await borrow(http, url) for _ in range(10)]
@@ -169,9 +177,10 @@ async def test_haproxy_checks_the_probe_and_routes_only_to_the_lendable_lender(
                 # the owners swap: a is busy now, b free again
                 a.state.set_lending(False)
                 b.state.set_lending(True)
-                await asyncio.sleep(0.8)
+                await until_logged(log_path, "lenders/gaming-pc is DOWN")
+                await until_logged(log_path, "lenders/office-pc is UP")
                 statuses = [await borrow(http, url) for _ in range(10)]
-        log = (tmp_path / "haproxy.log").read_text()
+        log = log_path.read_text()
         assert statuses == [200] * 10, log
         assert (len(seen[0]), len(seen[1])) == (10, 10), log
         assert "is DOWN" in log
