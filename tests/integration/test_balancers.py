@@ -135,8 +135,8 @@ async def borrow(http: aiohttp.ClientSession, url: str) -> int:
 
 async def until_logged(log: Path, text: str, timeout_s: float = 20.0) -> None:
     async with asyncio.timeout(timeout_s):
-        while text not in await asyncio.to_thread(log.read_text):
-            await asyncio.sleep(0.05)
+        while text not in await asyncio.to_thread(log.read_text):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # another process writes the log: poll it
 
 
 async def until_listening(port: int, timeout_s: float = 10.0) -> None:
