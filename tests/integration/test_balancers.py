@@ -87,14 +87,20 @@ def test_the_nginx_recipe_passes_nginx_t(tmp_path: Path) -> None:
     assert "test is successful" in proc.stderr
 
 
+#: The upstream keys the lenders run with: the probe public, and four jobs at once, so a
+#: check that lands while one request runs still says lendable (with one slot it would say
+#: resource_busy and HAProxy would take the only lendable lender out for a moment).
+PROBED = "public_probe = true\nmax_concurrent = 4"
+
+
 @asynccontextmanager
 async def two_lenders() -> AsyncIterator[tuple[list[RunningDaemon], list[list[Any]]]]:
     """Two real lenders (probe public), each in front of its own recording upstream."""
     (app_a, seen_a), (app_b, seen_b) = openai_like_app(), openai_like_app()
     async with serve_app(app_a) as ta, serve_app(app_b) as tb:
         async with (
-            running_daemon(lender_toml(ta, "public_probe = true")) as a,
-            running_daemon(lender_toml(tb, "public_probe = true")) as b,
+            running_daemon(lender_toml(ta, PROBED)) as a,
+            running_daemon(lender_toml(tb, PROBED)) as b,
         ):
             await a.wait_ready()
             await b.wait_ready()
