@@ -499,3 +499,62 @@ class GpuPressureProbe:
         out = [ProcessSample(pid, sum(v) / len(v)) for pid, v in by_pid.items()]
         out += [ProcessSample(int(p.pid), 0.0, listed=True) for p in listed]
         return out
+
+
+# -- inventory (vacancyd init) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU as ``vacancyd init`` lists it: NVML index, UUID, PCI bus id, total MiB."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    total_mib: float
+
+
+def list_gpus(
+    smi_timeout_s: float = 5.0, executable: str = "nvidia-smi"
+) -> tuple[list[GpuInfo], str, str | None]:
+    """Every GPU on the host: (gpus, source, why none) with source ``nvml`` or
+    ``nvidia-smi``. Blocking (run it in a thread); never raises."""
+    try:
+        with _nvml_lock:
+            pynvml.nvmlInit()
+            try:
+                gpus = []
+                for i in range(pynvml.nvmlDeviceGetCount()):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    gpus.append(
+                        GpuInfo(
+                            i,
+                            str(pynvml.nvmlDeviceGetUUID(handle)),
+                            str(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                            int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) / MIB,
+                        )
+                    )
+            finally:
+                pynvml.nvmlShutdown()
+        return gpus, "nvml", None if gpus else "NVML lists no GPU"
+    except pynvml.NVMLError as exc:
+        nvml_why = f"NVML: {_nvml_error(exc)}"
+    try:
+        done = subprocess.run(
+            [executable, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            timeout=smi_timeout_s,
+            check=False,
+        )
+    except FileNotFoundError:
+        return [], "none", f"{nvml_why}; nvidia-smi is not installed"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], "none", f"{nvml_why}; nvidia-smi failed: {exc}"
+    if done.returncode != 0:
+        err = done.stderr.decode("utf-8", "replace").strip()[:200]
+        return [], "none", f"{nvml_why}; nvidia-smi exited {done.returncode}: {err}"
+    try:
+        rows = parse_smi_csv(done.stdout.decode("utf-8", "replace"))
+    except ValueError as exc:
+        return [], "none", f"{nvml_why}; nvidia-smi output unreadable: {exc}"
+    return [GpuInfo(r.index, r.uuid, r.pci_bus_id, r.total_mib) for r in rows], "nvidia-smi", None

@@ -141,13 +141,18 @@ class Proxy:
             denied = self.auth.check(request, probe.SCOPE)
             if denied is not None:
                 return denied
-        return probe.answer(
-            request,
-            self.work,
-            self.upstream.policy,
-            canonical_model=self.upstream.adapter.canonical_model,
-            refusal_status=self.upstream.settings.refusal_status,
-        )
+        # A pool is lendable when any member is; otherwise the first member's answer stands.
+        answers = [
+            probe.answer(
+                request,
+                self.work,
+                proxy.upstream.policy,
+                canonical_model=proxy.upstream.adapter.canonical_model,
+                refusal_status=proxy.upstream.settings.refusal_status,
+            )
+            for proxy in (list(self.members.values()) or [self])
+        ]
+        return next((a for a in answers if a.status == 200), answers[0])
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if origin_form(request.raw_path).partition("?")[0] == probe.PATH:
