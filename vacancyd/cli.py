@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             "vacancyd: no --config given; using the embedded default configuration", file=sys.stderr
         )
-    return asyncio.run(run_daemon(settings))
+    return asyncio.run(run_daemon(settings, config_path=args.config))
 
 
 def cmd_companion(args: argparse.Namespace) -> int:
