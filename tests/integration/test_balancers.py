@@ -166,8 +166,13 @@ async def test_haproxy_checks_the_probe_and_routes_only_to_the_lendable_lender(
         a, b = lenders
         b.state.set_lending(False)
         port = free_port()
-        # checks every 100 ms instead of 2 s, so the test need not wait
-        cfg = pointed(block("haproxy"), lenders, port).replace("inter 2s", "inter 100ms")
+        # checks every 300 ms instead of 2 s, so the test need not wait; each may take 2 s
+        # (a loaded machine answers late, and HAProxy's check timeout defaults to inter)
+        cfg = pointed(block("haproxy"), lenders, port).replace("inter 2s", "inter 300ms")
+        cfg = cfg.replace(
+            "    timeout server 300s\n", "    timeout server 300s\n    timeout check 2s\n"
+        )
+        assert "timeout check 2s" in cfg
         (tmp_path / "haproxy.cfg").write_text(cfg)
         argv = [haproxy, "-db", "-f", str(tmp_path / "haproxy.cfg")]
         log_path = tmp_path / "haproxy.log"
