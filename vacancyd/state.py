@@ -2,7 +2,11 @@
 
 Collectors write timestamped observations; the admin API flips switches; the proxy reads a
 frozen :class:`~vacancyd.core.snapshot.Snapshot` per request and updates the ledger. All
-times are monotonic seconds from the event loop's clock. Listeners for state changes are
+times are monotonic seconds from :func:`time.monotonic` (``SharedState.clock``), which is
+what the standard event loop's clock reads too. Not uvloop's loop clock: it is cached per
+loop iteration at millisecond resolution, so a release and the capacity sample it asks for
+would often carry the same stamp and the ledger's post-completion rule could never be
+satisfied. Listeners for state changes are
 plain callbacks so the API can stream transitions and tests can observe them.
 """
 
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -116,7 +121,7 @@ class SharedState:
     ) -> None:
         self.resources = dict(resources)
         self.upstreams = dict(upstreams)
-        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self.clock = clock or time.monotonic
         self.lending_enabled = True
         #: Set once by the daemon's shutdown: refuse new work, report not ready.
         self.stopping = False

@@ -8,6 +8,7 @@ from a loopback address is the owner and holds every scope. Every decision is co
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 from dataclasses import dataclass
@@ -30,10 +31,14 @@ class Token:
         return scope in self.scopes or any(scope in IMPLIED.get(s, ()) for s in self.scopes)
 
 
-def is_loopback_peer(request: web.Request) -> bool:
+def is_loopback_peer(request: web.BaseRequest) -> bool:
     peer = request.remote
-    if not peer:
-        return False
+    return bool(peer) and _is_loopback_address(peer)
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_loopback_address(peer: str) -> bool:
+    """Parsing an address costs more than the rest of a refusal; peers repeat, so remember."""
     try:
         return ipaddress.ip_address(peer.split("%", 1)[0]).is_loopback
     except ValueError:
@@ -42,12 +47,12 @@ def is_loopback_peer(request: web.Request) -> bool:
 
 class Authenticator:
     def __init__(self, tokens: list[Token], *, trust_loopback: bool, metrics: Metrics) -> None:
-        self._tokens = tokens
+        self._secrets = [(token, token.secret.encode()) for token in tokens]
         self._trust_loopback = trust_loopback
         self._metrics = metrics
 
     def check(
-        self, request: web.Request, scope: str, *, record: bool = True
+        self, request: web.BaseRequest, scope: str, *, record: bool = True
     ) -> web.Response | None:
         """None when ``request`` holds ``scope``; else the 401/403 JSON response to send.
 
@@ -74,8 +79,8 @@ class Authenticator:
         # compare as bytes (and never match), not raise.
         presented_bytes = presented.strip().encode("utf-8", "surrogateescape")
         match = None
-        for token in self._tokens:
-            if hmac.compare_digest(token.secret.encode(), presented_bytes):
+        for token, secret in self._secrets:
+            if hmac.compare_digest(secret, presented_bytes):
                 match = token
         if match is None:
             self._record(record, scope, "invalid")

@@ -275,11 +275,32 @@ class Metrics:
             registry=self.registry,
         )
 
+        # ``Counter.labels`` validates and locks on every call; the proxy counts on every
+        # request, so each label combination's child is looked up once and kept. Every label
+        # here has a small closed set of values (config names, enums, HTTP status codes).
+        self._children: dict[tuple[Counter, tuple[str, ...]], Counter] = {}
+
     def attach(self, state: SharedState) -> None:
         self.registry.register(StateCollector(state))
 
+    def count(self, counter: Counter, *labels: str) -> None:
+        """Increment ``counter``'s child for ``labels`` (one of this object's counters)."""
+        key = (counter, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = counter.labels(*labels)
+        child.inc()
+
     def auth(self, scope: str, outcome: str) -> None:
-        self.auth_decisions.labels(scope, outcome).inc()
+        self.count(self.auth_decisions, scope, outcome)
 
     def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
-        self.decisions.labels(upstream, outcome, reason).inc()
+        self.count(self.decisions, upstream, outcome, reason)
+
+    def request(self, upstream: str, route_class: str, code: str) -> None:
+        """One request answered by ``upstream``'s listener (``vacancyd_proxy_requests``)."""
+        self.count(self.proxied, upstream, route_class, code)
+
+    def upstream_error(self, upstream: str, stage: str) -> None:
+        """A forwarded request that failed at ``stage`` (``vacancyd_upstream_errors``)."""
+        self.count(self.upstream_errors, upstream, stage)

@@ -11,9 +11,12 @@ Refusals use ``type = "no_vacancy"`` and ``code`` = the gate's reason.
 
 from __future__ import annotations
 
+import functools
+import json
+from dataclasses import dataclass
 from typing import Any
 
-from vacancyd.core.reasons import Refuse
+from vacancyd.core.reasons import Credit, Reason, Refuse
 
 SOURCE = "vacancyd"
 
@@ -49,3 +52,48 @@ def render_refusal(
         extra["residency_credit"] = {"applied": refusal.credit.applied, "why": refusal.credit.why}
     body = error_body(f"No vacancy: {refusal.detail}", "no_vacancy", refusal.reason.value, **extra)
     return status, headers, body
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedRefusal:
+    """A refusal ready for the wire: status, headers (``Content-Type`` included) and the
+    JSON body as UTF-8 bytes. Shared between requests: never mutate ``headers``."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+#: Distinct refusals rendered ahead of time; the details of most refusals repeat exactly
+#: (a switch, a reason, a resource), so a flood of them is served from here.
+RENDERED_CACHE_SIZE = 512
+
+
+def render_refusal_bytes(refusal: Refuse, upstream: str, status: int = 503) -> RenderedRefusal:
+    """:func:`render_refusal`, serialized, remembered per distinct refusal (``extra`` is not
+    part of the body, so it does not count)."""
+    return _rendered(
+        refusal.reason,
+        refusal.retry_after_s,
+        refusal.detail,
+        refusal.resource,
+        refusal.credit,
+        upstream,
+        status,
+    )
+
+
+@functools.lru_cache(maxsize=RENDERED_CACHE_SIZE)
+def _rendered(
+    reason: Reason,
+    retry_after_s: int,
+    detail: str,
+    resource: str | None,
+    credit: Credit | None,
+    upstream: str,
+    status: int,
+) -> RenderedRefusal:
+    refusal = Refuse(reason, retry_after_s, detail, resource, credit)
+    code, headers, body = render_refusal(refusal, upstream, status)
+    headers["Content-Type"] = "application/json; charset=utf-8"
+    return RenderedRefusal(code, headers, json.dumps(body).encode())

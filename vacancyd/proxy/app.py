@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from aiohttp import web
-from aiohttp.web_urldispatcher import _default_expect_handler
+from aiohttp import hdrs, web
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError
@@ -39,11 +38,11 @@ from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.core import gate
-from vacancyd.core.classify import Classification, RouteClass, classify
+from vacancyd.core.classify import Classification, Classifier, RouteClass
 from vacancyd.core.ledger import Job, Phase
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import Admit, Reason, Refuse
-from vacancyd.core.refusal import error_body, render_refusal
+from vacancyd.core.refusal import error_body, render_refusal_bytes
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.proxy import bodies, headers, tunnel
 from vacancyd.state import SharedState
@@ -57,6 +56,10 @@ MIB = 1024 * 1024
 REFRESH_WAIT_S = 2.0
 #: aiohttp warns about (and may stall the loop on) raw bytes bodies past 1 MiB.
 LARGE_BODY_BYTES = 1024 * 1024
+#: Upstream URLs remembered per listener (oldest forgotten first).
+URL_CACHE_SIZE = 256
+#: Statuses whose responses carry no body (RFC 9110 §6.4.1): always streamed as they are.
+NO_BODY_STATUSES = frozenset({204, 304})
 
 
 @dataclass(frozen=True)
@@ -117,10 +120,19 @@ class Proxy:
         self.session = session
         self.budget = bodies.BodyBudget(limits.buffered_budget_mib * MIB)
         self.max_body = limits.max_request_body_mib * MIB
+        self.classify = Classifier(upstream.adapter.table)
+        self._urls: dict[tuple[str, str], URL] = {}
 
     # -- entry point ---------------------------------------------------------------------
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The listener's only handler (an aiohttp low-level server: no router, no
+        middlewares, so a refusal costs little more than aiohttp's own request parsing)."""
+        if hdrs.EXPECT in request.headers:
+            early = await self.expect(request)
+            await request.writer.drain()
+            if early is not None:
+                return early
         klass = "unauthenticated"
         response: web.StreamResponse | None = None
         try:
@@ -129,16 +141,16 @@ class Proxy:
                 response = denied
                 return denied
             path, _, query = origin_form(request.raw_path).partition("?")
-            c = classify(request.method, path, query, self.upstream.adapter.table)
+            c = self.classify(request.method, path, query)
             klass = c.klass.value
             response = await self._dispatch(request, c, query)
             return response
         finally:
             code = str(response.status) if response is not None else "disconnected"
-            self.metrics.proxied.labels(self.upstream.name, klass, code).inc()
+            self.metrics.request(self.upstream.name, klass, code)
 
     async def _dispatch(
-        self, request: web.Request, c: Classification, query: str
+        self, request: web.BaseRequest, c: Classification, query: str
     ) -> web.StreamResponse:
         allow_management = self.upstream.settings.management == "allow"
         if c.klass is RouteClass.WORK:
@@ -178,7 +190,7 @@ class Proxy:
         )
 
     async def _pass(
-        self, request: web.Request, c: Classification, query: str
+        self, request: web.BaseRequest, c: Classification, query: str
     ) -> web.StreamResponse:
         """Forward a non-work request; a WebSocket upgrade on it is tunneled (P10)."""
         if tunnel.is_upgrade(request):
@@ -197,18 +209,19 @@ class Proxy:
             )
         return await self._forward(request, c, query)
 
-    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+    async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """``Expect: 100-continue`` (RFC 9110 §10.1.1): a work request that would be refused
         whatever its body says is answered now, before the borrower uploads the body.
 
-        Anything else gets aiohttp's usual treatment (100 Continue, or 417 for an unknown
-        expectation); a returned response replaces the handler.
+        Anything else gets aiohttp's usual treatment: ignored before HTTP/1.1, 417 for an
+        unknown expectation (raises ``HTTPExpectationFailed``). A returned response replaces
+        the handler.
         """
-        if (
-            request.version != aiohttp.HttpVersion11
-            or request.headers.get("Expect", "").lower() != "100-continue"
-        ):
-            return await _default_expect_handler(request)  # type: ignore[func-returns-value]
+        if request.version != aiohttp.HttpVersion11:
+            return None
+        expect = request.headers.get(hdrs.EXPECT, "")
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
         answer = self._answer_before_body(request)
         if answer is not None:
             return answer
@@ -216,11 +229,11 @@ class Proxy:
         request.writer.output_size = 0
         return None
 
-    def _answer_before_body(self, request: web.Request) -> web.Response | None:
+    def _answer_before_body(self, request: web.BaseRequest) -> web.Response | None:
         if self.auth.check(request, "borrow", record=False) is not None:
             return self.auth.check(request, "borrow")
         path, _, query = origin_form(request.raw_path).partition("?")
-        c = classify(request.method, path, query, self.upstream.adapter.table)
+        c = self.classify(request.method, path, query)
         if c.klass is not RouteClass.WORK:
             return None
         answer: web.Response | None = None
@@ -236,13 +249,13 @@ class Proxy:
             if refusal is not None:
                 answer = self._refusal_response(request, refusal)
         if answer is not None:
-            self.metrics.proxied.labels(self.upstream.name, c.klass.value, str(answer.status)).inc()
+            self.metrics.request(self.upstream.name, c.klass.value, str(answer.status))
         return answer
 
     # -- work ----------------------------------------------------------------------------
 
-    def _refusal_response(self, request: web.Request, refusal: Refuse) -> web.Response:
-        status, hdrs, body = render_refusal(
+    def _refusal_response(self, request: web.BaseRequest, refusal: Refuse) -> web.Response:
+        rendered = render_refusal_bytes(
             refusal, self.upstream.name, self.upstream.settings.refusal_status
         )
         self.metrics.decision(self.upstream.name, "refused", refusal.reason.value)
@@ -254,13 +267,13 @@ class Proxy:
             refusal.reason,
             refusal.detail,
         )
-        return web.json_response(body, status=status, headers=hdrs)
+        return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
 
-    async def _refuse(self, request: web.Request, refusal: Refuse) -> web.StreamResponse:
+    async def _refuse(self, request: web.BaseRequest, refusal: Refuse) -> web.StreamResponse:
         return await self._answer_and_drain(request, self._refusal_response(request, refusal))
 
     async def _answer_and_drain(
-        self, request: web.Request, response: web.StreamResponse
+        self, request: web.BaseRequest, response: web.StreamResponse
     ) -> web.StreamResponse:
         """Send ``response`` now, then drop what is left of the body (up to 2× the limit)."""
         if request.body_exists and not request.content.is_eof():
@@ -270,7 +283,7 @@ class Proxy:
         return response
 
     async def _work(
-        self, request: web.Request, c: Classification, query: str
+        self, request: web.BaseRequest, c: Classification, query: str
     ) -> web.StreamResponse:
         assert c.route is not None
         name = self.upstream.name
@@ -338,7 +351,7 @@ class Proxy:
 
     async def _run_job(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         c: Classification,
         query: str,
         job: Job,
@@ -353,7 +366,7 @@ class Proxy:
             try:
                 return await self._forward(request, c, query, body=body, on_sent=on_sent)
             finally:
-                self.state.released(job.id, loop.time())
+                self.state.released(job.id, self.state.clock())
         handle = reclaimer.begin(self.upstream.name, job, None, key)
         tracking = cut = False
         try:
@@ -384,7 +397,7 @@ class Proxy:
                 self._hold(job)
             else:
                 reclaimer.end(handle)
-                self.state.released(job.id, loop.time())
+                self.state.released(job.id, self.state.clock())
 
     def _hold(self, job: Job) -> None:
         """L2/L5: a cut job whose server may still be working keeps its reservation.
@@ -407,7 +420,7 @@ class Proxy:
         )
         if not observable or self.reclaimer is None:
             return
-        cut_at = asyncio.get_running_loop().time()
+        cut_at = self.state.clock()
         key = f"server:{name}"
 
         async def await_idle() -> None:
@@ -421,7 +434,7 @@ class Proxy:
                     and obs.value.idle
                 ):
                     log.info("%s: server idle after the cut; releasing held job %d", name, job.id)
-                    self.state.released(job.id, asyncio.get_running_loop().time())
+                    self.state.released(job.id, self.state.clock())
                     return
                 if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
                     await asyncio.sleep(REFRESH_WAIT_S)
@@ -430,7 +443,7 @@ class Proxy:
             await_idle(), name=f"hold {name} job {job.id}", essential=False
         )
 
-    def _after_cut(self, request: web.Request, handle: WorkHandle) -> web.StreamResponse:
+    def _after_cut(self, request: web.BaseRequest, handle: WorkHandle) -> web.StreamResponse:
         """Y3: 503 with the edge's reason before headers; an aborted stream after them."""
         edge = handle.cut_by
         assert edge is not None
@@ -448,9 +461,9 @@ class Proxy:
         refusal = Refuse.of(
             edge.reason, f"the lender reclaimed {name!r} ({edge.trigger}) before the reply"
         )
-        status, hdrs, rbody = render_refusal(refusal, name, self.upstream.settings.refusal_status)
+        rendered = render_refusal_bytes(refusal, name, self.upstream.settings.refusal_status)
         self.metrics.decision(name, "cancelled", refusal.reason.value)
-        return web.json_response(rbody, status=status, headers=hdrs)
+        return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
 
     def _track(self, handle: WorkHandle) -> None:
         """Keep a landed, tracked job reserved until the server finishes it (L2)."""
@@ -479,10 +492,10 @@ class Proxy:
                 return
             except BaseException:
                 reclaimer.end(handle)
-                self.state.released(job.id, asyncio.get_running_loop().time())
+                self.state.released(job.id, self.state.clock())
                 raise
             reclaimer.end(handle)
-            self.state.released(job.id, asyncio.get_running_loop().time())
+            self.state.released(job.id, self.state.clock())
 
         reclaimer.supervisor.spawn(
             follow(), name=f"track {self.upstream.name} job {job.id}", essential=False
@@ -519,18 +532,26 @@ class Proxy:
     # -- forwarding ----------------------------------------------------------------------
 
     def _url(self, c: Classification, query: str) -> URL:
-        target = self.upstream.target
-        return URL.build(
-            scheme=target.scheme,
-            authority=target.raw_authority,
-            path=c.path,
-            query_string=query,
-            encoded=True,
-        )
+        """The upstream URL for a request (remembered for recent path/query pairs)."""
+        key = (c.path, query)
+        url = self._urls.get(key)
+        if url is None:
+            target = self.upstream.target
+            url = URL.build(
+                scheme=target.scheme,
+                authority=target.raw_authority,
+                path=c.path,
+                query_string=query,
+                encoded=True,
+            )
+            if len(self._urls) >= URL_CACHE_SIZE:
+                del self._urls[next(iter(self._urls))]
+            self._urls[key] = url
+        return url
 
     async def _forward(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         c: Classification,
         query: str,
         *,
@@ -563,7 +584,7 @@ class Proxy:
             # that is not a valid HTTP response (garbage, oversized headers, a hang-up).
             unreachable = isinstance(exc, aiohttp.ClientConnectorError | TimeoutError)
             stage = "connect" if unreachable else "response"
-            self.metrics.upstream_errors.labels(up.name, stage).inc()
+            self.metrics.upstream_error(up.name, stage)
             log.warning(
                 "upstream %s %s for %s %s: %r",
                 up.name,
@@ -588,20 +609,34 @@ class Proxy:
                     self.reclaimer.landed(handle)
                 if handle.cut_by is not None:
                     return self._after_cut(request, handle)
-            response = web.StreamResponse(
-                status=upstream_resp.status,
-                reason=upstream_resp.reason,
-                headers=headers.response_headers(upstream_resp.headers, target=up.target),
-            )
+            out_headers = headers.response_headers(upstream_resp.headers, target=up.target)
+            complete = _complete_body(request, upstream_resp)
+            response: web.StreamResponse
+            if complete is not None:
+                # The whole reply arrived with its headers (a small JSON answer): send both
+                # in one write instead of two. Nothing is held back that was not already here.
+                response = web.Response(
+                    status=upstream_resp.status,
+                    reason=upstream_resp.reason,
+                    headers=out_headers,
+                    body=complete,
+                )
+            else:
+                response = web.StreamResponse(
+                    status=upstream_resp.status, reason=upstream_resp.reason, headers=out_headers
+                )
             if handle is not None:
                 handle.headers_sent = True
                 handle.response = response
             await response.prepare(request)
             stalled = self.limits.write_stall_timeout_s
             try:
-                async for chunk in upstream_resp.content.iter_any():
-                    async with asyncio.timeout(stalled):
-                        await response.write(chunk)
+                if complete is None:
+                    async for chunk in upstream_resp.content.iter_any():
+                        async with asyncio.timeout(stalled):
+                            await response.write(chunk)
+                async with asyncio.timeout(stalled):
+                    await response.write_eof()
             except TimeoutError:
                 log.warning(
                     "%s: borrower stopped reading for %g s; disconnecting", up.name, stalled
@@ -611,11 +646,10 @@ class Proxy:
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
                 if request.transport is None or request.transport.is_closing():
                     return response  # the borrower went away; nothing left to tell it
-                self.metrics.upstream_errors.labels(up.name, "stream").inc()
+                self.metrics.upstream_error(up.name, "stream")
                 log.warning("%s: upstream broke mid-response: %s", up.name, exc)
                 self._cut(request)
                 return response
-            await response.write_eof()
             return response
         finally:
             # A fully read response returns its connection to the pool; anything else
@@ -627,14 +661,31 @@ class Proxy:
                 upstream_resp.close()
 
     @staticmethod
-    def _cut(request: web.Request) -> None:
+    def _cut(request: web.BaseRequest) -> None:
         """Abort the borrower's connection so a cut stream never looks like a clean end."""
         transport = request.transport
         if transport is not None:
             transport.abort()
 
 
-def make_app(proxy: Proxy) -> web.Application:
-    app = web.Application(client_max_size=proxy.max_body)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle, expect_handler=proxy.expect)
-    return app
+def _complete_body(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -> bytes | None:
+    """The upstream's whole body when it is already buffered, else None (stream it).
+
+    Never for HEAD or bodiless statuses, whose headers must pass exactly as sent.
+    """
+    status = upstream.status
+    if request.method == "HEAD" or status < 200 or status in NO_BODY_STATUSES:
+        return None
+    content = upstream.content
+    if not content.is_eof() or content.exception() is not None:
+        return None
+    return content.read_nowait()
+
+
+def make_server(proxy: Proxy, **handler_settings: Any) -> web.Server:
+    """The listener's aiohttp low-level server: every request goes to ``proxy.handle``.
+
+    ``handler_settings`` are aiohttp's per-connection settings (``keepalive_timeout``,
+    ``access_log``, ``handler_cancellation``...), as ``web.AppRunner`` takes them.
+    """
+    return web.Server(proxy.handle, **handler_settings)

@@ -59,7 +59,7 @@ class Reservation:
         self._n = 0
 
 
-def check_declared_length(request: web.Request, max_bytes: int) -> None:
+def check_declared_length(request: web.BaseRequest, max_bytes: int) -> None:
     """Refuse early (413) when Content-Length already exceeds the limit."""
     declared = request.content_length
     if declared is not None and declared > max_bytes:
@@ -71,7 +71,7 @@ def check_declared_length(request: web.Request, max_bytes: int) -> None:
 
 
 async def read_body(
-    request: web.Request,
+    request: web.BaseRequest,
     *,
     max_bytes: int,
     budget: BodyBudget,
@@ -135,7 +135,7 @@ async def read_body(
     return b"".join(chunks), reservation
 
 
-async def drain(request: web.Request, limit_bytes: int, timeout_s: float) -> None:
+async def drain(request: web.BaseRequest, limit_bytes: int, timeout_s: float) -> None:
     """Read and drop what is left of a refused request's body, at most ``limit_bytes``.
 
     This lets a client that is still sending receive the refusal rather than a reset.

@@ -39,7 +39,7 @@ HANDSHAKE_HEADERS = frozenset(
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
-def is_upgrade(request: web.Request) -> bool:
+def is_upgrade(request: web.BaseRequest) -> bool:
     """True for a WebSocket upgrade request (RFC 6455 §4.1)."""
     connection = {t.strip().lower() for t in request.headers.get("Connection", "").split(",")}
     return "upgrade" in connection and request.headers.get("Upgrade", "").lower() == "websocket"
@@ -62,7 +62,7 @@ class Tunnels:
 
     async def serve(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         session: aiohttp.ClientSession,
         url: URL,
         out_headers: CIMultiDict[str],

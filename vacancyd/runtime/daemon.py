@@ -26,6 +26,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -53,7 +54,7 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
-from vacancyd.proxy.app import Proxy, Upstream, make_app
+from vacancyd.proxy.app import Proxy, Upstream, make_server
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, sdnotify
@@ -134,7 +135,7 @@ class Daemon:
     reclaimer: Reclaimer = field(init=False)
     bound: dict[str, str] = field(default_factory=dict)
     #: runner per listener name ("api" and each upstream's name)
-    _runners: dict[str, web.AppRunner] = field(default_factory=dict)
+    _runners: dict[str, web.BaseRunner] = field(default_factory=dict)
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
@@ -161,8 +162,7 @@ class Daemon:
     async def start(self) -> None:
         """Bind every listener and start every loop. Raises StartupError / ConfigError."""
         settings = self.settings
-        loop = asyncio.get_running_loop()
-        started_at = loop.time()
+        started_at = self.state.clock()
         secrets = read_secrets(settings)
         tokens = read_tokens(secrets)
         auth = Authenticator(
@@ -194,6 +194,9 @@ class Daemon:
                 timeout=timeout,
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
                 connector=aiohttp.TCPConnector(limit=0),
+                # A proxy must not keep one borrower's cookies for the next (and storing
+                # them costs a jar lookup per request): Set-Cookie passes through untouched.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
             self._sessions.append(session)
             controller = None
@@ -214,7 +217,7 @@ class Daemon:
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
             self.state.set_listener(up.name, up.listen, bound=False)
-            address = await self._serve(up.name, make_app(proxy), up.listen, limits.max_connections)
+            address = await self._serve(up.name, proxy, up.listen, limits.max_connections)
             self.state.set_listener(up.name, address, bound=True)
             if adapter.observe is not None:
                 self._start_observer(upstream, credential)
@@ -239,20 +242,30 @@ class Daemon:
             lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
         )
 
-    async def _serve(self, name: str, app: web.Application, listen: str, cap: int) -> str:
+    async def _serve(self, name: str, app: web.Application | Proxy, listen: str, cap: int) -> str:
+        """Bind ``listen`` for the API application or a proxy (an aiohttp low-level server:
+        the proxy routes every request itself). Raises StartupError when it cannot bind."""
         limits = self.settings.server.limits
-        runner = web.AppRunner(
-            app,
-            handle_signals=False,
-            handler_cancellation=True,
-            # aiohttp waits this long for handlers, then cancels them and waits as long
-            # again before closing the connection: half the grace each keeps the total to it.
-            shutdown_timeout=SHUTDOWN_GRACE_S / 2,
-            keepalive_timeout=limits.header_read_timeout_s,
-            lingering_time=0,
-            access_log=logging.getLogger(f"vacancyd.access.{name}"),
-            access_log_format='%a "%r" %s %b %Tfs',
-        )
+        handler_settings: dict[str, Any] = {
+            "handler_cancellation": True,
+            "keepalive_timeout": limits.header_read_timeout_s,
+            "lingering_time": 0,
+            "access_log": logging.getLogger(f"vacancyd.access.{name}"),
+            "access_log_format": '%a "%r" %s %b %Tfs',
+        }
+        # aiohttp waits shutdown_timeout for handlers, then cancels them and waits as long
+        # again before closing the connection: half the grace each keeps the total to it.
+        runner: web.BaseRunner
+        if isinstance(app, Proxy):
+            runner = web.ServerRunner(
+                make_server(app, **handler_settings),
+                handle_signals=False,
+                shutdown_timeout=SHUTDOWN_GRACE_S / 2,
+            )
+        else:
+            runner = web.AppRunner(
+                app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S / 2, **handler_settings
+            )
         await runner.setup()
         self._runners[name] = runner
         host, port = split_listen(listen)
