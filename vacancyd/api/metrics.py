@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd.core import gate
@@ -243,6 +243,38 @@ def _pressure_metrics(state: SharedState, now: float) -> Iterator[GaugeMetricFam
     yield from (quality, engaged, calibrated, threshold, owner, borrower, observed, unseen)
 
 
+class LoopCounter(Collector):
+    """A labelled counter that the request path increments: a plain count per label tuple,
+    exported as a Prometheus counter (``NAME_total``) when the registry is collected.
+
+    prometheus_client's ``Counter`` validates the labels and takes a lock on every increment;
+    these counters are written only from the event loop (and scraped from it), so a dict
+    does. Every label here has a small closed set of values (config names, enums, HTTP
+    status codes), so the dict stays small.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self._counts: dict[tuple[str, ...], int] = {}
+
+    def inc(self, *labels: str) -> None:
+        """Count one event for ``labels`` (one value per label name, in order)."""
+        counts = self._counts
+        counts[labels] = counts.get(labels, 0) + 1
+
+    def value(self, *labels: str) -> int:
+        """The count for ``labels`` so far (0 when never counted)."""
+        return self._counts.get(labels, 0)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, count in list(self._counts.items()):
+            family.add_metric(labels, float(count))
+        yield family
+
+
 class Metrics:
     """The daemon's private registry and its counters."""
 
@@ -250,57 +282,42 @@ class Metrics:
         # ``*_created`` series only add cardinality for our always-running counters.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
-        self.decisions = Counter(
+        self.decisions = LoopCounter(
             "vacancyd_admission_decisions",
             "Gate and ledger decisions on borrowed work, by outcome and reason.",
-            ["upstream", "outcome", "reason"],
-            registry=self.registry,
+            ("upstream", "outcome", "reason"),
         )
-        self.auth_decisions = Counter(
+        self.auth_decisions = LoopCounter(
             "vacancyd_auth",
             "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
-            ["scope", "outcome"],
-            registry=self.registry,
+            ("scope", "outcome"),
         )
-        self.proxied = Counter(
+        self.proxied = LoopCounter(
             "vacancyd_proxy_requests",
             "Requests answered by a proxy listener, by route class and status code.",
-            ["upstream", "route_class", "code"],
-            registry=self.registry,
+            ("upstream", "route_class", "code"),
         )
-        self.upstream_errors = Counter(
+        self.upstream_errors = LoopCounter(
             "vacancyd_upstream_errors",
             "Forwarded requests that failed to reach the upstream or broke mid-response.",
-            ["upstream", "stage"],
-            registry=self.registry,
+            ("upstream", "stage"),
         )
-
-        # ``Counter.labels`` validates and locks on every call; the proxy counts on every
-        # request, so each label combination's child is looked up once and kept. Every label
-        # here has a small closed set of values (config names, enums, HTTP status codes).
-        self._children: dict[tuple[Counter, tuple[str, ...]], Counter] = {}
+        for counter in (self.decisions, self.auth_decisions, self.proxied, self.upstream_errors):
+            self.registry.register(counter)
 
     def attach(self, state: SharedState) -> None:
         self.registry.register(StateCollector(state))
 
-    def count(self, counter: Counter, *labels: str) -> None:
-        """Increment ``counter``'s child for ``labels`` (one of this object's counters)."""
-        key = (counter, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = counter.labels(*labels)
-        child.inc()
-
     def auth(self, scope: str, outcome: str) -> None:
-        self.count(self.auth_decisions, scope, outcome)
+        self.auth_decisions.inc(scope, outcome)
 
     def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
-        self.count(self.decisions, upstream, outcome, reason)
+        self.decisions.inc(upstream, outcome, reason)
 
     def request(self, upstream: str, route_class: str, code: str) -> None:
         """One request answered by ``upstream``'s listener (``vacancyd_proxy_requests``)."""
-        self.count(self.proxied, upstream, route_class, code)
+        self.proxied.inc(upstream, route_class, code)
 
     def upstream_error(self, upstream: str, stage: str) -> None:
         """A forwarded request that failed at ``stage`` (``vacancyd_upstream_errors``)."""
-        self.count(self.upstream_errors, upstream, stage)
+        self.upstream_errors.inc(upstream, stage)
