@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.dbus import private_bus
 from tests.support.fake_logind import FakeLogind, SessionSpec
+from vacancyd.core.events import VetoChanged
 
 T = TypeVar("T")
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
@@ -129,9 +130,9 @@ async def run_mode(
             state = d.state
             engaged_at: list[float] = []
             state.subscribe(
-                lambda kind, data: (
+                lambda e: (
                     engaged_at.append(time.perf_counter())
-                    if kind == "veto" and data.get("active")
+                    if isinstance(e, VetoChanged) and e.active
                     else None
                 )
             )

@@ -43,7 +43,7 @@
 # kube-apiserver's /openapi/v2, so the schemas always match the API server
 # version (quantities and int-or-string are widened to string|number, scalar
 # fields may be null as in generated manifests, and a "-strict" tree sets
-# additionalProperties: false); tests/test_kube_support.py checks that it
+# additionalProperties: false); tests/integration/test_kube_support.py checks that it
 # accepts valid objects and rejects invalid ones. Caveat: a schema that fails
 # to load makes kubeconform report the resource as skipped (not failed), so
 # callers should pass -summary/-output json and check that nothing was skipped.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Render manifests/ from charts/vacancyd with manifests/values.yaml (product map K6), so the
-# plain YAML and the chart never drift; tests/test_chart.py fails when they differ.
+# plain YAML and the chart never drift; tests/integration/test_chart.py fails when they differ.
 #   HELM   helm binary (default: the tool cache's, else helm on PATH)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,13 +1,15 @@
 """SharedState: the daemon's only mutable store (spec "Shared state").
 
-Collectors write timestamped observations; the admin API flips switches; the proxy reads a
-frozen :class:`~vacancyd.core.snapshot.Snapshot` per request and updates the ledger. All
-times are monotonic seconds from :func:`time.monotonic` (``SharedState.clock``), which is
-what the standard event loop's clock reads too. Not uvloop's loop clock: it is cached per
-loop iteration at millisecond resolution, so a release and the capacity sample it asks for
-would often carry the same stamp and the ledger's post-completion rule could never be
-satisfied. Listeners for state changes are
-plain callbacks so the API can stream transitions and tests can observe them.
+Collectors write timestamped observations; the admin API flips switches; the proxy and the
+gate read a frozen :class:`~vacancyd.core.snapshot.Snapshot`; borrowed work
+(:mod:`vacancyd.control.work`) is the only writer of the ledger. All times are monotonic
+seconds from :func:`time.monotonic` (``SharedState.clock``), which is what the standard
+event loop's clock reads too. Not uvloop's loop clock: it is cached per loop iteration at
+millisecond resolution, so a release and the capacity sample it asks for would often carry
+the same stamp and the ledger's "sample after the last release" rule could not be met. The
+rules (veto hysteresis, pressure learning and its pause, unseen GPU work, readiness) are pure
+code in :mod:`vacancyd.core`; this module only stores their inputs and tells subscribers
+about each transition with a typed event from :mod:`vacancyd.core.events`.
 """
 
 from __future__ import annotations
@@ -15,10 +17,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from vacancyd.core import presence as presence_rules
+from vacancyd.core.events import (
+    CapacityChanged,
+    EdgeRaised,
+    LendingSwitched,
+    ListenerChanged,
+    PresenceSampled,
+    PressureEdgeRaised,
+    PressureReleased,
+    ReclaimChanged,
+    ResourceSwitched,
+    StateEvent,
+    UnseenGpuWorkChanged,
+    VetoChanged,
+)
 from vacancyd.core.ledger import Ledger
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
@@ -28,7 +44,10 @@ from vacancyd.core.pressure import (
     PressurePolicy,
     PressureTracker,
     ThresholdLearner,
+    UnseenGpuWork,
 )
+from vacancyd.core.readiness import not_ready
+from vacancyd.core.reclaim import Reclaim, Trigger
 from vacancyd.core.snapshot import (
     PresenceView,
     PressureView,
@@ -79,11 +98,6 @@ class PressureSample:
     gpu: str
 
 
-#: Attribution samples with admitted work and no GPU use in the upstream's tree before
-#: ``unseen_gpu_work`` is reported (spec "Shared state"; product map R6).
-UNSEEN_AFTER_SAMPLES = 3
-
-
 @dataclass
 class PressureState:
     """One GPU's pressure guard (spec "Shared state"): reading, learner and hysteresis.
@@ -101,7 +115,23 @@ class PressureState:
     last_edge: PressureEdge | None = None
 
 
-Listener = Callable[[str, Mapping[str, object]], None]
+Listener = Callable[[StateEvent], None]
+
+
+class _ReclaimViews(Mapping[str, dict[str, object]]):
+    __slots__ = ("_reclaims",)
+
+    def __init__(self, reclaims: Mapping[str, Reclaim]) -> None:
+        self._reclaims = reclaims
+
+    def __getitem__(self, name: str) -> dict[str, object]:
+        return self._reclaims[name].view()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._reclaims)
+
+    def __len__(self) -> int:
+        return len(self._reclaims)
 
 
 class SharedState:
@@ -133,33 +163,45 @@ class SharedState:
         self.presence = PresenceState(presence_source, refuses=presence_refuses)
         self.presence_max_age_s = presence_max_age_s
         self.veto = VetoTracker(release_after_s)
-        self.ledger = Ledger()
+        self.ledger = Ledger(self.upstreams)
         self.listeners: dict[str, ListenerState] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []
+        #: Called after every capacity or server sample (the wait queues re-decide on them).
+        self.sample_hooks: list[Callable[[], None]] = []
         self.pressure: dict[str, PressureState] = {
             name: PressureState(p, p.new_learner(), p.new_tracker())
             for name, p in (pressure or {}).items()
         }
-        self.unseen_gpu_work: dict[str, str] = {}
-        self._unseen_count: dict[str, int] = {}
-        #: Per-upstream reclaim phase as published by vacancyd.control.reclaim (Y5).
-        self.reclaim_views: dict[str, Mapping[str, object]] = {}
+        self.unseen = UnseenGpuWork()
+        #: Each upstream's latest reclaim as published by vacancyd.control.reclaim (Y5).
+        self.reclaims: dict[str, Reclaim] = {}
+
+    @property
+    def reclaim_views(self) -> Mapping[str, dict[str, object]]:
+        """Each upstream's latest reclaim as plain JSON values (see ``Reclaim.view``); a
+        live view of :attr:`reclaims`."""
+        return _ReclaimViews(self.reclaims)
+
+    @property
+    def unseen_gpu_work(self) -> Mapping[str, str]:
+        """Upstreams whose admitted work is not seen on their GPU -> why."""
+        return self.unseen.flagged
 
     # -- change notification -------------------------------------------------------------
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Call ``listener(kind, data)`` on each state transition; returns an unsubscribe."""
+        """Call ``listener(event)`` on each state transition; returns an unsubscribe."""
         self._subscribers.append(listener)
         return lambda: self._subscribers.remove(listener) if listener in self._subscribers else None
 
-    def _emit(self, kind: str, **data: object) -> None:
+    def _emit(self, event: StateEvent) -> None:
         for listener in list(self._subscribers):
             try:
-                listener(kind, data)
+                listener(event)
             except Exception:  # a broken subscriber must not break a collector
-                log.exception("state listener failed on %s", kind)
+                log.exception("state listener failed on %s", event.kind)
 
     # -- writers -------------------------------------------------------------------------
 
@@ -169,7 +211,7 @@ class SharedState:
         self.lending_enabled = enabled
         if changed:
             log.info("lending switched %s", "on" if enabled else "off")
-            self._emit("lending", enabled=enabled)
+            self._emit(LendingSwitched(enabled))
         return changed
 
     def set_resource_switch(self, name: str, enabled: bool) -> bool:
@@ -180,7 +222,7 @@ class SharedState:
         self.switches[name] = enabled
         if changed:
             log.info("resource %s switched %s", name, "on" if enabled else "off")
-            self._emit("resource_switch", resource=name, enabled=enabled)
+            self._emit(ResourceSwitched(name, enabled))
         return changed
 
     def record_capacity(self, name: str, reading: CapacityReading, now: float) -> None:
@@ -188,8 +230,9 @@ class SharedState:
         self.capacity[name] = self.capacity[name].succeeded(reading, now)
         if before is not Quality.READY:
             log.info("resource %s measured", name)
-            self._emit("capacity", resource=name, quality=Quality.READY.value)
+            self._emit(CapacityChanged(name, Quality.READY))
         self._wake(self._observed, name)
+        self._sampled()
 
     def record_capacity_failure(self, name: str, error: str, now: float) -> None:
         previous = self.capacity[name]
@@ -200,7 +243,7 @@ class SharedState:
             or (previous.observed_at is not None and previous.failed_at < previous.observed_at)
         ):
             log.warning("resource %s unmeasured: %s", name, error)
-            self._emit("capacity", resource=name, quality=Quality.UNKNOWN.value, error=error)
+            self._emit(CapacityChanged(name, Quality.UNKNOWN, error))
 
     def record_pressure(self, name: str, sample: PressureSample, now: float) -> None:
         """A valid pressure poll of GPU ``name`` (spec "Shared state", "Yield"; R1–R6).
@@ -223,7 +266,7 @@ class SharedState:
             ps.pending_cache = None
         ps.gpu = sample.gpu
         load = sample.attribution.owner_load
-        if self._may_learn(now):
+        if self.presence_view(now).allows_learning(now):
             ps.learner.observe(load, now)
         was_engaged = ps.tracker.engaged
         was_ready = ps.reading.quality(now, ps.policy.stale_after_s) is Quality.READY
@@ -235,7 +278,7 @@ class SharedState:
             self._pressure_edge(name, ps, edge)
         elif was_engaged and not ps.tracker.engaged:
             log.info("resource %s: GPU pressure released", name)
-            self._emit("pressure", resource=name, edge=False, engaged=False)
+            self._emit(PressureReleased(name))
         self._track_unseen(name, sample.attribution)
 
     def record_pressure_failure(self, name: str, error: str, now: float) -> None:
@@ -264,58 +307,27 @@ class SharedState:
             f", unknown for {edge.unknown_for_s:.0f} s" if edge.unknown_for_s else "",
         )
         self._emit(
-            "pressure",
-            resource=name,
-            edge=True,
-            engaged=ps.tracker.engaged,
-            cause=edge.cause.value,
-            at=edge.at,
-            unknown_for_s=edge.unknown_for_s,
-            owner_load=load,
-            threshold=threshold,
+            PressureEdgeRaised(
+                name, ps.tracker.engaged, edge.cause, edge.at, edge.unknown_for_s, load, threshold
+            )
         )
         # The same edge starts a reclaim of the affected upstreams (spec "Yield", Y4).
         self.raise_edge(
-            "pressure",
+            Trigger.PRESSURE,
             edge.at,
             resource=name,
             detail=f"GPU pressure on {name} ({edge.cause.value})",
         )
 
-    def _may_learn(self, now: float) -> bool:
-        view = self.presence_view(now)
-        if not view.refuses or not view.sampled:
-            return True
-        age = view.age_s(now)
-        return age is not None and age <= view.max_age_s
-
     def _track_unseen(self, name: str, attribution: Attribution) -> None:
-        """R6: count samples with admitted work and none of the upstream's tree on the GPU."""
         running = {job.upstream for job in self.ledger.jobs()}
-        for upstream, seen in attribution.seen.items():
-            policy = self.upstreams.get(upstream)
-            if policy is None or self._unseen_resource(policy) != name:
-                continue
-            if seen:
-                self._unseen_count[upstream] = 0
-                if self.unseen_gpu_work.pop(upstream, None) is not None:
-                    log.info("upstream %s: its processes are seen on the GPU again", upstream)
-                    self._emit("unseen_gpu_work", upstream=upstream, active=False)
-                continue
-            if upstream not in running:
-                self._unseen_count[upstream] = 0
-                continue
-            count = self._unseen_count.get(upstream, 0) + 1
-            self._unseen_count[upstream] = count
-            if count >= UNSEEN_AFTER_SAMPLES and upstream not in self.unseen_gpu_work:
-                why = (
-                    f"{count} samples with admitted work running and no process of the "
-                    f"upstream's tree on GPU {name!r}; its GPU work runs outside that tree "
-                    "(a relay into a VM or container?) and counts as the owner's load"
-                )
-                self.unseen_gpu_work[upstream] = why
-                log.warning("upstream %s: unseen GPU work: %s", upstream, why)
-                self._emit("unseen_gpu_work", upstream=upstream, active=True, detail=why)
+        gpu_of = {u: self._unseen_resource(p) for u, p in self.upstreams.items()}
+        for change in self.unseen.observe(name, attribution.seen, running, gpu_of):
+            if change.active:
+                log.warning("upstream %s: unseen GPU work: %s", change.upstream, change.detail)
+            else:
+                log.info("upstream %s: its processes are seen on the GPU again", change.upstream)
+            self._emit(UnseenGpuWorkChanged(change.upstream, change.active, change.detail))
 
     def _unseen_resource(self, policy: UpstreamPolicy) -> str | None:
         for name in policy.resources:
@@ -326,6 +338,14 @@ class SharedState:
     def record_server(self, upstream: str, state: ServerState, now: float) -> None:
         self.servers[upstream] = self.servers.get(upstream, Observation()).succeeded(state, now)
         self._wake(self._observed, f"server:{upstream}")
+        self._sampled()
+
+    def _sampled(self) -> None:
+        for hook in list(self.sample_hooks):
+            try:
+                hook()
+            except Exception:  # a broken hook must not break a collector
+                log.exception("sample hook failed")
 
     def record_server_failure(self, upstream: str, error: str, now: float) -> None:
         previous = self.servers.get(upstream, Observation())
@@ -338,14 +358,14 @@ class SharedState:
         self.presence.reading = self.presence.reading.succeeded(reading, now)
         if first:
             log.info("owner presence sampled (%s)", self.presence.source)
-            self._emit("presence", sampled=True)
+            self._emit(PresenceSampled())
         if self.veto.observe(reading.owner_signal, now):
             log.info(
                 "host policy veto %s%s",
                 "engaged" if self.veto.engaged else "released",
                 f": {reading.detail}" if reading.detail else "",
             )
-            self._emit("veto", active=self.veto.engaged, detail=reading.detail, at=now)
+            self._emit(VetoChanged(self.veto.engaged, reading.detail, now))
 
     def record_presence_failure(self, error: str, now: float) -> None:
         """Record that presence could not be read at ``now`` (monotonic s).
@@ -367,35 +387,34 @@ class SharedState:
             detail = f"presence stale and unreadable: {error}"
             if self.veto.observe(True, now):
                 log.warning("host policy veto engaged: %s", detail)
-                self._emit("veto", active=True, detail=detail, at=now)
+                self._emit(VetoChanged(True, detail, now))
 
     def raise_edge(
-        self, trigger: str, now: float, *, resource: str | None = None, detail: str = ""
+        self, trigger: Trigger | str, now: float, *, resource: str | None = None, detail: str = ""
     ) -> None:
-        """Raise a reclaim edge (spec "Yield"): ``trigger`` "owner", "pressure" or "admin".
+        """Raise a reclaim edge (spec "Yield"): ``trigger`` owner, pressure or admin.
 
         The host policy veto raises owner edges by itself (``record_presence``); this is the
         internal event the admin API (POST /admin/reclaim), tests and the pressure tracker use.
+        An unknown trigger is logged and ignored.
         """
-        self._emit("edge", trigger=trigger, at=now, resource=resource, detail=detail)
+        try:
+            kind = Trigger(trigger)
+        except ValueError:
+            log.error("ignoring a reclaim edge with unknown trigger %r", trigger)
+            return
+        self._emit(EdgeRaised(kind, now, resource, detail))
 
-    def publish_reclaim(self, upstream: str, view: Mapping[str, object]) -> None:
-        """Record an upstream's reclaim phase for /status and tell subscribers."""
-        self.reclaim_views[upstream] = view
-        self._emit("reclaim", upstream=upstream, phase=view.get("phase"))
+    def publish_reclaim(self, reclaim: Reclaim) -> None:
+        """Record an upstream's reclaim for /status and tell subscribers."""
+        self.reclaims[reclaim.upstream] = reclaim
+        self._emit(ReclaimChanged(reclaim.upstream, reclaim.phase))
 
     def set_listener(
         self, upstream: str, address: str, bound: bool, error: str | None = None
     ) -> None:
         self.listeners[upstream] = ListenerState(address, bound, error)
-        self._emit("listener", upstream=upstream, bound=bound)
-
-    def released(self, job_id: int, now: float) -> None:
-        """Release a ledger job and ask the collectors for a post-completion sample (L3)."""
-        job = self.ledger.release(job_id, now)
-        if job is not None:
-            for name in job.resources:
-                self.request_sample(name)
+        self._emit(ListenerChanged(upstream, bound))
 
     # -- fresh samples on demand ---------------------------------------------------------
 
@@ -506,11 +525,13 @@ class SharedState:
                     capacity=self.capacity[name],
                     released_at=self.ledger.released_at(name),
                     pressure=self.pressure_view(name, at),
+                    charged_mib=self.ledger.charged_mib(name),
                 )
                 for name, policy in self.resources.items()
             },
             servers=dict(self.servers),
             stopping=self.stopping,
+            active_jobs=dict(self.ledger.jobs_per_upstream()),
         )
 
     def ready(self, now: float) -> tuple[bool, list[str]]:
@@ -518,28 +539,9 @@ class SharedState:
 
         Returns (ready, reasons-not-ready) — the reasons are for /status, never /readyz.
         """
-        why: list[str] = ["stopping"] if self.stopping else []
-        for name, listener in sorted(self.listeners.items()):
-            if not listener.bound:
-                why.append(f"listener {name} not bound")
-        view = self.presence_view(now)
-        if view.refuses:
-            if not view.sampled:
-                why.append("presence not sampled")
-            else:
-                age = view.age_s(now)
-                if age is None or age > view.max_age_s:
-                    why.append("presence stale")
-        required = {r for up in self.upstreams.values() for r in up.resources}
-        for name in sorted(required):
-            if not self.switches.get(name, False):
-                continue
-            quality = self.capacity[name].quality(now, self.resources[name].stale_after_s)
-            if quality is not Quality.READY:
-                why.append(f"resource {name} {quality}")
-            ps = self.pressure.get(name)
-            if ps is not None:
-                pq = ps.reading.quality(now, ps.policy.stale_after_s)
-                if pq is not Quality.READY:
-                    why.append(f"resource {name} pressure {pq}")
+        why = not_ready(
+            self.snapshot(now),
+            listeners={name: ls.bound for name, ls in self.listeners.items()},
+            required={r for up in self.upstreams.values() for r in up.resources},
+        )
         return not why, why

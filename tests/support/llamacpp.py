@@ -155,11 +155,13 @@ def llama_server_argv(
     *,
     alias: str = MODEL_ALIAS,
     threads: int = 2,
+    parallel: int = 1,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """Command line for a small single-slot CPU server on 127.0.0.1:``port``.
+    """Command line for a small CPU server on 127.0.0.1:``port``.
 
-    ``threads`` is the number of CPU threads for generation and batch processing.
+    ``threads`` is the number of CPU threads for generation and batch processing;
+    ``parallel`` the number of slots (``-np``), each with :data:`CONTEXT_TOKENS` of context.
     """
     return [
         str(binary),
@@ -167,8 +169,8 @@ def llama_server_argv(
         "--alias", alias,
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--ctx-size", str(CONTEXT_TOKENS),
-        "--parallel", "1",
+        "--ctx-size", str(CONTEXT_TOKENS * parallel),
+        "--parallel", str(parallel),
         "--threads", str(threads),
         "--threads-batch", str(threads),
         "--seed", "42",
@@ -248,6 +250,7 @@ async def running_llama_server(
     alias: str = MODEL_ALIAS,
     startup_timeout: float = 60.0,
     stop_grace: float = 5.0,
+    parallel: int = 1,
     extra_args: Sequence[str] = (),
 ) -> AsyncIterator[LlamaServer]:
     """Run ``llama-server`` with a tiny model until the ``async with`` block ends.
@@ -256,8 +259,8 @@ async def running_llama_server(
     ``port`` defaults to a free loopback port (retried a few times should another process
     grab it first). ``startup_timeout`` bounds the wait for ``GET /health`` == 200, in
     seconds. On exit the server gets SIGTERM, then SIGKILL after ``stop_grace`` seconds.
-    Ends the calling test (skip or fail, see :func:`require_llama_server`) if the binary
-    is missing.
+    ``parallel`` is the server's slot count (``-np``). Ends the calling test (skip or fail,
+    see :func:`require_llama_server`) if the binary is missing.
     """
     binary, vocab = require_llama_server()
     if model is None:
@@ -270,7 +273,9 @@ async def running_llama_server(
     chosen = port
     for attempt in range(attempts):
         chosen = port if port is not None else free_port()
-        argv = llama_server_argv(binary, model, chosen, alias=alias, extra_args=extra_args)
+        argv = llama_server_argv(
+            binary, model, chosen, alias=alias, parallel=parallel, extra_args=extra_args
+        )
         try:
             process = await _start_once(argv, log_path, chosen, startup_timeout)
             break

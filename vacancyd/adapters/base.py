@@ -19,6 +19,7 @@ import aiohttp
 from yarl import URL
 
 from vacancyd.core.classify import Route, RouteTable
+from vacancyd.core.reasons import ErrorCode
 from vacancyd.core.snapshot import RequestFacts, ServerState
 
 Observe = Callable[[aiohttp.ClientSession, URL], Awaitable[ServerState]]
@@ -66,6 +67,13 @@ class Controller(Protocol):
         """Load ``model`` again once lending resumes (T2)."""
         ...
 
+    async def resident(self) -> list[str] | None:
+        """Models the server holds in memory now, or None when it cannot tell.
+
+        Exclusivity confirms an unload with it before forwarding an exclusive job.
+        """
+        ...
+
 
 MakeController = Callable[[aiohttp.ClientSession, URL], Controller]
 
@@ -76,7 +84,7 @@ class BadRequest(Exception):
     ``code`` is a short machine-readable string for the JSON error.
     """
 
-    def __init__(self, message: str, code: str = "invalid_request_body") -> None:
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST_BODY) -> None:
         super().__init__(message)
         self.code = code
 
@@ -131,7 +139,7 @@ def model_from(payload: dict[str, Any] | None, route: Route) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise BadRequest(f"{route.model_key!r} must be a string", "invalid_model")
+        raise BadRequest(f"{route.model_key!r} must be a string", ErrorCode.INVALID_MODEL)
     return value
 
 
@@ -168,7 +176,7 @@ class Adapter:
             raise BadRequest(
                 "background Responses are not lent: their work outlives the reply that would "
                 "release the reservation",
-                "background_unsupported",
+                ErrorCode.BACKGROUND_UNSUPPORTED,
             )
         model = model_from(payload, route)
         return RequestFacts(model=None if model is None else self.canonical_model(model))

@@ -262,5 +262,8 @@ class ComfyController:
     async def warm(self, model: str) -> str:
         raise UpstreamError("ComfyUI has no model load API; warm_model applies to ollama")
 
+    async def resident(self) -> list[str] | None:
+        return None  # ComfyUI lists no loaded models; /free is its whole unload
+
 
 ADAPTER = Adapter(name="comfyui", table=TABLE, make_controller=ComfyController)

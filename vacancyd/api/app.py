@@ -21,6 +21,8 @@ from vacancyd.api import events
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
+from vacancyd.core.ledger import Job
+from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.state import SharedState
 
@@ -30,7 +32,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _bad_request(message: str) -> web.Response:
     return web.json_response(
-        error_body(message, "invalid_request_error", "invalid_body"), status=400
+        error_body(message, ErrorType.INVALID_REQUEST, ErrorCode.INVALID_BODY), status=400
     )
 
 
@@ -53,12 +55,14 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
-            exc.status, "http_error"
-        )
+        code = {
+            404: ErrorCode.NOT_FOUND,
+            405: ErrorCode.METHOD_NOT_ALLOWED,
+            413: ErrorCode.REQUEST_TOO_LARGE,
+        }.get(exc.status, ErrorCode.HTTP_ERROR)
         return web.json_response(
             error_body(
-                f"{request.method} {request.path}: {exc.reason}", "invalid_request_error", code
+                f"{request.method} {request.path}: {exc.reason}", ErrorType.INVALID_REQUEST, code
             ),
             status=exc.status,
             headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
@@ -83,8 +87,11 @@ def make_api(
     metrics: Metrics,
     *,
     started_at: float,
+    release: Callable[[int], Job | None],
     events_keepalive_s: float = events.KEEPALIVE_S,
 ) -> web.Application:
+    """The operator's application. ``release(job_id)`` frees a borrowed job's reservation
+    and returns its ledger record as it was (None for an unknown job)."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     events.install(app)
 
@@ -132,8 +139,8 @@ def make_api(
             return web.json_response(
                 error_body(
                     f"no resource named {name!r} (declared: {', '.join(sorted(state.switches))})",
-                    "not_found_error",
-                    "unknown_resource",
+                    ErrorType.NOT_FOUND,
+                    ErrorCode.UNKNOWN_RESOURCE,
                 ),
                 status=404,
             )
@@ -165,7 +172,8 @@ def make_api(
         job = state.ledger.get(job_id)
         if job is None:
             return web.json_response(
-                error_body(f"no job {job_id}", "not_found_error", "unknown_job"), status=404
+                error_body(f"no job {job_id}", ErrorType.NOT_FOUND, ErrorCode.UNKNOWN_JOB),
+                status=404,
             )
         log.warning(
             "admin released job %d (%s, %s) (from %s)",
@@ -174,7 +182,7 @@ def make_api(
             job.phase,
             request.remote,
         )
-        state.released(job_id, state.clock())
+        release(job_id)
         return web.json_response({"released": job_id, "phase": job.phase.value})
 
     app.router.add_post("/admin/reclaim", scoped("admin", post_reclaim))

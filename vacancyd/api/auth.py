@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from vacancyd.api.metrics import Metrics
+from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 
 IMPLIED = {"admin": {"read"}}
@@ -69,8 +70,8 @@ class Authenticator:
             return web.json_response(
                 error_body(
                     "authentication required: send Authorization: Bearer <token>",
-                    "authentication_error",
-                    "missing_token",
+                    ErrorType.AUTHENTICATION,
+                    ErrorCode.MISSING_TOKEN,
                 ),
                 status=401,
                 headers={"WWW-Authenticate": 'Bearer realm="vacancyd"'},
@@ -86,7 +87,9 @@ class Authenticator:
             self._record(record, scope, "invalid")
             return web.json_response(
                 error_body(
-                    "the bearer token is not valid", "authentication_error", "invalid_token"
+                    "the bearer token is not valid",
+                    ErrorType.AUTHENTICATION,
+                    ErrorCode.INVALID_TOKEN,
                 ),
                 status=401,
                 headers={"WWW-Authenticate": 'Bearer realm="vacancyd", error="invalid_token"'},
@@ -96,8 +99,8 @@ class Authenticator:
             return web.json_response(
                 error_body(
                     f"token {match.name!r} lacks the {scope!r} scope",
-                    "permission_error",
-                    "insufficient_scope",
+                    ErrorType.PERMISSION,
+                    ErrorCode.INSUFFICIENT_SCOPE,
                 ),
                 status=403,
             )

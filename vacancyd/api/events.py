@@ -15,8 +15,10 @@ The stream a dashboard or the Kubernetes companion follows. Wire format (the WHA
 
     : keepalive
 
-``event`` is the transition kind that :class:`~vacancyd.state.SharedState` emits (``lending``,
-``resource_switch``, ``capacity``, ``presence``, ``veto``, ``listener``). A comment line is sent
+``event`` is the ``kind`` of the typed transition (:mod:`vacancyd.core.events`) that
+:class:`~vacancyd.state.SharedState` emitted (``lending``, ``resource_switch``, ``capacity``,
+``pressure``, ``unseen_gpu_work``, ``presence``, ``veto``, ``edge``, ``reclaim``,
+``listener``), and ``data`` its payload. A comment line is sent
 every ``keepalive_s`` seconds, so a follower that hears nothing for a few of those knows the
 lender is gone. Events are a hint to re-read ``/status``, not a replacement for it: not every
 change of lendability is a transition (a reading going stale, free memory dropping).
@@ -36,6 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from vacancyd import __version__
+from vacancyd.core.events import StateEvent
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
@@ -77,11 +80,12 @@ def make_handler(
         queue: asyncio.Queue[tuple[str, dict[str, object]]] = asyncio.Queue(QUEUE_MAX)
         overflowed = asyncio.Event()
 
-        def on_change(kind: str, data: Mapping[str, object]) -> None:
+        def on_change(event: StateEvent) -> None:
             if overflowed.is_set():
                 return
+            kind = event.kind
             try:
-                queue.put_nowait((kind, {"kind": kind, **data, "at_wall": time.time()}))
+                queue.put_nowait((kind, {"kind": kind, **event.payload(), "at_wall": time.time()}))
             except asyncio.QueueFull:
                 overflowed.set()
 

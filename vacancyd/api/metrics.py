@@ -1,6 +1,6 @@
 """Prometheus metrics (spec "API and metrics"; product map O3).
 
-Gauges are rendered from one state snapshot per scrape by a custom collector on a private
+Gauges are rendered from one status document per scrape by a custom collector on a private
 registry (no global registry: tests stay independent). Counters are incremented by the proxy
 and the authenticator. Names follow Prometheus conventions: base units in the name (bytes,
 seconds), 0–1 ratios named ``_ratio``. CPU has no byte capacity, so it has no ``_bytes``
@@ -9,19 +9,19 @@ series (not a collector failure).
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, disable_created_metrics
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vacancyd.core import gate
-from vacancyd.core import presence as presence_rules
+from vacancyd.api.status import build_status
+from vacancyd.core import sharing
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
-from vacancyd.core.reasons import Refuse
-from vacancyd.core.snapshot import RequestFacts
+from vacancyd.core.status import PresenceStatus, StatusDocument
 
 if TYPE_CHECKING:
     from vacancyd.state import SharedState
@@ -30,22 +30,20 @@ MIB = 1024 * 1024
 
 
 class StateCollector(Collector):
-    """Renders every gauge the gate consults from one snapshot."""
+    """Renders every gauge the gate consults from one status document per scrape (the same
+    picture ``/status`` and the Kubernetes publisher render)."""
 
     def __init__(self, state: SharedState) -> None:
         self._state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        state = self._state
-        now = state.clock()
-        snap = state.snapshot(now)
-
+        doc = build_status(self._state)
         yield GaugeMetricFamily(
             "vacancyd_lending_enabled",
             "Global lending switch (1 on, 0 off).",
-            value=1.0 if snap.lending_enabled else 0.0,
+            value=1.0 if doc.lending_enabled else 0.0,
         )
-        presence = snap.presence
+        presence = doc.presence
         g = GaugeMetricFamily(
             "vacancyd_presence_sampled",
             "1 once owner presence has been sampled.",
@@ -53,17 +51,18 @@ class StateCollector(Collector):
         )
         g.add_metric([presence.source], 1.0 if presence.sampled else 0.0)
         yield g
-        age = presence.age_s(now)
-        if age is not None:
+        if presence.age_s is not None:
             yield GaugeMetricFamily(
-                "vacancyd_presence_age_seconds", "Age of the newest presence reading.", value=age
+                "vacancyd_presence_age_seconds",
+                "Age of the newest presence reading.",
+                value=presence.age_s,
             )
         yield GaugeMetricFamily(
             "vacancyd_owner_veto_active",
             "Host policy veto engaged (1) or released (0).",
-            value=1.0 if presence.veto_active else 0.0,
+            value=1.0 if presence.veto.active else 0.0,
         )
-        yield from _presence_families(state, presence.sampled, presence.evidence_complete)
+        yield from _presence_families(presence)
 
         enabled = GaugeMetricFamily(
             "vacancyd_resource_enabled", "Runtime switch per resource.", labels=["resource"]
@@ -97,48 +96,44 @@ class StateCollector(Collector):
             "1 when the resource passes its switch, quality and probe policy checks.",
             labels=["resource"],
         )
-        for name, view in sorted(snap.resources.items()):
-            enabled.add_metric([name], 1.0 if view.switch_on else 0.0)
-            q = view.quality(now)
+        for name, res in sorted(doc.resources.items()):
+            enabled.add_metric([name], 1.0 if res.enabled else 0.0)
             for each in Quality:
-                quality.add_metric([name, each.value], 1.0 if each is q else 0.0)
-            obs_age = view.capacity.age_s(now)
-            if obs_age is not None:
-                age_g.add_metric([name], obs_age)
-            reading = view.capacity.value
-            ok = view.switch_on and q is Quality.READY
-            if reading is not None:
-                if view.policy.has_bytes and reading.free_mib is not None:
-                    free.add_metric([name], reading.free_mib * MIB)
-                if view.policy.has_bytes and reading.total_mib is not None:
-                    total.add_metric([name], reading.total_mib * MIB)
-                if reading.utilization is not None:
-                    util.add_metric([name], reading.utilization)
-                if view.policy.has_bytes and reading.used_mib is not None:
-                    used.add_metric([name], reading.used_mib * MIB)
-                ok = ok and view.policy.evaluate(reading) is None
-            lendable.add_metric([name], 1.0 if ok else 0.0)
+                quality.add_metric([name, each.value], 1.0 if each is res.quality else 0.0)
+            if res.age_s is not None:
+                age_g.add_metric([name], res.age_s)
+            if res.has_bytes and res.free_mib is not None:
+                free.add_metric([name], res.free_mib * MIB)
+            if res.has_bytes and res.total_mib is not None:
+                total.add_metric([name], res.total_mib * MIB)
+            if res.utilization_ratio is not None:
+                util.add_metric([name], res.utilization_ratio)
+            if res.has_bytes and res.used_mib is not None:
+                used.add_metric([name], res.used_mib * MIB)
+            lendable.add_metric([name], 1.0 if res.lendable else 0.0)
         yield from (enabled, quality, age_g, free, total, used, util, lendable)
-        yield from _pressure_metrics(state, now)
+        yield from _pressure_metrics(doc)
 
         active = GaugeMetricFamily(
             "vacancyd_active_work",
             "Admission-ledger entries per upstream and phase.",
             labels=["upstream", "phase"],
         )
-        counts = state.ledger.counts()
-        for upstream in sorted(state.upstreams):
+        for upstream, up in sorted(doc.upstreams.items()):
+            counts = Tally(job.phase for job in up.active_work)
             for phase in Phase:
-                active.add_metric([upstream, phase.value], float(counts.get((upstream, phase), 0)))
+                active.add_metric([upstream, phase.value], float(counts.get(phase.value, 0)))
         yield active
+        yield from _sharing_metrics(self._state)
 
         listener = GaugeMetricFamily(
             "vacancyd_listener_up",
             "1 while the upstream's proxy listener is bound.",
             labels=["upstream"],
         )
-        for upstream, ls in sorted(state.listeners.items()):
-            listener.add_metric([upstream], 1.0 if ls.bound else 0.0)
+        for upstream, up in sorted(doc.upstreams.items()):
+            if up.listener is not None:
+                listener.add_metric([upstream], 1.0 if up.listener.bound else 0.0)
         yield listener
 
         upstream_lendable = GaugeMetricFamily(
@@ -146,43 +141,77 @@ class StateCollector(Collector):
             "1 when the gate would admit a borrowed request on the upstream now.",
             labels=["upstream"],
         )
-        for name, policy in sorted(state.upstreams.items()):
-            ok_now = not isinstance(gate.decide(RequestFacts(), snap, policy), Refuse)
-            upstream_lendable.add_metric([name], 1.0 if ok_now else 0.0)
+        for name, up in sorted(doc.upstreams.items()):
+            upstream_lendable.add_metric([name], 1.0 if up.lendable else 0.0)
         yield upstream_lendable
 
-        ready, _ = state.ready(now)
-        yield GaugeMetricFamily("vacancyd_ready", "1 when /readyz answers 200.", value=float(ready))
+        yield GaugeMetricFamily(
+            "vacancyd_ready", "1 when /readyz answers 200.", value=float(doc.ready)
+        )
 
 
-def _presence_families(
-    state: SharedState, sampled: bool, evidence_complete: bool
-) -> Iterator[GaugeMetricFamily]:
+def _sharing_metrics(state: SharedState) -> Iterator[GaugeMetricFamily]:
+    """Slots, wait queues and exclusivity (docs/architecture.md "Sharing the card")."""
+    ledger = state.ledger
+    waiting = GaugeMetricFamily(
+        "vacancyd_waiting",
+        "Borrowed requests waiting for a slot (busy = wait).",
+        labels=["upstream"],
+    )
+    for upstream in sorted(state.upstreams):
+        waiting.add_metric([upstream], float(ledger.waiting.get(upstream, 0)))
+    yield waiting
+    jobs = GaugeMetricFamily(
+        "vacancyd_resource_jobs",
+        "Borrowed jobs holding each resource (more than one with max_concurrent).",
+        labels=["resource"],
+    )
+    per_resource = ledger.jobs_per_resource()
+    for name in sorted(state.resources):
+        jobs.add_metric([name], float(per_resource.get(name, 0)))
+    yield jobs
+    shared = sorted({p.resource for p in state.upstreams.values() if p.exclusive_of})
+    if not shared:
+        return
+    card = GaugeMetricFamily(
+        "vacancyd_exclusivity_state",
+        "What a resource shared by exclusive upstreams is doing (1 for the current state): "
+        "idle, shared (jobs that may run together) or exclusive (an exclusive job alone).",
+        labels=["resource", "state"],
+    )
+    holders = ledger.holders_by_upstream()
+    for name in shared:
+        now = sharing.card_state(name, holders, state.upstreams)
+        for each in sharing.CardState:
+            card.add_metric([name, each.value], 1.0 if each is now else 0.0)
+    yield card
+
+
+def _presence_families(presence: PresenceStatus) -> Iterator[GaugeMetricFamily]:
     """Presence detail: the newest reading's owner signal, evidence and sessions by kind."""
-    reading = state.presence.reading.value
-    if reading is None:
+    if presence.owner_signal is None:
         return
     yield GaugeMetricFamily(
         "vacancyd_presence_owner_signal",
         "1 when the newest presence reading matched the owner policy.",
-        value=1.0 if reading.owner_signal else 0.0,
+        value=1.0 if presence.owner_signal else 0.0,
     )
     yield GaugeMetricFamily(
         "vacancyd_presence_evidence_complete",
         "1 when every session in the newest presence reading could be read clearly.",
-        value=1.0 if sampled and evidence_complete else 0.0,
+        value=1.0 if presence.sampled and presence.evidence_complete else 0.0,
     )
     sessions = GaugeMetricFamily(
         "vacancyd_presence_sessions",
         "Sessions in the newest presence reading, by kind.",
         labels=["kind"],
     )
-    for kind, n in presence_rules.count_kinds(reading.sessions).items():
+    for kind, n in presence.session_counts.items():
         sessions.add_metric([kind], float(n))
     yield sessions
 
 
-def _pressure_metrics(state: SharedState, now: float) -> Iterator[GaugeMetricFamily]:
+def _pressure_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     """GPU pressure inputs the gate reads (product map R1–R6), one series per GPU."""
     quality = GaugeMetricFamily(
         "vacancyd_gpu_pressure_quality",
@@ -219,27 +248,28 @@ def _pressure_metrics(state: SharedState, now: float) -> Iterator[GaugeMetricFam
         "Observed seconds of owner load in the GPU's calibration.",
         labels=["resource"],
     )
-    for name, ps in sorted(state.pressure.items()):
-        view = state.pressure_view(name, now)
-        assert view is not None
+    for name, res in sorted(doc.resources.items()):
+        p = res.pressure
+        if p is None:
+            continue
         for each in Quality:
-            quality.add_metric([name, each.value], 1.0 if each is view.quality else 0.0)
-        engaged.add_metric([name], 1.0 if view.engaged else 0.0)
-        calibrated.add_metric([name], 1.0 if view.calibrated else 0.0)
-        current = ps.learner.current()
-        if current is not None:
-            threshold.add_metric([name], current)
-        if ps.reading.value is not None:
-            owner.add_metric([name], ps.reading.value.owner_load)
-            borrower.add_metric([name], ps.reading.value.borrower_load)
-        observed.add_metric([name], ps.learner.observed_s)
+            quality.add_metric([name, each.value], 1.0 if each is p.quality else 0.0)
+        engaged.add_metric([name], 1.0 if p.engaged else 0.0)
+        calibrated.add_metric([name], 1.0 if p.calibrated else 0.0)
+        if p.threshold_ratio is not None:
+            threshold.add_metric([name], p.threshold_ratio)
+        if p.owner_load_ratio is not None:
+            owner.add_metric([name], p.owner_load_ratio)
+        if p.borrower_load_ratio is not None:
+            borrower.add_metric([name], p.borrower_load_ratio)
+        observed.add_metric([name], p.calibration_observed_s)
     unseen = GaugeMetricFamily(
         "vacancyd_upstream_unseen_gpu_work",
         "1 while an upstream has admitted work and none of its processes is seen on a GPU.",
         labels=["upstream"],
     )
-    for upstream in sorted(state.upstreams):
-        unseen.add_metric([upstream], 1.0 if upstream in state.unseen_gpu_work else 0.0)
+    for upstream, up in sorted(doc.upstreams.items()):
+        unseen.add_metric([upstream], 1.0 if up.unseen_gpu_work is not None else 0.0)
     yield from (quality, engaged, calibrated, threshold, owner, borrower, observed, unseen)
 
 
@@ -304,6 +334,14 @@ class Metrics:
         )
         for counter in (self.decisions, self.auth_decisions, self.proxied, self.upstream_errors):
             self.registry.register(counter)
+        self.wait_seconds = Histogram(
+            "vacancyd_wait_seconds",
+            "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
+            "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
+            ["upstream", "outcome"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
 
     def attach(self, state: SharedState) -> None:
         self.registry.register(StateCollector(state))

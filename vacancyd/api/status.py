@@ -41,78 +41,94 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
 from vacancyd.core.reasons import Admit
+from vacancyd.core.reclaim import Reclaim
 from vacancyd.core.snapshot import RequestFacts
+from vacancyd.core.status import (
+    HolderStatus,
+    JobStatus,
+    ListenerStatus,
+    PresenceStatus,
+    PressureEdgeStatus,
+    PressureStatus,
+    ReclaimStatus,
+    RefusalStatus,
+    ResourceStatus,
+    ServerStatus,
+    StatusDocument,
+    UpstreamStatus,
+    VetoStatus,
+)
 from vacancyd.state import SharedState
 
 
-def _round(value: float | None, digits: int = 1) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def _pressure_doc(state: SharedState, name: str, now: float) -> dict[str, Any] | None:
+def _pressure(state: SharedState, name: str, now: float) -> PressureStatus | None:
     ps = state.pressure.get(name)
     view = state.pressure_view(name, now)
     if ps is None or view is None:
         return None
     value = ps.reading.value
-    threshold = ps.learner.current()
     edge = ps.last_edge
-    return {
-        "quality": view.quality.value,
-        "calibrated": view.calibrated,
-        "engaged": view.engaged,
-        "threshold_ratio": _round(threshold, 3),
-        "owner_load_ratio": _round(value.owner_load, 3) if value else None,
-        "borrower_load_ratio": _round(value.borrower_load, 3) if value else None,
-        "calibration_observed_s": _round(ps.learner.observed_s),
-        "calibration_needed_s": None
+    return PressureStatus(
+        quality=view.quality,
+        calibrated=view.calibrated,
+        engaged=view.engaged,
+        threshold_ratio=ps.learner.current(),
+        owner_load_ratio=value.owner_load if value else None,
+        borrower_load_ratio=value.borrower_load if value else None,
+        calibration_observed_s=ps.learner.observed_s,
+        calibration_needed_s=None
         if ps.learner.settings.fixed is not None
         else ps.learner.settings.calibration_s,
-        "release_in_s": _round(ps.tracker.release_in_s(now)),
-        "gpu": ps.gpu,
-        "detail": view.detail,
-        "last_edge": None
+        release_in_s=ps.tracker.release_in_s(now),
+        gpu=ps.gpu,
+        detail=view.detail,
+        last_edge=None
         if edge is None
-        else {
-            "cause": edge.cause.value,
-            "age_s": _round(now - edge.at),
-            "unknown_for_s": _round(edge.unknown_for_s),
-        },
-    }
+        else PressureEdgeStatus(edge.cause.value, now - edge.at, edge.unknown_for_s),
+    )
 
 
-def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
+def _reclaim(r: Reclaim | None, now: float) -> ReclaimStatus | None:
+    if r is None:
+        return None
+    return ReclaimStatus(
+        phase=r.phase.value,
+        policy=r.policy.on_owner_return.value,
+        trigger=r.first.trigger.value,
+        resource=r.first.resource,
+        edges_age_s=tuple(now - e.at for e in r.edges),
+        edge_triggers=tuple(e.trigger.value for e in r.edges),
+        deadline_in_s=None if r.deadline is None else r.deadline - now,
+        outcome=r.outcome,
+    )
+
+
+def build_status(state: SharedState, started_at: float | None = None) -> StatusDocument:
+    """Everything ``/status``, ``/metrics`` and the Kubernetes publisher show, from one
+    snapshot at the state's clock. ``started_at``: monotonic start time (for uptime)."""
     now = state.clock()
     snap = state.snapshot(now)
-    ready, not_ready = state.ready(now)
+    _ready, not_ready = state.ready(now)
     presence = snap.presence
     reading = state.presence.reading.value
-    doc: dict[str, Any] = {
-        "version": __version__,
-        "uptime_s": _round(now - started_at),
-        "ready": ready,
-        "not_ready": not_ready,
-        "lending_enabled": snap.lending_enabled,
-        "presence": {
-            "source": presence.source,
-            "sampled": presence.sampled,
-            "age_s": _round(presence.age_s(now)),
-            "evidence_complete": presence.evidence_complete,
-            "refuses": presence.refuses,
-            "veto": {
-                "active": presence.veto_active,
-                "release_in_s": _round(state.veto.release_in_s(now)),
-            },
-            "detail": presence.detail,
-            "sessions": [dict(s) for s in reading.sessions] if reading else [],
-            "session_counts": presence_rules.count_kinds(reading.sessions if reading else ()),
-            "exempt_upstreams": sorted(
-                n for n, u in state.upstreams.items() if u.owner_scope is OwnerScope.RESOURCE
-            ),
-        },
-        "resources": {},
-        "upstreams": {},
-    }
+    sessions = reading.sessions if reading else ()
+    presence_doc = PresenceStatus(
+        source=presence.source,
+        sampled=presence.sampled,
+        age_s=presence.age_s(now),
+        evidence_complete=presence.evidence_complete,
+        refuses=presence.refuses,
+        veto=VetoStatus(presence.veto_active, state.veto.release_in_s(now)),
+        detail=presence.detail,
+        sessions=tuple(sessions),
+        session_counts=presence_rules.count_kinds(sessions),
+        exempt_upstreams=tuple(
+            sorted(n for n, u in state.upstreams.items() if u.owner_scope is OwnerScope.RESOURCE)
+        ),
+        owner_signal=None if reading is None else reading.owner_signal,
+    )
+    jobs = state.ledger.jobs()
+    resources: dict[str, ResourceStatus] = {}
     for name, view in snap.resources.items():
         q = view.quality(now)
         value = view.capacity.value
@@ -124,32 +140,29 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
         elif value is not None:
             why_not = view.policy.evaluate(value)
         holder = state.ledger.holder(name)
-        doc["resources"][name] = {
-            "kind": view.policy.kind.value,
-            "enabled": view.switch_on,
-            "quality": q.value,
-            "age_s": _round(view.capacity.age_s(now)),
-            "free_mib": _round(value.free_mib) if value else None,
-            "total_mib": _round(value.total_mib) if value else None,
-            "utilization_ratio": _round(value.utilization, 3) if value else None,
-            "lendable": why_not is None,
-            "why_not": why_not,
-            "error": view.capacity.error if q is Quality.UNKNOWN else None,
-            "used_mib": _round(value.used_mib) if value else None,
-            "held_by": None
+        resources[name] = ResourceStatus(
+            kind=view.policy.kind.value,
+            enabled=view.switch_on,
+            quality=q,
+            age_s=view.capacity.age_s(now),
+            free_mib=value.free_mib if value else None,
+            total_mib=value.total_mib if value else None,
+            utilization_ratio=value.utilization if value else None,
+            used_mib=value.used_mib if value else None,
+            why_not=why_not,
+            error=view.capacity.error if q is Quality.UNKNOWN else None,
+            held_by=None
             if holder is None
-            else {"job": holder.id, "upstream": holder.upstream, "phase": holder.phase.value},
-            "pressure": _pressure_doc(state, name, now),
-        }
+            else HolderStatus(holder.id, holder.upstream, holder.phase.value),
+            pressure=_pressure(state, name, now),
+            has_bytes=view.policy.has_bytes,
+        )
+    upstreams: dict[str, UpstreamStatus] = {}
     for name, policy in state.upstreams.items():
         decision = gate.decide(RequestFacts(), snap, policy)
         refusal = None
         if not isinstance(decision, Admit):
-            refusal = {
-                "reason": decision.reason.value,
-                "retry_after_s": decision.retry_after_s,
-                "detail": decision.detail,
-            }
+            refusal = RefusalStatus(decision.reason.value, decision.retry_after_s, decision.detail)
         listener = state.listeners.get(name)
         server = snap.servers.get(name)
         server_doc = None
@@ -159,53 +172,43 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
                 if server is not None
                 else Quality.UNKNOWN
             )
-            server_doc = {
-                "quality": sq.value,
-                "age_s": _round(server.age_s(now)) if server else None,
-                "idle": server.value.idle if server and server.value else None,
-                "error": server.error if server and sq is Quality.UNKNOWN else None,
-            }
-        doc["upstreams"][name] = {
-            "adapter": policy.adapter,
-            "resource": policy.resource,
-            "also_requires": list(policy.also_requires),
-            "owner_scope": policy.owner_scope.value,
-            "listener": None
+            server_doc = ServerStatus(
+                quality=sq,
+                age_s=server.age_s(now) if server else None,
+                idle=server.value.idle if server and server.value else None,
+                error=server.error if server and sq is Quality.UNKNOWN else None,
+            )
+        upstreams[name] = UpstreamStatus(
+            adapter=policy.adapter,
+            resource=policy.resource,
+            also_requires=tuple(policy.also_requires),
+            owner_scope=policy.owner_scope.value,
+            listener=None
             if listener is None
-            else {"address": listener.address, "bound": listener.bound, "error": listener.error},
-            "lendable": refusal is None,
-            # Lendable says what the gate would decide; busy says whether a borrowed job
-            # holds one of its resources right now (the ledger refuses resource_busy).
-            "busy": any(state.ledger.holder(r) is not None for r in policy.resources),
-            "refusal": refusal,
-            "server": server_doc,
-            "unseen_gpu_work": state.unseen_gpu_work.get(name),
-            "active_work": [
-                {
-                    "job": job.id,
-                    "phase": job.phase.value,
-                    "model": job.model,
-                    "age_s": _round(now - job.admitted_at),
-                }
-                for job in state.ledger.jobs()
+            else ListenerStatus(listener.address, listener.bound, listener.error),
+            refusal=refusal,
+            busy=any(state.ledger.holder(r) is not None for r in policy.resources),
+            server=server_doc,
+            unseen_gpu_work=state.unseen_gpu_work.get(name),
+            active_work=tuple(
+                JobStatus(job.id, job.phase.value, job.model, now - job.admitted_at)
+                for job in jobs
                 if job.upstream == name
-            ],
-            "reclaim": _reclaim_doc(state.reclaim_views.get(name), now),
-        }
-    return doc
+            ),
+            reclaim=_reclaim(state.reclaims.get(name), now),
+        )
+    return StatusDocument(
+        version=__version__,
+        uptime_s=None if started_at is None else now - started_at,
+        ready=not not_ready,
+        not_ready=tuple(not_ready),
+        lending_enabled=snap.lending_enabled,
+        presence=presence_doc,
+        resources=resources,
+        upstreams=upstreams,
+    )
 
 
-def _reclaim_doc(view: Any, now: float) -> dict[str, Any] | None:
-    if not view:
-        return None
-    deadline = view.get("deadline")
-    return {
-        "phase": view.get("phase"),
-        "policy": view.get("policy"),
-        "trigger": view.get("trigger"),
-        "resource": view.get("resource"),
-        "edges_age_s": [_round(now - at) for at in view.get("edges_at", [])],
-        "edge_triggers": list(view.get("edge_triggers", [])),
-        "deadline_in_s": None if deadline is None else _round(deadline - now),
-        "outcome": view.get("outcome"),
-    }
+def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
+    """The ``/status`` JSON object (see the module docstring for its shape)."""
+    return build_status(state, started_at).to_json()

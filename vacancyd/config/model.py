@@ -285,6 +285,12 @@ class ModelsSettings(_Model):
     footprint_mib: dict[str, Annotated[int, Field(ge=0)]] = {}
 
 
+#: Defaults of the sharing keys (docs/configuration.md).
+DEFAULT_WAIT_TIMEOUT_S = 30.0
+DEFAULT_MAX_WAITING = 32
+DEFAULT_UNLOAD_TIMEOUT_S = 30.0
+
+
 class UpstreamSettings(_Model):
     """One gated listener in front of one inference server (spec "Proxy")."""
 
@@ -310,8 +316,31 @@ class UpstreamSettings(_Model):
     warm_model: str | None = Field(None, min_length=1, max_length=300)
     websocket_max_tunnels: int = Field(32, ge=0, le=10_000)
     websocket_idle_timeout_s: float = Field(300.0, gt=0, le=86400)
+    # Sharing keys (docs/configuration.md "[[upstream]] (sharing keys)").
+    max_concurrent: int = Field(1, ge=1, le=1024)
+    busy: Literal["refuse", "wait"] = "refuse"
+    wait_timeout_s: float | None = Field(None, gt=0, le=3600)
+    max_waiting: int | None = Field(None, ge=1, le=100_000)
+    exclusive_of: list[Name] = []
+    unload_timeout_s: float | None = Field(None, gt=0, le=600)
+    on_unload_timeout: Literal["forward", "refuse"] | None = None
 
     _listen = field_validator("listen")(_check_listen)
+
+    @property
+    def wait_timeout(self) -> float:
+        """Seconds a request may wait for a slot (``busy = "wait"``); default 30."""
+        return DEFAULT_WAIT_TIMEOUT_S if self.wait_timeout_s is None else self.wait_timeout_s
+
+    @property
+    def waiting_limit(self) -> int:
+        """Most requests that may wait at once (``busy = "wait"``); default 32."""
+        return DEFAULT_MAX_WAITING if self.max_waiting is None else self.max_waiting
+
+    @property
+    def unload_timeout(self) -> float:
+        """Seconds an exclusive job waits for the other servers' models to go; default 30."""
+        return DEFAULT_UNLOAD_TIMEOUT_S if self.unload_timeout_s is None else self.unload_timeout_s
 
     @field_validator("target")
     @classmethod
@@ -341,6 +370,18 @@ class UpstreamSettings(_Model):
             raise ValueError("warm_model applies only to adapter = 'ollama'")
         if self.completion_timeout_s is not None and self.on_owner_return != "finish":
             raise ValueError("completion_timeout_s applies only to on_owner_return = 'finish'")
+        if self.busy != "wait":
+            for key in ("wait_timeout_s", "max_waiting"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} applies only to busy = 'wait'")
+        if not self.exclusive_of:
+            for key in ("unload_timeout_s", "on_unload_timeout"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} applies only to an upstream with exclusive_of")
+        if self.name in self.exclusive_of:
+            raise ValueError("exclusive_of names the upstream itself")
+        if len(set(self.exclusive_of)) != len(self.exclusive_of):
+            raise ValueError("exclusive_of lists an upstream twice")
         return self
 
     def upstream_credential(self) -> str | None:
@@ -447,6 +488,7 @@ class Settings(_Model):
                         f"upstream[{i}] ({up.name}) names resource {dep!r}, which no "
                         f"[[resource]] declares (declared: {', '.join(names) or 'none'})"
                     )
+        self._check_exclusivity()
         if not self.server.tokens and not self.server.allow_unauthenticated_remote:
             remote = [
                 f"server.listen = {self.server.listen!r}"
@@ -463,6 +505,29 @@ class Settings(_Model):
                     "server.allow_unauthenticated_remote = true): " + "; ".join(remote)
                 )
         return self
+
+    def _check_exclusivity(self) -> None:
+        by_name = {u.name: (i, u) for i, u in enumerate(self.upstream)}
+        listed = {other for u in self.upstream for other in u.exclusive_of}
+        for i, up in enumerate(self.upstream):
+            for other in up.exclusive_of:
+                if other not in by_name:
+                    raise ValueError(
+                        f"upstream[{i}] ({up.name}) exclusive_of names {other!r}, which no "
+                        f"[[upstream]] declares"
+                    )
+                _, them = by_name[other]
+                if them.resource != up.resource:
+                    raise ValueError(
+                        f"upstream[{i}] ({up.name}) is exclusive of {other!r}, but they are on "
+                        f"different resources ({up.resource!r} and {them.resource!r}); "
+                        "exclusivity shares one card, so both must name the same resource"
+                    )
+            if up.exclusive_of and up.name in listed:
+                raise ValueError(
+                    f"upstream[{i}] ({up.name}) both lists upstreams in exclusive_of and is "
+                    "listed in another's; only one side of an exclusivity takes the card"
+                )
 
     @property
     def stale_after_default_s(self) -> float:

@@ -2,9 +2,9 @@
 
 The pure decisions live in :mod:`vacancyd.core.reclaim`; this module owns the effects:
 
-* every admitted borrowed request registers a :class:`WorkHandle` while it runs, so a
-  reclaim can cut it (cancel its forwarding task, which closes the upstream connection at
-  once even when the borrower has stopped reading);
+* borrowed jobs live in :class:`vacancyd.control.work.Work`; a reclaim reads the jobs that
+  defer it there and asks it to cut them (which closes the upstream connection at once even
+  when the borrower has stopped reading, or cancels queued work through the server's API);
 * edges arrive as state events — ``veto`` (owner return) and ``edge`` (pressure, operator,
   tests) — and each affected upstream gets one reclaim task (Y2, Y4);
 * each task re-plans on every state change and at its deadline, publishes its phase in
@@ -22,15 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
-from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.api.metrics import Metrics
-from vacancyd.core.ledger import Job, Phase
+from vacancyd.control.work import Work
+from vacancyd.core.events import EdgeRaised, ReclaimChanged, StateEvent, VetoChanged
+from vacancyd.core.lifecycle import JobState
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.reclaim import (
     Edge,
@@ -55,31 +54,8 @@ log = logging.getLogger(__name__)
 
 #: Each upstream's unload (and warm reload) must finish within this many seconds (Y7).
 UNLOAD_DEADLINE_S = 10.0
-#: Cancelling tracked borrowed jobs through the server's API has the same bound.
-CANCEL_DEADLINE_S = 10.0
 #: A waiting reclaim re-checks its trigger at least this often (seconds), besides on events.
 RECHECK_S = 0.5
-
-
-@dataclass(eq=False)
-class WorkHandle:
-    """One admitted borrowed request while the proxy handles it.
-
-    ``task``: the task forwarding it (cancelled to cut the stream). ``key``: the job key the
-    adapter's controller tracks (a ComfyUI prompt ID), if any. ``cut_by``: the edge whose
-    reclaim cut it. ``headers_sent``: the borrower already has response headers, so a cut
-    must break the stream rather than answer 503 (Y3). ``landed``: the upstream's reply to a
-    tracked submission arrived (so the job is in its queue).
-    """
-
-    job: Job
-    task: asyncio.Task[Any] | None
-    key: str | None = None
-    cut_by: Edge | None = None
-    headers_sent: bool = False
-    landed: bool = False
-    cancelled_on_server: bool = False
-    response: web.StreamResponse | None = None
 
 
 class Reclaimer:
@@ -94,14 +70,15 @@ class Reclaimer:
         warm_models: Mapping[str, str],
         supervisor: Supervisor,
         metrics: Metrics,
+        work: Work,
     ) -> None:
         self.state = state
+        self.work = work
         self.policies = dict(policies)
         self.controllers = dict(controllers)
         self.warm_models = dict(warm_models)
         self.supervisor = supervisor
         self.reclaims: dict[str, Reclaim] = {}
-        self._work: dict[str, dict[int, WorkHandle]] = {name: {} for name in self.policies}
         self._changed: dict[str, asyncio.Event] = {}
         self._unloaded: set[str] = set()
         registry = metrics.registry
@@ -112,13 +89,6 @@ class Reclaimer:
             ["upstream", "trigger", "outcome"],
             registry=registry,
         )
-        self.m_cancelled = Counter(
-            "vacancyd_reclaim_cancelled_jobs",
-            "Borrowed jobs a reclaim cancelled, by kind (stream: a cut connection; "
-            "queued: a job cancelled through the server's queue API).",
-            ["upstream", "kind"],
-            registry=registry,
-        )
         self.m_unload = Histogram(
             "vacancyd_unload_duration_seconds",
             "Time an upstream's unload took, by outcome (unloaded, skipped, failed, timed_out).",
@@ -127,6 +97,8 @@ class Reclaimer:
             registry=registry,
         )
         state.subscribe(self._on_state)
+        work.guard_with(self.refusal)
+        work.subscribe(self._wake)
 
     # -- the proxy's side ----------------------------------------------------------------
 
@@ -147,52 +119,17 @@ class Reclaimer:
             resource=edge.resource,
         )
 
-    def begin(
-        self, upstream: str, job: Job, task: asyncio.Task[Any] | None, key: str | None = None
-    ) -> WorkHandle:
-        handle = WorkHandle(job, task, key)
-        self._work.setdefault(upstream, {})[job.id] = handle
-        self._wake(upstream)
-        return handle
-
-    def end(self, handle: WorkHandle) -> None:
-        self._work.get(handle.job.upstream, {}).pop(handle.job.id, None)
-        self._wake(handle.job.upstream)
-
-    def landed(self, handle: WorkHandle) -> None:
-        """A tracked submission's reply arrived; cancel it now if a reclaim already cut it."""
-        handle.landed = True
-        if handle.cut_by is not None and handle.key is not None:
-            self._spawn_cancel(handle.job.upstream, [handle])
-
     # -- edges ---------------------------------------------------------------------------
 
-    def _on_state(self, kind: str, data: Mapping[str, object]) -> None:
-        now = self.state.clock()
-        if kind == "veto":
-            at = data.get("at")
-            at_s = float(at) if isinstance(at, int | float) else now
-            if data.get("active"):
-                self.raise_edge(Edge(Trigger.OWNER, at_s, detail=str(data.get("detail") or "")))
+    def _on_state(self, event: StateEvent) -> None:
+        if isinstance(event, VetoChanged):
+            if event.active:
+                self.raise_edge(Edge(Trigger.OWNER, event.at, detail=event.detail))
             else:
                 self._warm_all()
-        elif kind == "edge":
-            at = data.get("at")
-            try:
-                trigger = Trigger(str(data.get("trigger")))
-            except ValueError:
-                log.error("ignoring a reclaim edge with unknown trigger %r", data.get("trigger"))
-                return
-            resource = data.get("resource")
-            self.raise_edge(
-                Edge(
-                    trigger,
-                    float(at) if isinstance(at, int | float) else now,
-                    resource if isinstance(resource, str) else None,
-                    str(data.get("detail") or ""),
-                )
-            )
-        if kind != "reclaim":
+        elif isinstance(event, EdgeRaised):
+            self.raise_edge(Edge(event.trigger, event.at, event.resource, event.detail))
+        if not isinstance(event, ReclaimChanged):
             for name in list(self._changed):
                 self._wake(name)
 
@@ -224,14 +161,9 @@ class Reclaimer:
 
     # -- one upstream's reclaim ----------------------------------------------------------
 
-    def _active(self, reclaim: Reclaim) -> list[WorkHandle]:
+    def _active(self, reclaim: Reclaim) -> list[JobState]:
         """Work admitted no later than the first edge that has not ended (held excluded)."""
-        cutoff = reclaim.first.at
-        return [
-            h
-            for h in self._work.get(reclaim.upstream, {}).values()
-            if h.job.admitted_at <= cutoff and h.job.phase is not Phase.HELD
-        ]
+        return self.work.active(reclaim.upstream, admitted_by=reclaim.first.at)
 
     async def _run(self, name: str) -> None:
         try:
@@ -241,10 +173,7 @@ class Reclaimer:
             r = self.reclaims.get(name)
             if r is not None and r.is_open:
                 if r.policy.on_owner_return is not OnOwnerReturn.FINISH:
-                    for handle in self._active(r):
-                        handle.cut_by = r.first
-                        if handle.key is None and handle.task is not None:
-                            handle.task.cancel()
+                    await self.work.cut(self._active(r), r.first, cancel_queued=False)
                 self._set(
                     Reclaim(
                         r.upstream,
@@ -303,7 +232,7 @@ class Reclaimer:
             )
             return
 
-    async def _proceed(self, reclaim: Reclaim, action: Proceed, active: list[WorkHandle]) -> None:
+    async def _proceed(self, reclaim: Reclaim, action: Proceed, active: list[JobState]) -> None:
         name = reclaim.upstream
         log.info(
             "reclaim on %s proceeds (%s): %d borrowed job(s) %s%s",
@@ -314,48 +243,16 @@ class Reclaimer:
             ", then unload" if action.unload else "",
         )
         if action.cut:
-            tracked: list[WorkHandle] = []
-            for handle in active:
-                handle.cut_by = reclaim.first
-                if handle.key is not None and name in self.controllers:
-                    if handle.landed:
-                        tracked.append(handle)
-                    # not landed yet: the proxy cancels it once the reply lands (Y6)
-                elif handle.task is not None and not handle.task.done():
-                    handle.task.cancel()
-                    self.m_cancelled.labels(name, "stream").inc()
-            if tracked:
-                await self._cancel(name, tracked)
+            await self.work.cut(active, reclaim.first)
         if action.unload:
             await self._unload(name)
-
-    def _spawn_cancel(self, name: str, handles: list[WorkHandle]) -> None:
-        self.supervisor.spawn(
-            self._cancel(name, handles), name=f"reclaim cancel {name}", essential=False
-        )
-
-    async def _cancel(self, name: str, handles: list[WorkHandle]) -> None:
-        controller = self.controllers.get(name)
-        keys = [h.key for h in handles if h.key is not None and not h.cancelled_on_server]
-        if controller is None or not keys:
-            return
-        for h in handles:
-            h.cancelled_on_server = True
-        try:
-            async with asyncio.timeout(CANCEL_DEADLINE_S):
-                summary = await controller.cancel(keys)
-        except (UpstreamError, TimeoutError) as exc:
-            log.warning("reclaim on %s could not cancel borrowed jobs %s: %s", name, keys, exc)
-            return
-        self.m_cancelled.labels(name, "queued").inc(len(keys))
-        log.info("reclaim on %s cancelled borrowed jobs: %s", name, summary)
 
     async def _unload(self, name: str) -> None:
         controller = self.controllers.get(name)
         if controller is None:
             log.info("%s has no unload API; its residency stays with the server (Y8)", name)
             return
-        admitted = frozenset(h.key for h in self._work.get(name, {}).values() if h.key is not None)
+        admitted = self.work.keys(name)
         loop = asyncio.get_running_loop()
         started = loop.time()
         outcome = "failed"
@@ -404,20 +301,7 @@ class Reclaimer:
         self._publish(reclaim)
 
     def _publish(self, r: Reclaim) -> None:
-        self.state.publish_reclaim(
-            r.upstream,
-            {
-                "phase": r.phase.value,
-                "policy": r.policy.on_owner_return.value,
-                "trigger": r.first.trigger.value,
-                "resource": r.first.resource,
-                "edges_at": [e.at for e in r.edges],
-                "edge_triggers": [e.trigger.value for e in r.edges],
-                "deadline": r.deadline,
-                "decided_at": r.decided_at,
-                "outcome": r.outcome,
-            },
-        )
+        self.state.publish_reclaim(r)
 
     def _wake(self, name: str) -> None:
         event = self._changed.get(name)

@@ -189,7 +189,9 @@ def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolic
         facts.model is None or facts.model not in state.resident_models
     ):
         return Credit(False, f"model {facts.model!r} is not resident")
-    if not state.idle:
+    if not state.idle and not snap.active_jobs.get(upstream.name):
+        # A busy server proves nothing about memory unless the work it runs is borrowed
+        # work this ledger already charged (concurrent jobs on one resident model).
         return Credit(False, "the server is processing other work")
     for name in upstream.resources:
         view = snap.resources.get(name)
@@ -223,8 +225,13 @@ def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy)
     charge = min(upstream.resident_min_free_mib, need) if credit.applied else need
     reading = primary.capacity.value
     assert reading is not None and reading.free_mib is not None  # checked in step 5
-    available = reading.free_mib - primary.policy.min_free_mib
+    available = reading.free_mib - primary.policy.min_free_mib - primary.charged_mib
     if available < charge:
+        beside = (
+            f" beside {primary.charged_mib} MiB charged to running jobs"
+            if primary.charged_mib
+            else ""
+        )
         what = (
             f"{charge} MiB (resident_min_free_mib; {credit.why})"
             if credit.applied
@@ -233,7 +240,7 @@ def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy)
         )
         return Refuse.of(
             Reason.INSUFFICIENT_CAPACITY,
-            f"{primary.name!r} has {available:.0f} MiB to lend, the request needs {what}",
+            f"{primary.name!r} has {available:.0f} MiB to lend{beside}, the request needs {what}",
             resource=primary.name,
             credit=credit,
             extra={"refresh": "server"} if credit.failed_only_for_age else {},

@@ -1,8 +1,11 @@
 """The admission ledger (spec "Gate", last paragraph; product map L1–L3).
 
-One job at a time per resource: a job reserves every resource its upstream depends on, and
-a second request that needs any of them is refused with ``resource_busy`` (Retry-After 2 s)
-until the first is released. Release time per resource is kept so the gate can demand a
+A job reserves every resource its upstream depends on. How many jobs a resource holds at
+once is the sharing rule of :mod:`vacancyd.core.sharing`: by default one, so a second
+request that needs any of them is refused with ``resource_busy`` (Retry-After 2 s) until the
+first is released; ``max_concurrent`` allows more, and exclusivity keeps some upstreams'
+jobs apart. Each job keeps the MiB the gate charged it, so the next admission is charged
+beside the jobs still running. Release time per resource is kept so the gate can demand a
 capacity sample taken after it (L3). Pure: callers pass monotonic ``now`` in seconds, and
 the asyncio proxy calls it without awaiting in between, so no lock is needed.
 """
@@ -11,10 +14,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from vacancyd.core.reasons import Reason, Refuse
+from vacancyd.core.policy import UpstreamPolicy
+from vacancyd.core.reasons import Refuse
+from vacancyd.core.sharing import slot_refusal
 
 
 class Phase(StrEnum):
@@ -32,7 +38,11 @@ class Phase(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One admitted borrowed request. ``admitted_at`` is monotonic seconds."""
+    """One admitted borrowed request. ``admitted_at`` is monotonic seconds.
+
+    ``charged_mib``: MiB the gate's per-model step charged against the primary resource
+    (None without byte capacity).
+    """
 
     id: int
     upstream: str
@@ -40,34 +50,68 @@ class Job:
     phase: Phase
     admitted_at: float
     model: str | None = None
+    charged_mib: int | None = None
 
 
 @dataclass
 class Ledger:
+    """Active jobs and per-resource release times.
+
+    ``policies``: the upstreams' policies, for their slots and exclusivity; an upstream not
+    listed gets one slot and no exclusivity. ``waiting``: requests waiting per upstream, kept
+    current by the wait queues (an exclusive upstream's waiting request goes first).
+    """
+
+    policies: Mapping[str, UpstreamPolicy] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
     _jobs: dict[int, Job] = field(default_factory=dict)
-    _holders: dict[str, int] = field(default_factory=dict)
+    _holders: dict[str, list[int]] = field(default_factory=dict)
     _released_at: dict[str, float] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
+    def fits(
+        self, upstream: str, resources: tuple[str, ...], waiting: Mapping[str, int] | None = None
+    ) -> Refuse | None:
+        """Whether a new job of ``upstream`` on ``resources`` would fit now (None) or the
+        ``resource_busy`` refusal it would get. ``waiting``: waiting requests per upstream."""
+        policy = self.policies.get(upstream) or UpstreamPolicy(
+            upstream, "", resources[0], resources[1:]
+        )
+        if policy.resources != resources:
+            policy = replace(policy, resource=resources[0], also_requires=resources[1:])
+        return slot_refusal(
+            policy,
+            self.holders_by_upstream(),
+            self.policies,
+            self.waiting if waiting is None else waiting,
+        )
+
     def reserve(
-        self, upstream: str, resources: tuple[str, ...], now: float, model: str | None = None
+        self,
+        upstream: str,
+        resources: tuple[str, ...],
+        now: float,
+        model: str | None = None,
+        *,
+        charged_mib: int | None = None,
+        waiting: Mapping[str, int] | None = None,
     ) -> Job | Refuse:
-        """Reserve every resource in ``resources`` for a new job, or refuse ``resource_busy``."""
-        for name in resources:
-            holder = self._holders.get(name)
-            if holder is not None:
-                other = self._jobs[holder]
-                return Refuse.of(
-                    Reason.RESOURCE_BUSY,
-                    f"{name!r} is lent to another borrowed job (upstream {other.upstream!r}, "
-                    f"{other.phase})",
-                    resource=name,
-                )
-        job = Job(next(self._ids), upstream, resources, Phase.FORWARDING, now, model)
+        """Reserve every resource in ``resources`` for a new job, or refuse ``resource_busy``
+        when the sharing rule says it does not fit (see :meth:`fits`)."""
+        refusal = self.fits(upstream, resources, waiting)
+        if refusal is not None:
+            return refusal
+        job = Job(next(self._ids), upstream, resources, Phase.FORWARDING, now, model, charged_mib)
         self._jobs[job.id] = job
         for name in resources:
-            self._holders[name] = job.id
+            self._holders.setdefault(name, []).append(job.id)
         return job
+
+    def set_charge(self, job_id: int, charged_mib: int | None) -> None:
+        """Replace a job's charge (an exclusive job is charged again after the unload)."""
+        job = self._jobs.get(job_id)
+        if job is not None:
+            self._jobs[job_id] = replace(job, charged_mib=charged_mib)
 
     def set_phase(self, job_id: int, phase: Phase) -> None:
         job = self._jobs.get(job_id)
@@ -83,8 +127,11 @@ class Ledger:
         if job is None:
             return None
         for name in job.resources:
-            if self._holders.get(name) == job_id:
-                del self._holders[name]
+            holders = self._holders.get(name, [])
+            if job_id in holders:
+                holders.remove(job_id)
+            if not holders:
+                self._holders.pop(name, None)
             self._released_at[name] = now
         return job
 
@@ -96,8 +143,32 @@ class Ledger:
         return sorted(self._jobs.values(), key=lambda j: j.id)
 
     def holder(self, resource: str) -> Job | None:
-        job_id = self._holders.get(resource)
-        return None if job_id is None else self._jobs.get(job_id)
+        """The oldest job holding ``resource``, or None."""
+        holders = self._holders.get(resource)
+        return self._jobs.get(holders[0]) if holders else None
+
+    def holders_by_upstream(self) -> dict[str, list[str]]:
+        """Resource -> the upstream name of each job holding it, oldest first."""
+        return {
+            name: [self._jobs[i].upstream for i in ids]
+            for name, ids in self._holders.items()
+            if ids
+        }
+
+    def charged_mib(self, resource: str) -> int:
+        """MiB charged to the jobs holding ``resource`` as their primary resource."""
+        return sum(
+            job.charged_mib or 0
+            for i in self._holders.get(resource, ())
+            if (job := self._jobs[i]).resources[0] == resource
+        )
+
+    def jobs_per_resource(self) -> dict[str, int]:
+        """Resource -> number of jobs holding it."""
+        return {name: len(ids) for name, ids in self._holders.items() if ids}
+
+    def jobs_per_upstream(self) -> Counter[str]:
+        return Counter(j.upstream for j in self._jobs.values())
 
     def counts(self) -> Counter[tuple[str, Phase]]:
         """Active jobs per (upstream, phase)."""

@@ -70,7 +70,10 @@ class UpstreamPolicy:
 
     Footprints are MiB charged against the primary resource (spec "Gate" step 6).
     ``needs_model_observation`` is set by adapters (llamacpp) whose admission requires a fresh
-    observation of the server itself.
+    observation of the server itself. ``max_concurrent``: borrowed jobs that may run at once
+    (:mod:`vacancyd.core.sharing`). ``exclusive_of``: upstreams whose jobs this one's never
+    overlap and which it takes the card from; ``excluded_by``: the upstreams that list this
+    one in theirs (derived by the config layer).
     """
 
     name: str
@@ -83,6 +86,9 @@ class UpstreamPolicy:
     resident_min_free_mib: int = 0
     needs_model_observation: bool = False
     model_observation_max_age_s: float = 10.0
+    max_concurrent: int = 1
+    exclusive_of: frozenset[str] = frozenset()
+    excluded_by: frozenset[str] = frozenset()
 
     @property
     def resources(self) -> tuple[str, ...]:

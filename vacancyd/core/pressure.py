@@ -388,3 +388,69 @@ class PressurePolicy:
 
     def new_learner(self) -> ThresholdLearner:
         return ThresholdLearner(self.learner)
+
+
+# -- work the attribution cannot see (R6) --------------------------------------------------
+
+#: Attribution samples with admitted work and no GPU use in the upstream's tree before
+#: ``unseen_gpu_work`` is reported.
+UNSEEN_AFTER_SAMPLES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class UnseenChange:
+    """An upstream's unseen-GPU-work flag went up (``active``, with why) or down."""
+
+    upstream: str
+    active: bool
+    detail: str | None = None
+
+
+@dataclass
+class UnseenGpuWork:
+    """Counts pressure samples in which an upstream has admitted work running but none of
+    the processes serving it use the GPU. After ``after_samples`` in a row its GPU work
+    evidently runs outside that process tree (a relay into a VM or container) and so is
+    counted as the owner's load; the flag is reported until the tree is seen again.
+
+    ``flagged``: upstream name -> why, while the flag is up.
+    """
+
+    after_samples: int = UNSEEN_AFTER_SAMPLES
+    flagged: dict[str, str] = field(default_factory=dict)
+    _count: dict[str, int] = field(default_factory=dict)
+
+    def observe(
+        self,
+        gpu: str,
+        seen: Mapping[str, bool],
+        running: Iterable[str],
+        gpu_of: Mapping[str, str | None],
+    ) -> list[UnseenChange]:
+        """One sample of GPU ``gpu``: ``seen[upstream]`` says whether the upstream's tree used
+        it, ``running`` names the upstreams with admitted work, ``gpu_of[upstream]`` is the
+        pressure-measured GPU the upstream depends on (None: none). Returns the changes."""
+        busy = set(running)
+        changes: list[UnseenChange] = []
+        for upstream, used in seen.items():
+            if gpu_of.get(upstream) != gpu:
+                continue
+            if used:
+                self._count[upstream] = 0
+                if self.flagged.pop(upstream, None) is not None:
+                    changes.append(UnseenChange(upstream, False))
+                continue
+            if upstream not in busy:
+                self._count[upstream] = 0
+                continue
+            count = self._count.get(upstream, 0) + 1
+            self._count[upstream] = count
+            if count >= self.after_samples and upstream not in self.flagged:
+                why = (
+                    f"{count} samples with admitted work running and no process of the "
+                    f"upstream's tree on GPU {gpu!r}; its GPU work runs outside that tree "
+                    "(a relay into a VM or container?) and counts as the owner's load"
+                )
+                self.flagged[upstream] = why
+                changes.append(UnseenChange(upstream, True, why))
+        return changes

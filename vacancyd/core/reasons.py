@@ -1,4 +1,4 @@
-"""Refusal reasons, their Retry-After hints, and the gate's decision values.
+"""Refusal reasons, error codes, their Retry-After hints, and the gate's decision values.
 
 The reason codes and retry hints are the wire contract of the spec's "Gate" section
 (../shared/seeds/vacancyd-architecture.md); their string values appear verbatim in the
@@ -23,6 +23,53 @@ class Reason(StrEnum):
     RESOURCE_BUSY = "resource_busy"
     BODY_BUDGET_EXHAUSTED = "body_budget_exhausted"
     RECLAIMED = "reclaimed"
+
+
+class ErrorType(StrEnum):
+    """The ``error.type`` of a JSON error vacancyd answers itself (OpenAI's error classes,
+    plus ``no_vacancy`` for refusals and ``upstream_error`` for a failed upstream)."""
+
+    INVALID_REQUEST = "invalid_request_error"
+    AUTHENTICATION = "authentication_error"
+    PERMISSION = "permission_error"
+    NOT_FOUND = "not_found_error"
+    NOT_IMPLEMENTED = "not_implemented"
+    UPSTREAM = "upstream_error"
+    NO_VACANCY = "no_vacancy"
+
+
+class ErrorCode(StrEnum):
+    """The ``error.code`` of every JSON error that is not a gate refusal (those carry a
+    :class:`Reason`). Values are the exact wire strings."""
+
+    # authentication (both listeners)
+    MISSING_TOKEN = "missing_token"
+    INVALID_TOKEN = "invalid_token"
+    INSUFFICIENT_SCOPE = "insufficient_scope"
+    # request bodies and routes on the proxy
+    REQUEST_TOO_LARGE = "request_too_large"
+    BODY_TIMEOUT = "body_timeout"
+    BODY_IDLE = "body_idle"
+    INVALID_REQUEST_BODY = "invalid_request_body"
+    INVALID_MODEL = "invalid_model"
+    BACKGROUND_UNSUPPORTED = "background_unsupported"
+    MANAGEMENT_DENIED = "management_denied"
+    UNRECOGNIZED_ROUTE = "unrecognized_route"
+    UNKNOWN_RESULT = "unknown_result"
+    WEBSOCKET_WORK_UNSUPPORTED = "websocket_work_unsupported"
+    WEBSOCKET_TUNNELS_EXHAUSTED = "websocket_tunnels_exhausted"
+    CONNECTION_LIMIT = "connection_limit"
+    # the upstream failed
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+    WEBSOCKET_HANDSHAKE_REFUSED = "websocket_handshake_refused"
+    # the API listener
+    INVALID_BODY = "invalid_body"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    HTTP_ERROR = "http_error"
+    UNKNOWN_RESOURCE = "unknown_resource"
+    UNKNOWN_JOB = "unknown_job"
 
 
 #: Default Retry-After (seconds) per reason. Gate steps that share a reason but differ in

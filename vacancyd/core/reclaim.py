@@ -150,6 +150,21 @@ class Reclaim:
     def is_open(self) -> bool:
         return self.phase in OPEN_PHASES
 
+    def view(self) -> dict[str, object]:
+        """The reclaim as plain JSON values (monotonic times): phase, policy, trigger,
+        resource, edges_at, edge_triggers, deadline, decided_at, outcome."""
+        return {
+            "phase": self.phase.value,
+            "policy": self.policy.on_owner_return.value,
+            "trigger": self.first.trigger.value,
+            "resource": self.first.resource,
+            "edges_at": [e.at for e in self.edges],
+            "edge_triggers": [e.trigger.value for e in self.edges],
+            "deadline": self.deadline,
+            "decided_at": self.decided_at,
+            "outcome": self.outcome,
+        }
+
 
 def open_reclaim(
     current: Reclaim | None, edge: Edge, upstream: str, policy: ReclaimPolicy

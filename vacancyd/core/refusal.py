@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from vacancyd.core.reasons import Credit, Reason, Refuse
+from vacancyd.core.reasons import Credit, ErrorCode, ErrorType, Reason, Refuse
 
 SOURCE = "vacancyd"
 
@@ -25,7 +25,9 @@ SOURCE = "vacancyd"
 SDK_MAX_RETRY_AFTER_S = 60
 
 
-def error_body(message: str, type_: str, code: str, **extra: Any) -> dict[str, Any]:
+def error_body(
+    message: str, type_: ErrorType, code: ErrorCode | Reason, **extra: Any
+) -> dict[str, Any]:
     """The JSON body for any error vacancyd answers itself."""
     error: dict[str, Any] = {
         "message": message,
@@ -50,7 +52,9 @@ def render_refusal(
         extra["resource"] = refusal.resource
     if refusal.credit is not None:
         extra["residency_credit"] = {"applied": refusal.credit.applied, "why": refusal.credit.why}
-    body = error_body(f"No vacancy: {refusal.detail}", "no_vacancy", refusal.reason.value, **extra)
+    body = error_body(
+        f"No vacancy: {refusal.detail}", ErrorType.NO_VACANCY, refusal.reason, **extra
+    )
     return status, headers, body
 
 

@@ -1,7 +1,7 @@
 """The frozen view of shared state that the gate decides on.
 
 ``vacancyd.state.SharedState.snapshot(now)`` builds one per request; tests build them
-directly. All times are monotonic seconds on the daemon's event-loop clock.
+directly. All times are monotonic seconds from the daemon's clock (``SharedState.clock``).
 """
 
 from __future__ import annotations
@@ -37,6 +37,19 @@ class PresenceView:
     def age_s(self, now: float) -> float | None:
         return None if self.observed_at is None else max(0.0, now - self.observed_at)
 
+    def fresh(self, now: float) -> bool:
+        """A reading exists and is no older than ``max_age_s`` at ``now``."""
+        age = self.age_s(now)
+        return age is not None and age <= self.max_age_s
+
+    def allows_learning(self, now: float) -> bool:
+        """Whether a GPU's threshold learner may take the owner load sampled at ``now``.
+
+        Learning pauses while a presence source that refuses is configured but its reading
+        is missing or stale: load seen then cannot be told apart from the owner's return.
+        """
+        return not self.refuses or not self.sampled or self.fresh(now)
+
 
 @dataclass(frozen=True, slots=True)
 class PressureView:
@@ -54,6 +67,8 @@ class ResourceView:
 
     ``released_at``: when the ledger last released a job on it (monotonic s); the gate admits
     into it again only on a capacity sample taken after that (product map L3).
+    ``charged_mib``: MiB the gate charged the jobs still running on it; a new admission must
+    fit beside them, so concurrent jobs together never take more than the resource can lend.
     """
 
     policy: ResourcePolicy
@@ -61,6 +76,7 @@ class ResourceView:
     capacity: Observation[CapacityReading]
     released_at: float | None = None
     pressure: PressureView | None = None
+    charged_mib: int = 0
 
     @property
     def name(self) -> str:
@@ -93,6 +109,8 @@ class Snapshot:
     servers: Mapping[str, Observation[ServerState]] = field(default_factory=dict)
     #: The daemon is shutting down: no new borrowed work, whatever else holds.
     stopping: bool = False
+    #: Borrowed jobs running per upstream (the ledger's), for residency proofs under concurrency.
+    active_jobs: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

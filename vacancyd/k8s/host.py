@@ -94,7 +94,7 @@ class HostPublisher:
         if target.node is None and target.address is None:
             log.warning("[kubernetes] sets neither node nor address: nothing to publish")
             return
-        self._unsubscribe = self._state.subscribe(lambda _kind, _data: self._poke.set())
+        self._unsubscribe = self._state.subscribe(lambda _event: self._poke.set())
         self._tasks = [
             spawn(self._feed(), "kubernetes feeder"),
             spawn(self.publisher.run(), "kubernetes publisher"),

@@ -3,17 +3,15 @@
 Order for every request: authenticate (borrow scope) -> classify -> by class:
 
 * work: early 413 on Content-Length -> gate steps 1–5 -> buffer body within limits ->
-  read the model name -> gate step 6 (one fresh observation and a second decision when the
-  refusal says a fresher sample could change it) -> ledger reservation -> forward, streaming
-  the response -> release the reservation when the response ends, the client goes away or
-  the upstream fails.
+  read the model name -> ask :class:`~vacancyd.control.work.Work` for admission (gate step
+  6, a fresh observation if one could change the answer, the ledger reservation) -> forward,
+  streaming the response -> tell ``Work`` how the exchange ended. Everything after that
+  (release, tracking work the server still runs, holding a cut job) is ``Work``'s.
 * reclaim (spec "Yield"; Y1–Y6): while a reclaim is open on the upstream, work is refused
-  before the body is read; each admitted request registers with the reclaimer, which may
-  cut it — before response headers the borrower gets 503 with the edge's reason, after them
-  the connection is aborted so the stream never ends cleanly. The forwarding runs on its own
-  task so a cut closes the upstream connection at once, even while the borrower is stalled.
-  Work an adapter's controller tracks (ComfyUI prompts) stays reserved in the ``tracking``
-  phase until the server has finished it.
+  before the body is read; a reclaim may cut an admitted job — before response headers the
+  borrower gets 503 with the edge's reason, after them the connection is aborted so the
+  stream never ends cleanly. The forwarding runs on its own task so a cut closes the
+  upstream connection at once, even while the borrower is stalled.
 * pass-through and borrower results: forwarded unconditionally; WebSocket upgrades on them
   are tunneled (P10, :mod:`vacancyd.proxy.tunnel`).
 * management and unlisted GET/HEAD: 403 ``management_denied`` unless ``management = "allow"``.
@@ -27,33 +25,29 @@ import io
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 from aiohttp import hdrs, web
 from yarl import URL
 
-from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError
+from vacancyd.adapters.base import Adapter, BadRequest, Controller
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
+from vacancyd.control.work import Work
 from vacancyd.core import gate
 from vacancyd.core.classify import Classification, Classifier, RouteClass
-from vacancyd.core.ledger import Job, Phase
+from vacancyd.core.lifecycle import Ending, JobState
 from vacancyd.core.policy import UpstreamPolicy
-from vacancyd.core.reasons import Admit, Reason, Refuse
+from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
+from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal_bytes
-from vacancyd.core.snapshot import RequestFacts
 from vacancyd.proxy import bodies, headers, tunnel
 from vacancyd.state import SharedState
 
-if TYPE_CHECKING:
-    from vacancyd.control.reclaim import Reclaimer, WorkHandle
-
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
-#: How long a refusal that a fresh observation could change waits for one (seconds).
-REFRESH_WAIT_S = 2.0
 #: aiohttp warns about (and may stall the loop on) raw bytes bodies past 1 MiB.
 LARGE_BODY_BYTES = 1024 * 1024
 #: Upstream URLs remembered per listener (oldest forgotten first).
@@ -89,7 +83,22 @@ def origin_form(raw_target: str) -> str:
     return tail if tail.startswith("/") else "/" + tail
 
 
-def json_error(status: int, message: str, type_: str, code: str, **extra: Any) -> web.Response:
+class _Exchange:
+    """The proxy's own view of one job's exchange: the response the borrower already has.
+
+    Written only by the forwarding code; the job's life is in :class:`Work`.
+    """
+
+    __slots__ = ("job", "response")
+
+    def __init__(self, job: JobState) -> None:
+        self.job = job
+        self.response: web.StreamResponse | None = None
+
+
+def json_error(
+    status: int, message: str, type_: ErrorType, code: ErrorCode | Reason, **extra: Any
+) -> web.Response:
     return web.json_response(error_body(message, type_, code, **extra), status=status)
 
 
@@ -105,12 +114,12 @@ class Proxy:
         metrics: Metrics,
         limits: LimitsSettings,
         session: aiohttp.ClientSession,
-        reclaimer: Reclaimer | None = None,
+        work: Work,
         controller: Controller | None = None,
         tunnels: tunnel.TunnelLimits | None = None,
     ) -> None:
         self.upstream = upstream
-        self.reclaimer = reclaimer
+        self.work = work
         self.controller = controller
         self.tunnels = tunnel.Tunnels(tunnels or tunnel.TunnelLimits())
         self.state = state
@@ -161,8 +170,8 @@ class Proxy:
                 return json_error(
                     404,
                     f"{c.path} does not name work borrowed through this lender",
-                    "not_found_error",
-                    "unknown_result",
+                    ErrorType.NOT_FOUND,
+                    ErrorCode.UNKNOWN_RESULT,
                 )
         if c.klass in (RouteClass.PASSTHROUGH, RouteClass.RESULTS):
             return await self._pass(request, c, query)
@@ -176,8 +185,8 @@ class Proxy:
                 f"{request.method} {c.path} is not a borrower route on this lender "
                 f"({'a management route' if c.klass is RouteClass.MANAGEMENT else c.why}); "
                 f"borrower reads: {', '.join(reads)}",
-                "permission_error",
-                "management_denied",
+                ErrorType.PERMISSION,
+                ErrorCode.MANAGEMENT_DENIED,
                 borrower_reads=reads,
             )
         return json_error(
@@ -185,8 +194,8 @@ class Proxy:
             f"{request.method} {c.path} is not a route vacancyd's {self.upstream.adapter.name!r} "
             f"adapter recognizes ({c.why}); if the server really has it, report it to the "
             "vacancyd project so the adapter can classify it",
-            "not_implemented",
-            "unrecognized_route",
+            ErrorType.NOT_IMPLEMENTED,
+            ErrorCode.UNRECOGNIZED_ROUTE,
         )
 
     async def _pass(
@@ -240,7 +249,7 @@ class Proxy:
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
-            answer = json_error(exc.status, str(exc), "invalid_request_error", exc.code)
+            answer = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
         else:
             refusal = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
             if refusal is not None and refusal.extra.get("refresh") is not None:
@@ -291,14 +300,14 @@ class Proxy:
             return json_error(
                 501,
                 f"{c.path} is a work route; vacancyd does not tunnel WebSocket work",
-                "not_implemented",
-                "websocket_work_unsupported",
+                ErrorType.NOT_IMPLEMENTED,
+                ErrorCode.WEBSOCKET_WORK_UNSUPPORTED,
             )
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
             return await self._answer_and_drain(
-                request, json_error(exc.status, str(exc), "invalid_request_error", exc.code)
+                request, json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             )
         early = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
         if early is not None and early.extra.get("refresh") is None:
@@ -320,7 +329,7 @@ class Proxy:
                 return await self._refuse(
                     request, Refuse.of(Reason.BODY_BUDGET_EXHAUSTED, str(exc))
                 )
-            response = json_error(exc.status, str(exc), "invalid_request_error", exc.code)
+            response = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             if exc.status == 408:
                 response.force_close()
                 return response
@@ -332,8 +341,8 @@ class Proxy:
                     c.route, body, request.headers.get("Content-Type", "")
                 )
             except BadRequest as exc:
-                return json_error(400, str(exc), "invalid_request_error", exc.code)
-            decision = await self._decide(facts)
+                return json_error(400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+            decision = await self.work.admit(name, facts)
             if isinstance(decision, Refuse):
                 return await self._refuse(request, decision)
             job = decision
@@ -347,116 +356,55 @@ class Proxy:
             reservation.release()
 
     def _reclaim_refusal(self) -> Refuse | None:
-        return None if self.reclaimer is None else self.reclaimer.refusal(self.upstream.name)
+        return self.work.refusal(self.upstream.name)
 
     async def _run_job(
         self,
         request: web.BaseRequest,
         c: Classification,
         query: str,
-        job: Job,
+        job: JobState,
         body: bytes,
         key: str | None,
         on_sent: Callable[[], None],
     ) -> web.StreamResponse:
-        """Forward an admitted job on its own task, registered with the reclaimer (Y3, Y6)."""
-        loop = asyncio.get_running_loop()
-        reclaimer = self.reclaimer
-        if reclaimer is None:
-            try:
-                return await self._forward(request, c, query, body=body, on_sent=on_sent)
-            finally:
-                self.state.released(job.id, self.state.clock())
-        handle = reclaimer.begin(self.upstream.name, job, None, key)
-        tracking = cut = False
+        """Forward an admitted job on its own task, so a reclaim's cut closes the upstream
+        connection at once; tells :class:`Work` how the exchange ended."""
+        exchange = _Exchange(job)
+        fwd = asyncio.get_running_loop().create_task(
+            self._forward(
+                request, c, query, body=body, on_sent=on_sent, exchange=exchange, tracked=key
+            ),
+            name=f"forward {self.upstream.name} job {job.id}",
+        )
+        self.work.forwarding(job.id, key, fwd.cancel)
+        ending = Ending.ABORTED
         try:
-            fwd = loop.create_task(
-                self._forward(request, c, query, body=body, on_sent=on_sent, handle=handle),
-                name=f"forward {self.upstream.name} job {job.id}",
-            )
-            handle.task = fwd
             try:
                 response = await fwd
             except asyncio.CancelledError:
-                if handle.cut_by is None or not fwd.cancelled():
+                edge = self.work.cut_by(job.id)
+                if edge is None or not fwd.cancelled():
                     raise
-                cut = True
-                return self._after_cut(request, handle)
-            tracking = (
-                key is not None
-                and handle.landed
-                and handle.cut_by is None
-                and self.controller is not None
-            )
+                ending = Ending.CUT
+                return self._after_cut(request, exchange, edge)
+            ending = Ending.COMPLETED
             return response
         finally:
-            if tracking:
-                self._track(handle)
-            elif cut and self.upstream.adapter.cut_is_uncertain:
-                reclaimer.end(handle)
-                self._hold(job)
-            else:
-                reclaimer.end(handle)
-                self.state.released(job.id, self.state.clock())
+            self.work.exchange_ended(job.id, ending)
 
-    def _hold(self, job: Job) -> None:
-        """L2/L5: a cut job whose server may still be working keeps its reservation.
-
-        llama-server: released by the first server observation taken after the cut that shows
-        every slot idle. A generic OpenAI-compatible server offers no such evidence; an
-        administrator releases the job (``POST /admin/jobs/{id}/release``).
-        """
+    def _after_cut(
+        self, request: web.BaseRequest, exchange: _Exchange, edge: Edge
+    ) -> web.StreamResponse:
+        """503 with the edge's reason before headers; an aborted stream after them."""
         name = self.upstream.name
-        self.state.ledger.set_phase(job.id, Phase.HELD)
-        observable = self.upstream.adapter.observe is not None
-        log.warning(
-            "%s: job %d was cut by a reclaim but the server may still be working on it; "
-            "holding its reservation until %s",
-            name,
-            job.id,
-            "an observation shows the server idle"
-            if observable
-            else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
-        )
-        if not observable or self.reclaimer is None:
-            return
-        cut_at = self.state.clock()
-        key = f"server:{name}"
-
-        async def await_idle() -> None:
-            while self.state.ledger.get(job.id) is not None:
-                obs = self.state.servers.get(name)
-                if (
-                    obs is not None
-                    and obs.value is not None
-                    and obs.observed_at is not None
-                    and obs.observed_at > cut_at
-                    and obs.value.idle
-                ):
-                    log.info("%s: server idle after the cut; releasing held job %d", name, job.id)
-                    self.state.released(job.id, self.state.clock())
-                    return
-                if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
-                    await asyncio.sleep(REFRESH_WAIT_S)
-
-        self.reclaimer.supervisor.spawn(
-            await_idle(), name=f"hold {name} job {job.id}", essential=False
-        )
-
-    def _after_cut(self, request: web.BaseRequest, handle: WorkHandle) -> web.StreamResponse:
-        """Y3: 503 with the edge's reason before headers; an aborted stream after them."""
-        edge = handle.cut_by
-        assert edge is not None
-        name = self.upstream.name
-        if handle.headers_sent:
-            log.info("%s: job %d cut mid-stream by a %s reclaim", name, handle.job.id, edge.trigger)
+        job_id = exchange.job.id
+        if exchange.response is not None:
+            log.info("%s: job %d cut mid-stream by a %s reclaim", name, job_id, edge.trigger)
             self._cut(request)
-            return handle.response or web.Response(status=499)
+            return exchange.response
         log.info(
-            "%s: job %d cancelled before its reply by a %s reclaim",
-            name,
-            handle.job.id,
-            edge.trigger,
+            "%s: job %d cancelled before its reply by a %s reclaim", name, job_id, edge.trigger
         )
         refusal = Refuse.of(
             edge.reason, f"the lender reclaimed {name!r} ({edge.trigger}) before the reply"
@@ -464,70 +412,6 @@ class Proxy:
         rendered = render_refusal_bytes(refusal, name, self.upstream.settings.refusal_status)
         self.metrics.decision(name, "cancelled", refusal.reason.value)
         return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
-
-    def _track(self, handle: WorkHandle) -> None:
-        """Keep a landed, tracked job reserved until the server finishes it (L2)."""
-        controller = self.controller
-        reclaimer = self.reclaimer
-        assert controller is not None and reclaimer is not None and handle.key is not None
-        job = handle.job
-        self.state.ledger.set_phase(job.id, Phase.TRACKING)
-        handle.job = self.state.ledger.get(job.id) or job
-        key = handle.key
-
-        async def follow() -> None:
-            try:
-                await controller.wait_done(key)
-            except UpstreamError as exc:
-                log.warning(
-                    "%s: lost track of borrowed job %s (%s); holding its reservation until an "
-                    "administrator releases job %d",
-                    self.upstream.name,
-                    key,
-                    exc,
-                    job.id,
-                )
-                self.state.ledger.set_phase(job.id, Phase.HELD)
-                reclaimer.end(handle)  # held work never defers a reclaim (spec "Yield")
-                return
-            except BaseException:
-                reclaimer.end(handle)
-                self.state.released(job.id, self.state.clock())
-                raise
-            reclaimer.end(handle)
-            self.state.released(job.id, self.state.clock())
-
-        reclaimer.supervisor.spawn(
-            follow(), name=f"track {self.upstream.name} job {job.id}", essential=False
-        )
-
-    async def _decide(self, facts: RequestFacts) -> Job | Refuse:
-        """Gate then ledger, with at most one fresh observation in between (product map A8)."""
-        for attempt in (1, 2):
-            snap = self.state.snapshot()
-            decision = gate.decide(facts, snap, self.upstream.policy)
-            if isinstance(decision, Admit):
-                return self._reserve(decision, snap.now, facts)
-            refresh = decision.extra.get("refresh")
-            if attempt == 2 or refresh is None:
-                return decision
-            key = f"server:{self.upstream.name}" if refresh == "server" else decision.resource
-            if key is None or not await self.state.fresh_sample(key, REFRESH_WAIT_S):
-                return decision
-        raise AssertionError("unreachable")
-
-    def _reserve(self, admit: Admit, now: float, facts: RequestFacts) -> Job | Refuse:
-        reclaiming = self._reclaim_refusal()
-        if reclaiming is not None:
-            return reclaiming
-        if admit.credit is not None and admit.credit.applied:
-            log.info(
-                "residency credit on %s for model %r: %s",
-                self.upstream.name,
-                facts.model,
-                admit.credit.why,
-            )
-        return self.state.ledger.reserve(self.upstream.name, admit.resources, now, facts.model)
 
     # -- forwarding ----------------------------------------------------------------------
 
@@ -557,7 +441,8 @@ class Proxy:
         *,
         body: bytes | None = None,
         on_sent: Callable[[], None] | None = None,
-        handle: WorkHandle | None = None,
+        exchange: _Exchange | None = None,
+        tracked: str | None = None,
     ) -> web.StreamResponse:
         up = self.upstream
         out_headers = headers.request_headers(
@@ -597,18 +482,19 @@ class Proxy:
             return json_error(
                 502,
                 f"the upstream server of {up.name!r} {what} ({exc.__class__.__name__})",
-                "upstream_error",
-                "upstream_unreachable" if unreachable else "upstream_protocol_error",
+                ErrorType.UPSTREAM,
+                ErrorCode.UPSTREAM_UNREACHABLE
+                if unreachable
+                else ErrorCode.UPSTREAM_PROTOCOL_ERROR,
                 upstream=up.name,
             )
         try:
             if on_sent is not None:
                 on_sent()
-            if handle is not None and handle.key is not None and self.reclaimer is not None:
-                if upstream_resp.status == 200:
-                    self.reclaimer.landed(handle)
-                if handle.cut_by is not None:
-                    return self._after_cut(request, handle)
+            if exchange is not None and tracked is not None:
+                edge = self.work.reply_arrived(exchange.job.id, upstream_resp.status)
+                if edge is not None:
+                    return self._after_cut(request, exchange, edge)
             out_headers = headers.response_headers(upstream_resp.headers, target=up.target)
             complete = _complete_body(request, upstream_resp)
             response: web.StreamResponse
@@ -625,9 +511,8 @@ class Proxy:
                 response = web.StreamResponse(
                     status=upstream_resp.status, reason=upstream_resp.reason, headers=out_headers
                 )
-            if handle is not None:
-                handle.headers_sent = True
-                handle.response = response
+            if exchange is not None:
+                exchange.response = response
             await response.prepare(request)
             stalled = self.limits.write_stall_timeout_s
             try:

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from vacancyd.core.reasons import ErrorCode, Reason
+
 MIB = 1024 * 1024
 
 
 class BodyError(Exception):
     """A body could not be buffered. ``status`` is the HTTP status to answer."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: ErrorCode | Reason, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
@@ -65,7 +67,7 @@ def check_declared_length(request: web.BaseRequest, max_bytes: int) -> None:
     if declared is not None and declared > max_bytes:
         raise BodyError(
             413,
-            "request_too_large",
+            ErrorCode.REQUEST_TOO_LARGE,
             f"request body of {declared} bytes exceeds the {max_bytes // MIB} MiB limit",
         )
 
@@ -86,7 +88,7 @@ async def read_body(
         want = 0
     if not budget.try_reserve(want):
         raise BodyError(
-            503, "body_budget_exhausted", "the proxy is buffering too many request bodies"
+            503, Reason.BODY_BUDGET_EXHAUSTED, "the proxy is buffering too many request bodies"
         )
     reservation = Reservation(budget, want)
     chunks: list[bytes] = []
@@ -99,7 +101,7 @@ async def read_body(
             wait = min(idle_timeout_s, remaining)
             if wait <= 0:
                 raise BodyError(
-                    408, "body_timeout", f"body not received within {read_timeout_s:g} s"
+                    408, ErrorCode.BODY_TIMEOUT, f"body not received within {read_timeout_s:g} s"
                 )
             try:
                 async with asyncio.timeout(wait):
@@ -107,16 +109,18 @@ async def read_body(
             except RequestPayloadError as exc:
                 raise BodyError(
                     400,
-                    "invalid_request_body",
+                    ErrorCode.INVALID_REQUEST_BODY,
                     f"request body could not be read: {exc.__cause__ or exc}",
                 ) from exc
             except TimeoutError:
                 if wait < idle_timeout_s:
                     raise BodyError(
-                        408, "body_timeout", f"body not received within {read_timeout_s:g} s"
+                        408,
+                        ErrorCode.BODY_TIMEOUT,
+                        f"body not received within {read_timeout_s:g} s",
                     ) from None
                 raise BodyError(
-                    408, "body_idle", f"no body data for {idle_timeout_s:g} s"
+                    408, ErrorCode.BODY_IDLE, f"no body data for {idle_timeout_s:g} s"
                 ) from None
             if not chunk:
                 break
@@ -124,7 +128,7 @@ async def read_body(
             if total > max_bytes:
                 raise BodyError(
                     413,
-                    "request_too_large",
+                    ErrorCode.REQUEST_TOO_LARGE,
                     f"request body exceeds the {max_bytes // MIB} MiB limit",
                 )
             chunks.append(chunk)

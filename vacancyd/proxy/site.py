@@ -13,6 +13,7 @@ import json
 
 from aiohttp import web
 
+from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 
 
@@ -20,8 +21,8 @@ def _over_cap_response() -> bytes:
     body = json.dumps(
         error_body(
             "No vacancy: too many open connections to this listener",
-            "no_vacancy",
-            "connection_limit",
+            ErrorType.NO_VACANCY,
+            ErrorCode.CONNECTION_LIMIT,
         )
     ).encode()
     head = (

@@ -22,6 +22,7 @@ from aiohttp import WSMsgType, web
 from multidict import CIMultiDict
 from yarl import URL
 
+from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,8 @@ class Tunnels:
                 error_body(
                     f"{upstream!r} already has {self.open} open WebSocket tunnels "
                     f"(websocket_max_tunnels = {self.limits.max_tunnels})",
-                    "no_vacancy",
-                    "websocket_tunnels_exhausted",
+                    ErrorType.NO_VACANCY,
+                    ErrorCode.WEBSOCKET_TUNNELS_EXHAUSTED,
                 ),
                 status=503,
                 headers={"Retry-After": "5"},
@@ -106,8 +107,8 @@ class Tunnels:
                     error_body(
                         f"the upstream of {upstream!r} refused the WebSocket handshake "
                         f"({exc.status})",
-                        "upstream_error",
-                        "websocket_handshake_refused",
+                        ErrorType.UPSTREAM,
+                        ErrorCode.WEBSOCKET_HANDSHAKE_REFUSED,
                     ),
                     status=502,
                 )
@@ -116,8 +117,8 @@ class Tunnels:
                     error_body(
                         f"the upstream of {upstream!r} could not be reached: "
                         f"{exc.__class__.__name__}",
-                        "upstream_error",
-                        "upstream_unreachable",
+                        ErrorType.UPSTREAM,
+                        ErrorCode.UPSTREAM_UNREACHABLE,
                     ),
                     status=502,
                 )

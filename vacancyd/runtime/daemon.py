@@ -12,6 +12,8 @@ Task tree (names as they appear in logs):
 * ``observer NAME`` — server observation for adapters that need it (essential)
 * ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
 * ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
+* ``hold NAME job N`` — watches a held job's server for idleness (not essential)
+* ``reclaim cancel NAME`` / ``warm NAME`` — a reclaim's server calls (not essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
   ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
 
@@ -50,9 +52,14 @@ from vacancyd.config.policies import (
 )
 from vacancyd.config.secrets import Secrets, read_secrets
 from vacancyd.control.reclaim import Reclaimer
+from vacancyd.control.sharing import CardSharing, ExclusiveSettings
+from vacancyd.control.waiting import WaitRooms
+from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.gpu import GpuSelector
+from vacancyd.core.lifecycle import JobRules, JobState
 from vacancyd.core.observations import CapacityReading
+from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_server
 from vacancyd.proxy.site import CappedTCPSite
@@ -132,6 +139,7 @@ class Daemon:
     state: SharedState = field(init=False)
     metrics: Metrics = field(init=False)
     supervisor: Supervisor = field(init=False)
+    work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     bound: dict[str, str] = field(default_factory=dict)
     #: runner per listener name ("api" and each upstream's name)
@@ -147,6 +155,12 @@ class Daemon:
         self.metrics = Metrics()
         self.metrics.attach(self.state)
         self.supervisor = Supervisor()
+        self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
+        for up in self.settings.upstream:
+            if up.busy == "wait":
+                self.work.enable_wait(
+                    up.name, max_waiting=up.waiting_limit, timeout_s=up.wait_timeout
+                )
         self.reclaimer = Reclaimer(
             self.state,
             policies={u.name: reclaim_policy(u) for u in self.settings.upstream},
@@ -154,6 +168,7 @@ class Daemon:
             warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
             supervisor=self.supervisor,
             metrics=self.metrics,
+            work=self.work,
         )
 
     def request_stop(self) -> None:
@@ -170,7 +185,9 @@ class Daemon:
         )
         limits = settings.server.limits
 
-        api = make_api(self.state, auth, self.metrics, started_at=started_at)
+        api = make_api(
+            self.state, auth, self.metrics, started_at=started_at, release=self.work.admin_release
+        )
         await self._serve("api", api, settings.server.listen, limits.max_connections)
 
         for up in settings.upstream:
@@ -205,6 +222,15 @@ class Daemon:
                     self._control_session(credential), upstream.target
                 )
                 self.reclaimer.controllers[up.name] = controller
+            self.work.add_upstream(
+                up.name,
+                JobRules(
+                    tracked=controller is not None,
+                    cut_is_uncertain=adapter.cut_is_uncertain,
+                    idle_evidence=adapter.observe is not None,
+                ),
+                controller,
+            )
             proxy = Proxy(
                 upstream,
                 state=self.state,
@@ -212,7 +238,7 @@ class Daemon:
                 metrics=self.metrics,
                 limits=limits,
                 session=session,
-                reclaimer=self.reclaimer,
+                work=self.work,
                 controller=controller,
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
@@ -222,8 +248,36 @@ class Daemon:
             if adapter.observe is not None:
                 self._start_observer(upstream, credential)
 
+        self._share_cards()
         self._start_collectors()
         self._start_kubernetes(started_at)
+
+    @property
+    def waiting(self) -> WaitRooms[JobState]:
+        """The wait queues of upstreams with ``busy = "wait"``."""
+        return self.work.rooms
+
+    def _share_cards(self) -> None:
+        """Exclusivity effects for upstreams with ``exclusive_of`` (Ollama + ComfyUI)."""
+        exclusive = {
+            u.name: ExclusiveSettings(
+                u.unload_timeout, UnloadTimeout(u.on_unload_timeout or UnloadTimeout.FORWARD)
+            )
+            for u in self.settings.upstream
+            if u.exclusive_of
+        }
+        if not exclusive:
+            return
+        self.work.share_cards(
+            CardSharing(
+                self.state.upstreams,
+                exclusive,
+                self.reclaimer.controllers,
+                warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
+                clock=self.state.clock,
+                registry=self.metrics.registry,
+            )
+        )
 
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes

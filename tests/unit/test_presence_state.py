@@ -48,7 +48,7 @@ def owner_refusal(state: SharedState, upstream: str, now: float) -> tuple[Reason
 
 def events(state: SharedState) -> list[tuple[str, Mapping[str, object]]]:
     seen: list[tuple[str, Mapping[str, object]]] = []
-    state.subscribe(lambda kind, data: seen.append((kind, data)))
+    state.subscribe(lambda e: seen.append((e.kind, e.payload())))
     return seen
 
 

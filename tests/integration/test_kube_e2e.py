@@ -31,7 +31,7 @@ from vacancyd.k8s.companion import Companion
 
 pytestmark = pytest.mark.kube
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "vacancyd"
 NS = "vacancyd"
 NODE = "gaming-pc"

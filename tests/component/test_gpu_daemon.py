@@ -75,7 +75,7 @@ async def test_owner_gpu_work_refuses_then_releases(nvml: Scenario, tmp_path: Pa
             )
         ) as d,
     ):
-        d.state.subscribe(lambda kind, data: events.append((kind, dict(data))))
+        d.state.subscribe(lambda e: events.append((e.kind, e.payload())))
         await d.wait_ready()
         status, _ = await chat(d)
         assert status == 200
@@ -205,7 +205,7 @@ def sample(owner: float = 0.0, seen: bool = False) -> PressureSample:
 def test_unknown_refuses_at_once_and_raises_the_edge_after_the_gap() -> None:
     state = make_state()
     events: list[tuple[str, dict[str, object]]] = []
-    state.subscribe(lambda k, d: events.append((k, dict(d))))
+    state.subscribe(lambda e: events.append((e.kind, e.payload())))
     state.record_pressure("gpu0", sample(), 0.0)
     assert state.pressure_view("gpu0", 0.5).quality.value == "ready"
     state.record_pressure_failure("gpu0", "NVML query failed: GPU is lost", 1.0)

@@ -18,7 +18,7 @@ import yaml
 from tests.support import kube
 from vacancyd.config.load import parse_companion_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "vacancyd"
 VALUES = [None, *sorted((CHART / "ci").glob("*.yaml")), ROOT / "manifests" / "values.yaml"]
 

@@ -116,7 +116,7 @@ async def wait_for(
     """
     assert callable(predicate)
     changed = asyncio.Event()
-    unsubscribe = state.subscribe(lambda _kind, _data: changed.set())
+    unsubscribe = state.subscribe(lambda _event: changed.set())
     try:
         async with asyncio.timeout(timeout_s):
             while not predicate():
@@ -285,7 +285,7 @@ async def test_session_appears_while_borrowed_work_is_admitted(bus: PrivateBus) 
     app.router.add_post("/v1/chat/completions", slow)
     edges: list[Mapping[str, object]] = []
     async with lender(bus, [], app=app) as (d, fake, http):
-        d.state.subscribe(lambda kind, data: edges.append(data) if kind == "veto" else None)
+        d.state.subscribe(lambda e: edges.append(e.payload()) if e.kind == "veto" else None)
         await d.wait_ready()
         in_flight = asyncio.get_running_loop().create_task(borrow(d, http))
         await asyncio.wait_for(started.wait(), 2)

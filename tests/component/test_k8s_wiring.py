@@ -16,7 +16,7 @@ from vacancyd import cli
 from vacancyd.config import ConfigError, parse_config
 from vacancyd.config.load import parse_companion_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_only_the_client_imports_kubernetes_asyncio() -> None:

@@ -1,0 +1,159 @@
+"""The pure borrowed-job state machine (vacancyd.core.lifecycle): every transition and the
+effects it asks the executor for."""
+
+from __future__ import annotations
+
+import pytest
+
+from vacancyd.core.ledger import Phase
+from vacancyd.core.lifecycle import (
+    CancelExchange,
+    CancelOnServer,
+    Ending,
+    Follow,
+    HoldReason,
+    JobPhase,
+    JobRules,
+    JobState,
+    Release,
+    ReleaseBy,
+    SetPhase,
+    WatchIdle,
+)
+from vacancyd.core.reclaim import Edge, Trigger
+
+EDGE = Edge(Trigger.OWNER, 5.0, detail="owner back")
+PLAIN = JobRules()
+TRACKED = JobRules(tracked=True)
+UNCERTAIN = JobRules(cut_is_uncertain=True, idle_evidence=True)
+UNCERTAIN_BLIND = JobRules(cut_is_uncertain=True)
+
+
+def admitted() -> JobState:
+    return JobState(7, "up", ("gpu0",), admitted_at=1.0, model="m")
+
+
+def test_an_untracked_job_is_released_when_its_exchange_ends() -> None:
+    job = admitted()
+    assert job.phase is JobPhase.ADMITTED and job.ledger_phase is Phase.FORWARDING
+    fwd = job.forwarding(None).state
+    assert fwd.phase is JobPhase.FORWARDING and fwd.phase.defers_reclaim
+    for ending in Ending:
+        t = fwd.exchange_ended(ending, PLAIN, now=2.0)
+        assert t.state.phase is JobPhase.RELEASED
+        assert t.effects == (Release(),)
+        assert not t.state.phase.live and t.state.ledger_phase is None
+
+
+def test_a_tracked_job_that_landed_is_tracked_until_done() -> None:
+    fwd = admitted().forwarding("prompt-1").state
+    landed = fwd.reply_arrived(200)
+    assert landed.state.landed and landed.effects == ()
+    t = landed.state.exchange_ended(Ending.COMPLETED, TRACKED, now=2.0)
+    assert t.state.phase is JobPhase.TRACKING
+    assert t.effects == (SetPhase(Phase.TRACKING), Follow("prompt-1"))
+    assert t.state.phase.defers_reclaim
+    done = t.state.tracking_done()
+    assert done.state.phase is JobPhase.RELEASED and done.effects == (Release(),)
+
+
+def test_a_tracked_submission_that_did_not_land_is_released_at_once() -> None:
+    fwd = admitted().forwarding("prompt-1").state
+    rejected = fwd.reply_arrived(400).state
+    assert not rejected.landed
+    t = rejected.exchange_ended(Ending.COMPLETED, TRACKED, now=2.0)
+    assert t.state.phase is JobPhase.RELEASED and t.effects == (Release(),)
+
+
+def test_lost_tracking_holds_until_an_administrator_releases() -> None:
+    tracking = (
+        admitted()
+        .forwarding("p")
+        .state.reply_arrived(200)
+        .state.exchange_ended(Ending.COMPLETED, TRACKED, now=2.0)
+        .state
+    )
+    lost = tracking.tracking_lost("queue unreadable", now=3.0)
+    assert lost.state.phase is JobPhase.HELD and lost.effects == (SetPhase(Phase.HELD),)
+    assert lost.state.hold is not None
+    assert lost.state.hold.reason is HoldReason.TRACKING_LOST
+    assert lost.state.hold.release_by is ReleaseBy.ADMIN
+    assert not lost.state.phase.defers_reclaim
+    # a server observation never releases an admin-only hold
+    assert lost.state.server_seen_idle(99.0).state.phase is JobPhase.HELD
+    freed = lost.state.admin_release()
+    assert freed.state.phase is JobPhase.RELEASED and freed.effects == (Release(),)
+
+
+def test_cutting_an_untracked_exchange_cancels_it() -> None:
+    fwd = admitted().forwarding(None).state
+    t = fwd.cut(EDGE)
+    assert t.state.cut_by == EDGE and t.effects == (CancelExchange(),)
+    ended = t.state.exchange_ended(Ending.CUT, PLAIN, now=6.0)
+    assert ended.state.phase is JobPhase.CUT and ended.effects == (Release(),)
+
+
+def test_cutting_landed_tracked_work_cancels_it_on_the_server_once() -> None:
+    landed = admitted().forwarding("p").state.reply_arrived(200).state
+    t = landed.cut(EDGE)
+    assert t.effects == (CancelOnServer("p"),) and t.state.cancelled_on_server
+    assert t.state.cut(EDGE).effects == ()  # never twice
+    # the fallback cut (a failed reclaim) never calls the server
+    assert landed.cut(EDGE, cancel_queued=False).effects == ()
+
+
+def test_tracked_work_cut_before_it_landed_is_cancelled_when_the_reply_arrives() -> None:
+    fwd = admitted().forwarding("p").state
+    cut = fwd.cut(EDGE)
+    assert cut.effects == () and cut.state.cut_by == EDGE
+    arrived = cut.state.reply_arrived(200)
+    assert arrived.effects == (CancelOnServer("p"),)
+    assert arrived.state.cut_by == EDGE
+    # a cut job is never tracked, even though it landed
+    ended = arrived.state.exchange_ended(Ending.COMPLETED, TRACKED, now=6.0)
+    assert ended.state.phase is JobPhase.CUT and ended.effects == (Release(),)
+
+
+@pytest.mark.parametrize(
+    ("rules", "release_by", "watch"),
+    [(UNCERTAIN, ReleaseBy.SERVER_IDLE, True), (UNCERTAIN_BLIND, ReleaseBy.ADMIN, False)],
+)
+def test_an_uncertain_cut_holds_the_reservation(
+    rules: JobRules, release_by: ReleaseBy, watch: bool
+) -> None:
+    cut = admitted().forwarding(None).state.cut(EDGE).state
+    t = cut.exchange_ended(Ending.CUT, rules, now=6.0)
+    assert t.state.phase is JobPhase.HELD
+    assert t.state.hold is not None
+    assert t.state.hold.reason is HoldReason.CUT_UNCERTAIN
+    assert t.state.hold.release_by is release_by and t.state.hold.since == 6.0
+    expected = (SetPhase(Phase.HELD), WatchIdle(6.0)) if watch else (SetPhase(Phase.HELD),)
+    assert t.effects == expected
+    # cutting a held job again does nothing: it no longer defers a reclaim
+    assert t.state.cut(EDGE).effects == ()
+
+
+def test_a_held_job_is_released_only_by_an_observation_taken_after_the_hold() -> None:
+    held = (
+        admitted().forwarding(None).state.cut(EDGE).state.exchange_ended(Ending.CUT, UNCERTAIN, 6.0)
+    ).state
+    assert held.server_seen_idle(6.0).state.phase is JobPhase.HELD
+    assert held.server_seen_idle(5.0).state.phase is JobPhase.HELD
+    t = held.server_seen_idle(6.5)
+    assert t.state.phase is JobPhase.CUT and t.effects == (Release(),)
+
+
+def test_an_admin_release_mid_exchange_frees_the_reservation_once() -> None:
+    fwd = admitted().forwarding(None).state
+    t = fwd.admin_release()
+    assert t.effects == (Release(),) and not t.state.reserved
+    assert t.state.phase is JobPhase.FORWARDING  # the exchange still runs
+    assert t.state.admin_release().effects == ()
+    ended = t.state.exchange_ended(Ending.COMPLETED, PLAIN, now=3.0)
+    assert ended.state.phase is JobPhase.RELEASED and ended.effects == ()
+
+
+def test_an_uncut_exchange_is_not_held_even_where_cuts_are_uncertain() -> None:
+    fwd = admitted().forwarding(None).state
+    t = fwd.exchange_ended(Ending.ABORTED, UNCERTAIN, now=3.0)
+    assert t.state.phase is JobPhase.RELEASED and t.effects == (Release(),)

@@ -1,0 +1,525 @@
+"""Borrowed work: admission, and every admitted job's life until its reservation is released.
+
+The phases and their rules are the pure state machine in :mod:`vacancyd.core.lifecycle`;
+this module is its only executor and the only writer of the admission ledger. It:
+
+* admits a request: the gate on a snapshot, at most one fresh observation when the refusal
+  says a fresher sample could change it, the reclaim check, then the ledger reservation;
+* records what the proxy reports about the exchange (started, reply arrived, ended) and
+  carries out the resulting transitions: tracking a job the server still runs (its own
+  task, ``track NAME job N``), holding a cut job whose outcome is uncertain (watched by
+  ``hold NAME job N`` where the server's idleness can be observed), releasing;
+* cuts jobs for a reclaim: cancels the exchange, or cancels tracked work through the
+  server's API with a deadline;
+* on every release, asks the collectors for a fresh sample of each released resource, so
+  the next admission's "sample after the last release" rule is usually met by the time the
+  next request arrives, and serves the wait queues;
+* sharing (docs/architecture.md "Sharing the card"): a request the ledger refuses
+  ``resource_busy`` on an upstream with ``busy = "wait"`` waits in that upstream's FIFO
+  (:mod:`vacancyd.control.waiting`) instead; a job of an upstream with ``exclusive_of`` has
+  the other servers unloaded before it is forwarded and is charged again on a fresh sample
+  after that, and its own server frees its memory before its reservation is released
+  (:mod:`vacancyd.control.sharing`).
+
+The proxy keeps only its own HTTP objects; a reclaim reads jobs and asks for cuts here.
+Times are monotonic seconds from ``SharedState.clock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+
+from prometheus_client import Counter
+
+from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.api.metrics import Metrics
+from vacancyd.control.sharing import CardSharing
+from vacancyd.control.waiting import WaitRooms
+from vacancyd.core import gate
+from vacancyd.core.ledger import Job
+from vacancyd.core.lifecycle import (
+    CancelExchange,
+    CancelOnServer,
+    Ending,
+    Follow,
+    JobPhase,
+    JobRules,
+    JobState,
+    Release,
+    SetPhase,
+    Transition,
+    WatchIdle,
+)
+from vacancyd.core.policy import UpstreamPolicy
+from vacancyd.core.reasons import Admit, Decision, Reason, Refuse
+from vacancyd.core.reclaim import Edge
+from vacancyd.core.sharing import serve_order
+from vacancyd.core.snapshot import RequestFacts, Snapshot
+from vacancyd.core.waiting import waits_on
+from vacancyd.runtime.tasks import Supervisor
+from vacancyd.state import SharedState
+
+log = logging.getLogger(__name__)
+
+#: How long a refusal that a fresh observation could change waits for one (seconds).
+REFRESH_WAIT_S = 2.0
+#: Cancelling tracked borrowed jobs through the server's API is bounded by this (seconds).
+CANCEL_DEADLINE_S = 10.0
+
+#: Returns True when it cancelled a running exchange (False: it had already finished).
+CutExchange = Callable[[], bool]
+#: Asks whether an upstream is being reclaimed: the refusal new work gets, or None.
+ReclaimCheck = Callable[[str], Refuse | None]
+
+
+@dataclass
+class _Upstream:
+    rules: JobRules
+    controller: Controller | None = None
+    cut: dict[int, CutExchange] = field(default_factory=dict)
+
+
+class Work:
+    """Every borrowed job on this daemon; one per daemon, touched only from the event loop."""
+
+    def __init__(self, state: SharedState, *, supervisor: Supervisor, metrics: Metrics) -> None:
+        self.state = state
+        self.supervisor = supervisor
+        self._upstreams: dict[str, _Upstream] = {}
+        self._jobs: dict[int, JobState] = {}
+        self._listeners: list[Callable[[str], None]] = []
+        self._reclaiming: ReclaimCheck = lambda _upstream: None
+        #: Wait queues of upstreams with ``busy = "wait"`` (see :meth:`enable_wait`).
+        self.rooms: WaitRooms[JobState] = WaitRooms(
+            state.clock,
+            request_sample=state.request_sample,
+            counts=state.ledger.waiting,
+            observe=lambda up, outcome, s: metrics.wait_seconds.labels(up, outcome).observe(s),
+        )
+        self.rooms.set_order(serve_order(state.upstreams))
+        # Anything that may change a waiting request's answer serves the queues again.
+        state.subscribe(lambda _event: self.rooms.serve())
+        state.sample_hooks.append(self.rooms.serve)
+        #: Exclusivity effects; None until :meth:`share_cards` (no upstream is exclusive).
+        self.card: CardSharing | None = None
+        self.m_cancelled = Counter(
+            "vacancyd_reclaim_cancelled_jobs",
+            "Borrowed jobs a reclaim cancelled, by kind (stream: a cut connection; "
+            "queued: a job cancelled through the server's queue API).",
+            ["upstream", "kind"],
+            registry=metrics.registry,
+        )
+
+    # -- wiring --------------------------------------------------------------------------
+
+    def add_upstream(
+        self, name: str, rules: JobRules, controller: Controller | None = None
+    ) -> None:
+        """Declare one upstream's lifecycle rules (and its controller, for tracked work)."""
+        self._upstreams[name] = _Upstream(rules, controller)
+
+    def enable_wait(self, name: str, *, max_waiting: int, timeout_s: float) -> None:
+        """Let busy requests on ``name`` wait: at most ``max_waiting`` at once, each for at
+        most ``timeout_s`` seconds (``busy = "wait"``)."""
+        self.rooms.add(name, max_waiting=max_waiting, timeout_s=timeout_s)
+
+    def share_cards(self, card: CardSharing) -> None:
+        """Carry out exclusivity for upstreams with ``exclusive_of`` (set once)."""
+        self.card = card
+
+    def guard_with(self, check: ReclaimCheck) -> None:
+        """Refuse admission while ``check`` says the upstream is being reclaimed (set once,
+        by the reclaimer)."""
+        self._reclaiming = check
+
+    def subscribe(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(upstream)`` whenever the set of jobs deferring a reclaim changes."""
+        self._listeners.append(listener)
+
+    # -- admission -----------------------------------------------------------------------
+
+    def refusal(self, upstream: str) -> Refuse | None:
+        """The reclaim refusal new work on ``upstream`` gets now, or None."""
+        return self._reclaiming(upstream)
+
+    async def admit(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
+        """Gate then ledger, with at most one fresh observation in between; then, where the
+        upstream says so, a wait for a slot and the exclusive job's unload.
+
+        A refusal that says a fresher sample could change it (``extra["refresh"]``) waits up
+        to :data:`REFRESH_WAIT_S` seconds for a sample taken after the request arrived and
+        decides once more; the second decision stands. With ``busy = "wait"``, a
+        ``resource_busy`` refusal (and any request arriving while others wait) joins the
+        upstream's FIFO instead; only ``resource_busy`` ever waits. Raises CancelledError
+        when the client goes away (nothing stays reserved for it).
+        """
+        waits = self.rooms.has_queue(upstream)
+        if waits and self.rooms.waiting(upstream):
+            # Others wait already: join behind them (FIFO), unless the gate refuses anyway.
+            early = self._attempt(upstream, facts, reserve=False)
+            decision: JobState | Refuse = (
+                early if isinstance(early, Refuse) and not waits_on(early) else self._busy()
+            )
+        else:
+            decision = await self._admit_once(upstream, facts)
+        if waits and isinstance(decision, Refuse) and decision.reason is Reason.RESOURCE_BUSY:
+            decision = await self.rooms.wait(
+                upstream, lambda: self._attempt(upstream, facts), self._drop
+            )
+        if isinstance(decision, JobState) and self.card is not None:
+            if self.card.is_exclusive(upstream):
+                return await self._take_card(decision, facts)
+        return decision
+
+    @staticmethod
+    def _busy() -> Refuse:
+        return Refuse.of(Reason.RESOURCE_BUSY, "other requests wait for this upstream")
+
+    async def _admit_once(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
+        policy = self.state.upstreams[upstream]
+        for attempt in (1, 2):
+            snap = self.state.snapshot()
+            decision = self._decide(facts, snap, policy)
+            if isinstance(decision, Admit):
+                return self._reserve(upstream, decision, snap.now, facts)
+            refresh = decision.extra.get("refresh")
+            if attempt == 2 or refresh is None:
+                return decision
+            key = f"server:{upstream}" if refresh == "server" else decision.resource
+            if key is None or not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+                return decision
+        raise AssertionError("unreachable")
+
+    def _attempt(
+        self, upstream: str, facts: RequestFacts, *, reserve: bool = True
+    ) -> JobState | Refuse:
+        """One synchronous admission attempt (a waiting request's turn); with ``reserve``
+        False, only the refusal it would get (an admission is reported as ``resource_busy``)."""
+        snap = self.state.snapshot()
+        decision = self._decide(facts, snap, self.state.upstreams[upstream])
+        if isinstance(decision, Refuse):
+            return decision
+        if not reserve:
+            return self._busy()
+        return self._reserve(upstream, decision, snap.now, facts)
+
+    def _decide(self, facts: RequestFacts, snap: Snapshot, policy: UpstreamPolicy) -> Decision:
+        """The gate's decision; for an exclusive upstream a memory refusal is provisional,
+        since the memory the other servers hold is given back by the unload before the job
+        runs (the job is charged again on a fresh sample after it: :meth:`_take_card`)."""
+        decision = gate.decide(facts, snap, policy)
+        if (
+            isinstance(decision, Refuse)
+            and decision.reason is Reason.INSUFFICIENT_CAPACITY
+            and policy.exclusive_of
+            and self.card is not None
+        ):
+            return Admit(resources=policy.resources)
+        return decision
+
+    async def _take_card(self, job: JobState, facts: RequestFacts) -> JobState | Refuse:
+        """Unload the servers an exclusive job shares the card with, then charge it on a
+        fresh capacity sample; a refusal releases the job."""
+        assert self.card is not None
+        policy = self.state.upstreams[job.upstream]
+        try:
+            refusal = await self.card.before_forward(job.upstream)
+            if refusal is None:
+                await self.state.fresh_sample(policy.resource, REFRESH_WAIT_S)
+                decision = gate.decide(facts, self.state.snapshot(), policy)
+                if isinstance(decision, Refuse):
+                    refusal = decision
+                else:
+                    self.state.ledger.set_charge(job.id, decision.charged_mib)
+        except BaseException:
+            self._drop(job)
+            raise
+        if refusal is not None:
+            self._drop(job)
+            return refusal
+        return job
+
+    def _drop(self, job: JobState) -> None:
+        """Release a job admitted for a request that will not run it (gone, or refused after
+        its unload): nothing was forwarded, so nothing needs freeing."""
+        if self._jobs.pop(job.id, None) is not None:
+            self._release_now(job.id)
+
+    def _reserve(
+        self, upstream: str, admit: Admit, now: float, facts: RequestFacts
+    ) -> JobState | Refuse:
+        reclaiming = self._reclaiming(upstream)
+        if reclaiming is not None:
+            return reclaiming
+        if admit.credit is not None and admit.credit.applied:
+            log.info(
+                "residency credit on %s for model %r: %s", upstream, facts.model, admit.credit.why
+            )
+        reserved = self.state.ledger.reserve(
+            upstream, admit.resources, now, facts.model, charged_mib=admit.charged_mib
+        )
+        if isinstance(reserved, Refuse):
+            return reserved
+        job = JobState(reserved.id, upstream, reserved.resources, now, reserved.model)
+        self._jobs[job.id] = job
+        return job
+
+    # -- what the proxy reports ------------------------------------------------------------
+
+    def forwarding(self, job_id: int, key: str | None, cut: CutExchange) -> None:
+        """The exchange of job ``job_id`` starts; ``cut`` cancels it, ``key`` is the job key
+        the upstream's controller tracks (None when untracked)."""
+        job = self._jobs[job_id]
+        self._upstreams[job.upstream].cut[job_id] = cut
+        self._apply(job.forwarding(key))
+        self._changed(job.upstream)
+
+    def reply_arrived(self, job_id: int, status: int) -> Edge | None:
+        """The upstream's response headers arrived; returns the edge that cut the job, if a
+        reclaim already did (the proxy then answers as for a cut)."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        return self._apply(job.reply_arrived(status)).cut_by
+
+    def cut_by(self, job_id: int) -> Edge | None:
+        """The reclaim edge that cut job ``job_id``, or None."""
+        job = self._jobs.get(job_id)
+        return None if job is None else job.cut_by
+
+    def exchange_ended(self, job_id: int, ending: Ending) -> None:
+        """The proxy is done with job ``job_id``'s exchange; ``ending`` says how."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        up = self._upstreams[job.upstream]
+        up.cut.pop(job_id, None)
+        self._apply(job.exchange_ended(ending, up.rules, self.state.clock()))
+        self._changed(job.upstream)
+
+    # -- what an administrator does --------------------------------------------------------
+
+    def admin_release(self, job_id: int) -> Job | None:
+        """``POST /admin/jobs/{id}/release``: free job ``job_id``'s reservation now.
+
+        Returns the ledger's record as it was (None for an unknown job).
+        """
+        entry = self.state.ledger.get(job_id)
+        job = self._jobs.get(job_id)
+        if job is not None:
+            self._apply(job.admin_release())
+            self._changed(job.upstream)
+        elif entry is not None:
+            self._release(entry.id)
+        return entry
+
+    # -- what a reclaim reads and does -------------------------------------------------------
+
+    def active(self, upstream: str, admitted_by: float) -> list[JobState]:
+        """Jobs on ``upstream`` admitted no later than ``admitted_by`` (monotonic s) that
+        defer a reclaim: not held, not ended."""
+        return [
+            j
+            for j in self._jobs.values()
+            if j.upstream == upstream and j.admitted_at <= admitted_by and j.phase.defers_reclaim
+        ]
+
+    def keys(self, upstream: str) -> frozenset[str]:
+        """Tracked job keys of ``upstream``'s jobs that still defer a reclaim."""
+        return frozenset(
+            j.key
+            for j in self._jobs.values()
+            if j.upstream == upstream and j.key is not None and j.phase.defers_reclaim
+        )
+
+    async def cut(self, jobs: list[JobState], edge: Edge, *, cancel_queued: bool = True) -> None:
+        """Cut ``jobs`` for the reclaim that ``edge`` opened; bounded by CANCEL_DEADLINE_S."""
+        queued: dict[str, list[JobState]] = {}
+        for job in jobs:
+            current = self._jobs.get(job.id)
+            if current is None:
+                continue
+            transition = current.cut(edge, cancel_queued=cancel_queued)
+            self._jobs[current.id] = transition.state
+            for effect in transition.effects:
+                if isinstance(effect, CancelExchange):
+                    self._cancel_exchange(transition.state)
+                elif isinstance(effect, CancelOnServer):
+                    queued.setdefault(current.upstream, []).append(transition.state)
+        for upstream, tracked in queued.items():
+            await self._cancel_on_server(upstream, [j.key for j in tracked if j.key is not None])
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def get(self, job_id: int) -> JobState | None:
+        return self._jobs.get(job_id)
+
+    def __iter__(self) -> Iterator[JobState]:
+        return iter(sorted(self._jobs.values(), key=lambda j: j.id))
+
+    # -- carrying out transitions ------------------------------------------------------------
+
+    def _apply(self, transition: Transition) -> JobState:
+        job = transition.state
+        if job.phase.live:
+            self._jobs[job.id] = job
+        else:
+            self._jobs.pop(job.id, None)
+        for effect in transition.effects:
+            if isinstance(effect, Release):
+                self._release(job.id)
+            elif isinstance(effect, SetPhase):
+                self.state.ledger.set_phase(job.id, effect.phase)
+                if job.hold is not None:
+                    self._log_hold(job)
+            elif isinstance(effect, Follow):
+                self._follow(job, effect.key)
+            elif isinstance(effect, WatchIdle):
+                self._watch_idle(job, effect.since)
+            elif isinstance(effect, CancelOnServer):
+                self.supervisor.spawn(
+                    self._cancel_on_server(job.upstream, [effect.key]),
+                    name=f"reclaim cancel {job.upstream}",
+                    essential=False,
+                )
+            elif isinstance(effect, CancelExchange):
+                self._cancel_exchange(job)
+        return job
+
+    def _release(self, job_id: int) -> None:
+        """Release the ledger entry and ask for a fresh sample of each resource; an
+        exclusive upstream's server frees its memory first (the card stays reserved until it
+        has), and the servers it excluded load their ``warm_model`` again after."""
+        entry = self.state.ledger.get(job_id)
+        card = self.card
+        if entry is None or card is None or not card.is_exclusive(entry.upstream):
+            self._release_now(job_id)
+            return
+        keys = frozenset(j.key for j in self._jobs.values() if j.key is not None)
+
+        async def free_then_release() -> None:
+            try:
+                await card.after_job(entry.upstream, keys)
+            finally:
+                self._release_now(job_id)
+            if not self._card_wanted(entry.upstream):
+                await card.warm(entry.upstream)
+
+        self.supervisor.spawn(
+            free_then_release(), name=f"free {entry.upstream} job {job_id}", essential=False
+        )
+
+    def _card_wanted(self, upstream: str) -> bool:
+        """True while a job of ``upstream`` holds the card or one of its requests waits."""
+        return self.rooms.waiting(upstream) > 0 or any(
+            j.upstream == upstream for j in self.state.ledger.jobs()
+        )
+
+    def _release_now(self, job_id: int) -> None:
+        released = self.state.ledger.release(job_id, self.state.clock())
+        if released is not None:
+            for name in released.resources:
+                self.state.request_sample(name)
+        self.rooms.serve()
+
+    def _changed(self, upstream: str) -> None:
+        for listener in self._listeners:
+            listener(upstream)
+
+    def _cancel_exchange(self, job: JobState) -> None:
+        cut = self._upstreams[job.upstream].cut.get(job.id)
+        if cut is not None and cut():
+            self.m_cancelled.labels(job.upstream, "stream").inc()
+
+    async def _cancel_on_server(self, upstream: str, keys: list[str]) -> None:
+        controller = self._upstreams[upstream].controller
+        if controller is None or not keys:
+            return
+        try:
+            async with asyncio.timeout(CANCEL_DEADLINE_S):
+                summary = await controller.cancel(keys)
+        except (UpstreamError, TimeoutError) as exc:
+            log.warning("reclaim on %s could not cancel borrowed jobs %s: %s", upstream, keys, exc)
+            return
+        self.m_cancelled.labels(upstream, "queued").inc(len(keys))
+        log.info("reclaim on %s cancelled borrowed jobs: %s", upstream, summary)
+
+    def _log_hold(self, job: JobState) -> None:
+        assert job.hold is not None
+        if job.hold.detail:
+            log.warning(
+                "%s: lost track of borrowed job %s (%s); holding its reservation until an "
+                "administrator releases job %d",
+                job.upstream,
+                job.key,
+                job.hold.detail,
+                job.id,
+            )
+            return
+        log.warning(
+            "%s: job %d was cut by a reclaim but the server may still be working on it; "
+            "holding its reservation until %s",
+            job.upstream,
+            job.id,
+            "an observation shows the server idle"
+            if self._upstreams[job.upstream].rules.idle_evidence
+            else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
+        )
+
+    def _follow(self, job: JobState, key: str) -> None:
+        """Keep a landed, tracked job reserved until the server finishes it."""
+        controller = self._upstreams[job.upstream].controller
+        assert controller is not None
+        job_id = job.id
+
+        async def follow() -> None:
+            try:
+                await controller.wait_done(key)
+            except UpstreamError as exc:
+                detail = str(exc)
+                self._step(job_id, lambda j: j.tracking_lost(detail, self.state.clock()))
+                return
+            except BaseException:
+                self._step(job_id, JobState.tracking_done)
+                raise
+            self._step(job_id, JobState.tracking_done)
+
+        self.supervisor.spawn(follow(), name=f"track {job.upstream} job {job_id}", essential=False)
+
+    def _watch_idle(self, job: JobState, since: float) -> None:
+        """Release a held job once a server observation taken after ``since`` shows the
+        server idle (llama-server's slots)."""
+        name = job.upstream
+        job_id = job.id
+        key = f"server:{name}"
+
+        async def await_idle() -> None:
+            while (held := self._jobs.get(job_id)) is not None and held.phase is JobPhase.HELD:
+                obs = self.state.servers.get(name)
+                if (
+                    obs is not None
+                    and obs.value is not None
+                    and obs.observed_at is not None
+                    and obs.observed_at > since
+                    and obs.value.idle
+                ):
+                    log.info("%s: server idle after the cut; releasing held job %d", name, job_id)
+                    self._step(
+                        job_id, partial(JobState.server_seen_idle, observed_at=obs.observed_at)
+                    )
+                    return
+                if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+                    await asyncio.sleep(REFRESH_WAIT_S)
+
+        self.supervisor.spawn(await_idle(), name=f"hold {name} job {job_id}", essential=False)
+
+    def _step(self, job_id: int, step: Callable[[JobState], Transition]) -> None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        self._apply(step(job))
+        self._changed(job.upstream)

@@ -1,0 +1,195 @@
+"""State transitions as typed values.
+
+:class:`~vacancyd.state.SharedState` tells its subscribers about every transition with one of
+these events. Each has a stable ``kind`` (the SSE ``event:`` name on ``GET /events``) and a
+``payload()``: the JSON object that stream carries, whose keys are the event's fields. Times
+are monotonic seconds on the daemon's clock; loads and thresholds are 0–1 ratios.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from vacancyd.core.observations import Quality
+from vacancyd.core.pressure import EdgeCause
+from vacancyd.core.reclaim import ReclaimPhase, Trigger
+
+
+@dataclass(frozen=True, slots=True)
+class LendingSwitched:
+    """The global lending switch flipped."""
+
+    kind: ClassVar[str] = "lending"
+    enabled: bool
+
+    def payload(self) -> dict[str, object]:
+        return {"enabled": self.enabled}
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSwitched:
+    """One resource's runtime switch flipped."""
+
+    kind: ClassVar[str] = "resource_switch"
+    resource: str
+    enabled: bool
+
+    def payload(self) -> dict[str, object]:
+        return {"resource": self.resource, "enabled": self.enabled}
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityChanged:
+    """A resource became measured (``ready``) or unmeasured (``unknown``, with the error)."""
+
+    kind: ClassVar[str] = "capacity"
+    resource: str
+    quality: Quality
+    error: str | None = None
+
+    def payload(self) -> dict[str, object]:
+        data: dict[str, object] = {"resource": self.resource, "quality": self.quality.value}
+        if self.error is not None:
+            data["error"] = self.error
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class PressureReleased:
+    """A GPU's owner pressure released (hysteresis disengaged)."""
+
+    kind: ClassVar[str] = "pressure"
+    resource: str
+
+    def payload(self) -> dict[str, object]:
+        return {"resource": self.resource, "edge": False, "engaged": False}
+
+
+@dataclass(frozen=True, slots=True)
+class PressureEdgeRaised:
+    """A rising pressure edge on a GPU: engaged, or unknown for too long.
+
+    ``at``: monotonic s. ``unknown_for_s``: how long the reading had been unknown (0 when
+    engaged by load). ``owner_load`` / ``threshold``: the newest reading and the threshold
+    in force, where known.
+    """
+
+    kind: ClassVar[str] = "pressure"
+    resource: str
+    engaged: bool
+    cause: EdgeCause
+    at: float
+    unknown_for_s: float
+    owner_load: float | None
+    threshold: float | None
+
+    def payload(self) -> dict[str, object]:
+        return {
+            "resource": self.resource,
+            "edge": True,
+            "engaged": self.engaged,
+            "cause": self.cause.value,
+            "at": self.at,
+            "unknown_for_s": self.unknown_for_s,
+            "owner_load": self.owner_load,
+            "threshold": self.threshold,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class UnseenGpuWorkChanged:
+    """An upstream's admitted work stopped (or started again) showing on its GPU."""
+
+    kind: ClassVar[str] = "unseen_gpu_work"
+    upstream: str
+    active: bool
+    detail: str | None = None
+
+    def payload(self) -> dict[str, object]:
+        data: dict[str, object] = {"upstream": self.upstream, "active": self.active}
+        if self.detail is not None:
+            data["detail"] = self.detail
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceSampled:
+    """Owner presence was read for the first time."""
+
+    kind: ClassVar[str] = "presence"
+
+    def payload(self) -> dict[str, object]:
+        return {"sampled": True}
+
+
+@dataclass(frozen=True, slots=True)
+class VetoChanged:
+    """The host policy veto engaged (owner back) or released, at monotonic ``at``."""
+
+    kind: ClassVar[str] = "veto"
+    active: bool
+    detail: str
+    at: float
+
+    def payload(self) -> dict[str, object]:
+        return {"active": self.active, "detail": self.detail, "at": self.at}
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRaised:
+    """A reclaim edge (pressure, operator, tests) at monotonic ``at``; owner edges come
+    from :class:`VetoChanged`. ``resource``: the resource it concerns (None: all)."""
+
+    kind: ClassVar[str] = "edge"
+    trigger: Trigger
+    at: float
+    resource: str | None = None
+    detail: str = ""
+
+    def payload(self) -> dict[str, object]:
+        return {
+            "trigger": self.trigger.value,
+            "at": self.at,
+            "resource": self.resource,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimChanged:
+    """An upstream's reclaim moved to ``phase``."""
+
+    kind: ClassVar[str] = "reclaim"
+    upstream: str
+    phase: ReclaimPhase
+
+    def payload(self) -> dict[str, object]:
+        return {"upstream": self.upstream, "phase": self.phase.value}
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerChanged:
+    """An upstream's proxy listener was bound or unbound."""
+
+    kind: ClassVar[str] = "listener"
+    upstream: str
+    bound: bool
+
+    def payload(self) -> dict[str, object]:
+        return {"upstream": self.upstream, "bound": self.bound}
+
+
+StateEvent = (
+    LendingSwitched
+    | ResourceSwitched
+    | CapacityChanged
+    | PressureReleased
+    | PressureEdgeRaised
+    | UnseenGpuWorkChanged
+    | PresenceSampled
+    | VetoChanged
+    | EdgeRaised
+    | ReclaimChanged
+    | ListenerChanged
+)

@@ -1,0 +1,290 @@
+"""One borrowed job's life, as a pure state machine.
+
+A job is born when admission reserves its resources in the ledger and ends when that
+reservation is given back. In between it moves through these phases::
+
+    admitted ──forwarding──▶ forwarding ──exchange ended──▶ released | cut
+                                  │                              ▲
+                                  ├─ tracked reply landed ─▶ tracking ──done──┘
+                                  │                              │
+                                  └─ cut, outcome uncertain ─▶ held ◀── tracking lost
+                                                                 │
+                                       server seen idle / admin ─┘
+
+* ``forwarding``: the HTTP exchange with the upstream runs.
+* ``tracking``: the exchange ended but the server still runs the work (a ComfyUI prompt in
+  its queue); the reservation stays until the server has finished it.
+* ``held``: a reclaim cut the exchange but the server may still be working (a closed
+  connection does not stop an OpenAI-compatible server), or tracking lost sight of the work.
+  The reservation stays until the server is seen idle after the hold began, or an
+  administrator releases the job. Held work never defers a reclaim.
+* ``released`` / ``cut``: terminal; ``cut`` when a reclaim cut the job first.
+
+Each input is a method returning a :class:`Transition`: the job's next state and the effects
+the executor (:mod:`vacancyd.control.work`) must carry out, as values. Nothing here does I/O
+or reads a clock: times are monotonic seconds passed in by the caller. A job record holds
+only plain values (ids, names, enums, floats), so held jobs can be written out and read back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from vacancyd.core.ledger import Phase
+from vacancyd.core.reclaim import Edge
+
+
+class JobPhase(StrEnum):
+    """Where one borrowed job is in its life (see the module docstring)."""
+
+    ADMITTED = "admitted"
+    FORWARDING = "forwarding"
+    TRACKING = "tracking"
+    HELD = "held"
+    RELEASED = "released"
+    CUT = "cut"
+
+    @property
+    def live(self) -> bool:
+        """Not yet ended: the job still has a record."""
+        return self not in (JobPhase.RELEASED, JobPhase.CUT)
+
+    @property
+    def defers_reclaim(self) -> bool:
+        """A reclaim waits for (or cuts) jobs in this phase; held jobs never count."""
+        return self in (JobPhase.ADMITTED, JobPhase.FORWARDING, JobPhase.TRACKING)
+
+
+class HoldReason(StrEnum):
+    """Why a job is held (shown in logs and, later, in durable records)."""
+
+    CUT_UNCERTAIN = "cut_uncertain"  #: a reclaim cut it; the server may still be working
+    TRACKING_LOST = "tracking_lost"  #: the server's queue could no longer be read
+
+
+class ReleaseBy(StrEnum):
+    """What ends a hold."""
+
+    SERVER_IDLE = "server_idle"  #: a server observation taken after the hold shows it idle
+    ADMIN = "admin"  #: only ``POST /admin/jobs/{id}/release``
+
+
+class Ending(StrEnum):
+    """How the proxy's exchange with the upstream ended, as it reports it."""
+
+    COMPLETED = "completed"  #: the handler returned a response (relayed, error, or broken)
+    CUT = "cut"  #: the forwarding was cancelled by a reclaim's cut
+    ABORTED = "aborted"  #: the handler raised or was cancelled otherwise (borrower gone)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRules:
+    """What the lifecycle needs to know about one upstream.
+
+    ``tracked``: the adapter's controller follows work past the reply (ComfyUI).
+    ``cut_is_uncertain``: a closed connection does not prove the server stopped.
+    ``idle_evidence``: server observations can show the server idle (llama-server slots).
+    """
+
+    tracked: bool = False
+    cut_is_uncertain: bool = False
+    idle_evidence: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Why and since when (monotonic s) a job is held, and what releases it."""
+
+    reason: HoldReason
+    since: float
+    release_by: ReleaseBy
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """One borrowed job's record. Only :mod:`vacancyd.control.work` stores these.
+
+    ``key``: the job key the upstream's controller tracks (a ComfyUI prompt id), if any.
+    ``landed``: the upstream accepted a tracked submission (200), so it is in its queue.
+    ``cut_by``: the reclaim edge that cut the job. ``cancelled_on_server``: its cancel was
+    already sent through the server's API. ``reserved``: the ledger still holds its
+    resources (an administrator may release them while the exchange still runs).
+    ``admitted_at``: monotonic seconds.
+    """
+
+    id: int
+    upstream: str
+    resources: tuple[str, ...]
+    admitted_at: float
+    model: str | None = None
+    phase: JobPhase = JobPhase.ADMITTED
+    key: str | None = None
+    landed: bool = False
+    cut_by: Edge | None = None
+    cancelled_on_server: bool = False
+    reserved: bool = True
+    hold: Hold | None = None
+
+    @property
+    def ledger_phase(self) -> Phase | None:
+        """The ledger phase (the ``vacancyd_active_work`` label) for this job's phase."""
+        return _LEDGER_PHASE.get(self.phase)
+
+    # -- inputs ------------------------------------------------------------------------
+
+    def forwarding(self, key: str | None) -> Transition:
+        """The exchange starts; ``key`` is the tracked job key, if the controller has one."""
+        return Transition(replace(self, phase=JobPhase.FORWARDING, key=key))
+
+    def reply_arrived(self, status: int) -> Transition:
+        """The upstream's response headers arrived with HTTP ``status``.
+
+        A tracked submission answered 200 is in the server's queue; if a reclaim already cut
+        the job, it must now be cancelled there.
+        """
+        if self.key is None or status != 200:
+            return Transition(self)
+        landed = replace(self, landed=True)
+        if self.cut_by is not None and not self.cancelled_on_server:
+            return Transition(
+                replace(landed, cancelled_on_server=True), (CancelOnServer(self.key),)
+            )
+        return Transition(landed)
+
+    def cut(self, edge: Edge, *, cancel_queued: bool = True) -> Transition:
+        """A reclaim cuts this job.
+
+        An untracked exchange is cancelled (closing the upstream connection). Tracked work
+        that has landed is cancelled through the server's API (when ``cancel_queued``);
+        tracked work not yet landed is cancelled once its reply arrives.
+        """
+        if not self.phase.defers_reclaim:
+            return Transition(self)
+        cut = replace(self, cut_by=edge)
+        if self.key is None:
+            return Transition(cut, (CancelExchange(),))
+        if self.landed and cancel_queued and not self.cancelled_on_server:
+            return Transition(replace(cut, cancelled_on_server=True), (CancelOnServer(self.key),))
+        return Transition(cut)
+
+    def exchange_ended(self, ending: Ending, rules: JobRules, now: float) -> Transition:
+        """The proxy's exchange is over (``now``: monotonic s)."""
+        if (
+            ending is Ending.COMPLETED
+            and rules.tracked
+            and self.key is not None
+            and self.landed
+            and self.cut_by is None
+        ):
+            return Transition(
+                replace(self, phase=JobPhase.TRACKING), (SetPhase(Phase.TRACKING), Follow(self.key))
+            )
+        if ending is Ending.CUT and rules.cut_is_uncertain:
+            by = ReleaseBy.SERVER_IDLE if rules.idle_evidence else ReleaseBy.ADMIN
+            hold = Hold(HoldReason.CUT_UNCERTAIN, now, by)
+            effects: tuple[Effect, ...] = (SetPhase(Phase.HELD),)
+            if by is ReleaseBy.SERVER_IDLE:
+                effects += (WatchIdle(now),)
+            return Transition(replace(self, phase=JobPhase.HELD, hold=hold), effects)
+        return self._end()
+
+    def tracking_done(self) -> Transition:
+        """The server no longer runs or queues the tracked work."""
+        return self._end()
+
+    def tracking_lost(self, detail: str, now: float) -> Transition:
+        """The server's queue could not be read; hold until an administrator releases."""
+        if not self.phase.live:
+            return Transition(self)
+        hold = Hold(HoldReason.TRACKING_LOST, now, ReleaseBy.ADMIN, detail)
+        return Transition(replace(self, phase=JobPhase.HELD, hold=hold), (SetPhase(Phase.HELD),))
+
+    def server_seen_idle(self, observed_at: float) -> Transition:
+        """A server observation taken at ``observed_at`` shows every slot idle."""
+        if (
+            self.phase is JobPhase.HELD
+            and self.hold is not None
+            and self.hold.release_by is ReleaseBy.SERVER_IDLE
+            and observed_at > self.hold.since
+        ):
+            return self._end()
+        return Transition(self)
+
+    def admin_release(self) -> Transition:
+        """An administrator frees the reservation now.
+
+        A held job ends; a job whose exchange or tracking still runs keeps its record (a
+        reclaim still sees it) and ends when that finishes.
+        """
+        if self.phase is JobPhase.HELD:
+            return self._end()
+        if not self.reserved:
+            return Transition(self)
+        return Transition(replace(self, reserved=False), (Release(),))
+
+    def _end(self) -> Transition:
+        phase = JobPhase.CUT if self.cut_by is not None else JobPhase.RELEASED
+        effects: tuple[Effect, ...] = (Release(),) if self.reserved else ()
+        return Transition(replace(self, phase=phase, reserved=False), effects)
+
+
+_LEDGER_PHASE = {
+    JobPhase.ADMITTED: Phase.FORWARDING,
+    JobPhase.FORWARDING: Phase.FORWARDING,
+    JobPhase.TRACKING: Phase.TRACKING,
+    JobPhase.HELD: Phase.HELD,
+}
+
+
+# -- effects the executor carries out --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Give the reservation back and ask for a fresh sample of each resource."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetPhase:
+    """Record ``phase`` in the ledger."""
+
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class CancelExchange:
+    """Cancel the running exchange (closing the upstream connection at once)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOnServer:
+    """Cancel tracked work ``key`` through the server's API."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """Follow tracked work ``key`` until the server has finished it."""
+
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class WatchIdle:
+    """Watch server observations taken after ``since`` (monotonic s) for an idle server."""
+
+    since: float
+
+
+Effect = Release | SetPhase | CancelExchange | CancelOnServer | Follow | WatchIdle
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A job's next state and the effects that carry it out, in order."""
+
+    state: JobState
+    effects: tuple[Effect, ...] = ()

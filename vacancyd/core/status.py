@@ -1,0 +1,304 @@
+"""The typed status document: one picture of the lender that ``/status``, ``/metrics`` and
+the Kubernetes publisher all render from.
+
+Built once per read by :func:`vacancyd.api.status.build_status`. Values are raw (seconds,
+MiB, 0–1 ratios; ages are monotonic-clock differences); :meth:`StatusDocument.to_json` rounds
+them for the JSON document whose shape is described in :mod:`vacancyd.api.status`. A few
+fields exist for metrics only and are not in the JSON (marked below).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vacancyd.core.observations import Quality
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+@dataclass(frozen=True, slots=True)
+class VetoStatus:
+    active: bool
+    release_in_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceStatus:
+    """Owner presence. ``sessions``: redacted per-session descriptions from the reading.
+
+    ``owner_signal`` (metrics only): the newest reading matched the owner policy; None when
+    there is no reading.
+    """
+
+    source: str
+    sampled: bool
+    age_s: float | None
+    evidence_complete: bool
+    refuses: bool
+    veto: VetoStatus
+    detail: str
+    sessions: tuple[Mapping[str, object], ...]
+    session_counts: Mapping[str, int]
+    exempt_upstreams: tuple[str, ...]
+    owner_signal: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "sampled": self.sampled,
+            "age_s": _round(self.age_s),
+            "evidence_complete": self.evidence_complete,
+            "refuses": self.refuses,
+            "veto": {"active": self.veto.active, "release_in_s": _round(self.veto.release_in_s)},
+            "detail": self.detail,
+            "sessions": [dict(s) for s in self.sessions],
+            "session_counts": dict(self.session_counts),
+            "exempt_upstreams": list(self.exempt_upstreams),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PressureEdgeStatus:
+    cause: str
+    age_s: float
+    unknown_for_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PressureStatus:
+    """One GPU's owner-pressure guard; ratios 0–1, times in seconds."""
+
+    quality: Quality
+    calibrated: bool
+    engaged: bool
+    threshold_ratio: float | None
+    owner_load_ratio: float | None
+    borrower_load_ratio: float | None
+    calibration_observed_s: float
+    calibration_needed_s: float | None
+    release_in_s: float | None
+    gpu: str | None
+    detail: str
+    last_edge: PressureEdgeStatus | None
+
+    def to_json(self) -> dict[str, Any]:
+        edge = self.last_edge
+        return {
+            "quality": self.quality.value,
+            "calibrated": self.calibrated,
+            "engaged": self.engaged,
+            "threshold_ratio": _round(self.threshold_ratio, 3),
+            "owner_load_ratio": _round(self.owner_load_ratio, 3),
+            "borrower_load_ratio": _round(self.borrower_load_ratio, 3),
+            "calibration_observed_s": _round(self.calibration_observed_s),
+            "calibration_needed_s": self.calibration_needed_s,
+            "release_in_s": _round(self.release_in_s),
+            "gpu": self.gpu,
+            "detail": self.detail,
+            "last_edge": None
+            if edge is None
+            else {
+                "cause": edge.cause,
+                "age_s": _round(edge.age_s),
+                "unknown_for_s": _round(edge.unknown_for_s),
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class HolderStatus:
+    job: int
+    upstream: str
+    phase: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceStatus:
+    """One declared resource. Sizes MiB, ``utilization_ratio`` 0–1, ``age_s`` seconds.
+
+    ``has_bytes`` (metrics only): the resource has a byte capacity (not CPU).
+    """
+
+    kind: str
+    enabled: bool
+    quality: Quality
+    age_s: float | None
+    free_mib: float | None
+    total_mib: float | None
+    utilization_ratio: float | None
+    used_mib: float | None
+    why_not: str | None
+    error: str | None
+    held_by: HolderStatus | None
+    pressure: PressureStatus | None
+    has_bytes: bool = True
+
+    @property
+    def lendable(self) -> bool:
+        return self.why_not is None
+
+    def to_json(self) -> dict[str, Any]:
+        held = self.held_by
+        return {
+            "kind": self.kind,
+            "enabled": self.enabled,
+            "quality": self.quality.value,
+            "age_s": _round(self.age_s),
+            "free_mib": _round(self.free_mib),
+            "total_mib": _round(self.total_mib),
+            "utilization_ratio": _round(self.utilization_ratio, 3),
+            "lendable": self.lendable,
+            "why_not": self.why_not,
+            "error": self.error,
+            "used_mib": _round(self.used_mib),
+            "held_by": None
+            if held is None
+            else {"job": held.job, "upstream": held.upstream, "phase": held.phase},
+            "pressure": None if self.pressure is None else self.pressure.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerStatus:
+    address: str
+    bound: bool
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalStatus:
+    reason: str
+    retry_after_s: float
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStatus:
+    quality: Quality
+    age_s: float | None
+    idle: bool | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """One borrowed job; ``phase`` is the ledger phase (forwarding, tracking, held)."""
+
+    job: int
+    phase: str
+    model: str | None
+    age_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimStatus:
+    """An upstream's latest reclaim; ``edges_age_s`` first edge first, seconds."""
+
+    phase: str
+    policy: str
+    trigger: str
+    resource: str | None
+    edges_age_s: tuple[float, ...]
+    edge_triggers: tuple[str, ...]
+    deadline_in_s: float | None
+    outcome: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamStatus:
+    """One ``[[upstream]]``: what the gate would decide now and the work it has."""
+
+    adapter: str
+    resource: str
+    also_requires: tuple[str, ...]
+    owner_scope: str
+    listener: ListenerStatus | None
+    refusal: RefusalStatus | None
+    busy: bool
+    server: ServerStatus | None
+    unseen_gpu_work: str | None
+    active_work: tuple[JobStatus, ...]
+    reclaim: ReclaimStatus | None
+
+    @property
+    def lendable(self) -> bool:
+        return self.refusal is None
+
+    def to_json(self) -> dict[str, Any]:
+        ls, refusal, server, r = self.listener, self.refusal, self.server, self.reclaim
+        return {
+            "adapter": self.adapter,
+            "resource": self.resource,
+            "also_requires": list(self.also_requires),
+            "owner_scope": self.owner_scope,
+            "listener": None
+            if ls is None
+            else {"address": ls.address, "bound": ls.bound, "error": ls.error},
+            "lendable": self.lendable,
+            # Lendable says what the gate would decide; busy says whether a borrowed job
+            # holds one of its resources right now (the ledger refuses resource_busy).
+            "busy": self.busy,
+            "refusal": None
+            if refusal is None
+            else {
+                "reason": refusal.reason,
+                "retry_after_s": refusal.retry_after_s,
+                "detail": refusal.detail,
+            },
+            "server": None
+            if server is None
+            else {
+                "quality": server.quality.value,
+                "age_s": _round(server.age_s),
+                "idle": server.idle,
+                "error": server.error,
+            },
+            "unseen_gpu_work": self.unseen_gpu_work,
+            "active_work": [
+                {"job": j.job, "phase": j.phase, "model": j.model, "age_s": _round(j.age_s)}
+                for j in self.active_work
+            ],
+            "reclaim": None
+            if r is None
+            else {
+                "phase": r.phase,
+                "policy": r.policy,
+                "trigger": r.trigger,
+                "resource": r.resource,
+                "edges_age_s": [_round(a) for a in r.edges_age_s],
+                "edge_triggers": list(r.edge_triggers),
+                "deadline_in_s": _round(r.deadline_in_s),
+                "outcome": r.outcome,
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StatusDocument:
+    """The whole lender. ``uptime_s``: seconds since start (None where not known)."""
+
+    version: str
+    uptime_s: float | None
+    ready: bool
+    not_ready: tuple[str, ...]
+    lending_enabled: bool
+    presence: PresenceStatus
+    resources: Mapping[str, ResourceStatus]
+    upstreams: Mapping[str, UpstreamStatus]
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``/status`` JSON object (rounded)."""
+        return {
+            "version": self.version,
+            "uptime_s": _round(self.uptime_s),
+            "ready": self.ready,
+            "not_ready": list(self.not_ready),
+            "lending_enabled": self.lending_enabled,
+            "presence": self.presence.to_json(),
+            "resources": {name: r.to_json() for name, r in self.resources.items()},
+            "upstreams": {name: u.to_json() for name, u in self.upstreams.items()},
+        }
