@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,6 +46,7 @@ from harness import (
     Processes,
     iter_rotated,
     pct,
+    proc_cpu_s,
     start_llama_server,
     start_naive,
     start_nginx,
@@ -57,40 +59,56 @@ HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
 LOOPS = ["asyncio", "uvloop"] if HAVE_UVLOOP else ["asyncio"]
 
 
-def start_targets(procs: Processes, tmp: Path, upstream: int, adapter: str) -> dict[str, int]:
-    targets = {"direct": upstream}
+@dataclass
+class Target:
+    port: int
+    pid: int  #: the process whose CPU time a request through this target costs
+    samples: list[float] = field(default_factory=list)  #: milliseconds
+    cpu_s: float = 0.0  #: CPU seconds of ``pid`` over the measured requests
+
+
+def start_targets(
+    procs: Processes, tmp: Path, upstream: int, upstream_pid: int, adapter: str
+) -> dict[str, Target]:
+    targets = {"direct": Target(upstream, upstream_pid)}
     for loop in LOOPS:
-        targets[f"naive/{loop}"] = start_naive(procs, upstream, uvloop=loop == "uvloop")
+        port = start_naive(procs, upstream, uvloop=loop == "uvloop")
+        targets[f"naive/{loop}"] = Target(port, procs.procs[-1].pid)
     nginx = start_nginx(procs, tmp, location=NGINX_PROXY, target_port=upstream)
     if nginx is None:
         print("note: nginx is not installed; skipping it (apt-get install nginx-light)")
     else:
-        targets["nginx"] = nginx
+        targets["nginx"] = Target(nginx, procs.procs[-1].pid)
     for loop in LOOPS:
-        port, _, _ = start_vacancyd(procs, upstream, tmp, adapter=adapter, loop=loop)
-        targets[f"vacancyd/{loop}"] = port
+        port, _, proc = start_vacancyd(procs, upstream, tmp, adapter=adapter, loop=loop)
+        targets[f"vacancyd/{loop}"] = Target(port, proc.pid)
     return targets
 
 
 def interleaved(
-    targets: dict[str, int], n: int, block: int, measure: Callable[[Client], float]
-) -> dict[str, list[float]]:
-    """``n`` samples (milliseconds) per target after a warm-up, taken in rotating blocks."""
-    clients = {name: Client(port) for name, port in targets.items()}
+    targets: dict[str, Target], n: int, block: int, measure: Callable[[Client], float]
+) -> dict[str, Target]:
+    """``n`` samples (milliseconds) per target after a warm-up, taken in rotating blocks,
+    and the CPU time each target's own process spent on them."""
+    clients = {name: Client(t.port) for name, t in targets.items()}
     names = list(targets)
-    out: dict[str, list[float]] = {name: [] for name in names}
+    for t in targets.values():
+        t.samples, t.cpu_s = [], 0.0
     warm = max(block, 20)
     rounds = warm // block + -(-n // block)
     for r in range(rounds):
         for name in iter_rotated(names, r):
-            client = clients[name]
+            client, target = clients[name], targets[name]
+            cpu0 = proc_cpu_s(target.pid)
             for _ in range(block):
                 ms = measure(client) * 1000
                 if r * block >= warm:
-                    out[name].append(ms)
+                    target.samples.append(ms)
+            if r * block >= warm:
+                target.cpu_s += proc_cpu_s(target.pid) - cpu0
     for c in clients.values():
         c.close()
-    return out
+    return targets
 
 
 def chat(body: bytes) -> Callable[[Client], float]:
@@ -110,18 +128,23 @@ def first_chunk(client: Client) -> float:
     return dt
 
 
-def summarize(title: str, samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
-    direct = samples["direct"]
+def summarize(title: str, targets: dict[str, Target]) -> dict[str, dict[str, float]]:
+    direct = targets["direct"].samples
     d50, d99 = statistics.median(direct), pct(direct, 0.99)
     rows: dict[str, dict[str, float]] = {}
-    print(f"\n{title}  (ms; added = target - direct; {len(direct)} samples per target)")
-    print(f"  {'target':18s} {'p50':>8s} {'p99':>8s} {'added p50':>10s} {'added p99':>10s}")
-    for name, values in samples.items():
+    print(f"\n{title}  (ms; added = target - direct; {len(direct)} samples per target;")
+    print("  CPU = the target's own process per request, the upstream's not included)")
+    head = f"  {'target':18s} {'p50':>8s} {'p99':>8s} {'added p50':>10s} {'added p99':>10s}"
+    print(head + f" {'CPU us/req':>11s}")
+    for name, target in targets.items():
+        values = target.samples
         p50, p99 = statistics.median(values), pct(values, 0.99)
+        cpu_us = target.cpu_s / len(values) * 1e6
         rows[name] = {"p50_ms": p50, "p99_ms": p99, "added_p50_ms": p50 - d50}
         rows[name]["added_p99_ms"] = p99 - d99
-        added = "" if name == "direct" else f"{p50 - d50:10.3f} {p99 - d99:10.3f}"
-        print(f"  {name:18s} {p50:8.3f} {p99:8.3f} {added}")
+        rows[name]["cpu_us_per_request"] = cpu_us
+        added = " " * 21 if name == "direct" else f"{p50 - d50:10.3f} {p99 - d99:10.3f}"
+        print(f"  {name:18s} {p50:8.3f} {p99:8.3f} {added} {cpu_us:11.0f}")
     for loop in LOOPS:
         v, nv = rows.get(f"vacancyd/{loop}"), rows.get(f"naive/{loop}")
         if v is None or nv is None:
@@ -140,12 +163,12 @@ def llama_available() -> bool:
 
 def run_llama(procs: Processes, tmp: Path, n: int, block: int) -> dict[str, dict[str, float]]:
     port = start_llama_server(procs, tmp)
-    targets = start_targets(procs, tmp, port, "llamacpp")
+    targets = start_targets(procs, tmp, port, procs.procs[-1].pid, "llamacpp")
     body = json.dumps(
         {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     ).encode()
-    for name in targets:
-        wait_admitted(targets[name], body)
+    for target in targets.values():
+        wait_admitted(target.port, body)
     return summarize("llama-server chat completion", interleaved(targets, n, block, chat(body)))
 
 
@@ -161,9 +184,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmpdir, Processes() as procs:
         tmp = Path(tmpdir)
         upstream = start_upstream(procs)
-        targets = start_targets(procs, tmp, upstream, "openai")
-        for port in targets.values():
-            wait_admitted(port)
+        targets = start_targets(procs, tmp, upstream, procs.procs[-1].pid, "openai")
+        for target in targets.values():
+            wait_admitted(target.port)
         results["json"] = summarize(
             "canned JSON completion",
             interleaved(targets, args.requests, args.block, chat(CHAT_BODY)),

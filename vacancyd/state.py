@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -166,6 +167,8 @@ class SharedState:
         self.ledger = Ledger(self.upstreams)
         self.listeners: dict[str, ListenerState] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
+        #: When each key's sample was last asked for (monotonic s).
+        self._requested_at: dict[str, float] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []
         #: Called after every capacity or server sample (the wait queues re-decide on them).
@@ -423,8 +426,10 @@ class SharedState:
         return self._sample_wanted.setdefault(key, asyncio.Event())
 
     def request_sample(self, key: str) -> None:
+        """Wake ``key``'s collector for a sample now (a probe that starts after this call)."""
         event = self._sample_wanted.get(key)
         if event is not None:
+            self._requested_at[key] = self.clock()
             event.set()
 
     def _observed_at(self, key: str) -> float | None:
@@ -434,24 +439,38 @@ class SharedState:
         capacity = self.capacity.get(key)
         return None if capacity is None else capacity.observed_at
 
-    async def fresh_sample(self, key: str, timeout_s: float) -> bool:
-        """Ask for a sample of ``key`` (a resource, or ``server:NAME``) started after this
-        call, and wait for it. A probe already running when asked does not count.
+    async def fresh_sample(self, key: str, timeout_s: float, *, after: float | None = None) -> bool:
+        """Wait for a sample of ``key`` (a resource, or ``server:NAME``) newer than needed.
+
+        Without ``after``: one started after this call (a probe already running does not
+        count), asked for now. With ``after`` (monotonic s): one started later than that;
+        when a sample was already asked for at or after ``after`` (a release asks for one,
+        so the next request's post-completion check finds it under way or done), that one
+        is waited for instead of asking again.
 
         Returns False when none arrived within ``timeout_s`` seconds or nobody samples it.
         """
         if key not in self._sample_wanted:
             return False
-        asked_at = self.clock()
+        since = self.clock() if after is None else after
+
+        def arrived() -> bool:
+            last = self._observed_at(key)
+            if last is None:
+                return False
+            return last >= since if after is None else last > since
+
+        if after is not None and arrived():
+            return True
         observed = self._observed.setdefault(key, asyncio.Event())
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
                     observed.clear()
-                    self.request_sample(key)
+                    if after is None or self._requested_at.get(key, -math.inf) < since:
+                        self.request_sample(key)
                     await observed.wait()
-                    last = self._observed_at(key)
-                    if last is not None and last >= asked_at:
+                    if arrived():
                         return True
         except TimeoutError:
             return False

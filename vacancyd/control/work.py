@@ -151,8 +151,10 @@ class Work:
         upstream says so, a wait for a slot and the exclusive job's unload.
 
         A refusal that says a fresher sample could change it (``extra["refresh"]``) waits up
-        to :data:`REFRESH_WAIT_S` seconds for a sample taken after the request arrived and
-        decides once more; the second decision stands. With ``busy = "wait"``, a
+        to :data:`REFRESH_WAIT_S` seconds for one and decides once more; the second decision
+        stands. The sample waited for is the one the refusal needs: after the last release
+        for the post-completion rule (asked for by that release, so usually under way or
+        done already), otherwise one taken after the request arrived. With ``busy = "wait"``, a
         ``resource_busy`` refusal (and any request arriving while others wait) joins the
         upstream's FIFO instead; only ``resource_busy`` ever waits. Raises CancelledError
         when the client goes away (nothing stays reserved for it).
@@ -190,7 +192,11 @@ class Work:
             if attempt == 2 or refresh is None:
                 return decision
             key = f"server:{upstream}" if refresh == "server" else decision.resource
-            if key is None or not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+            if key is None:
+                return decision
+            view = snap.resources.get(key) if refresh == "capacity" else None
+            after = view.released_at if view is not None else None
+            if not await self.state.fresh_sample(key, REFRESH_WAIT_S, after=after):
                 return decision
         raise AssertionError("unreachable")
 

@@ -84,16 +84,20 @@ def origin_form(raw_target: str) -> str:
 
 
 class _Exchange:
-    """The proxy's own view of one job's exchange: the response the borrower already has.
+    """The proxy's own view of one job's exchange: the response the borrower already has,
+    whether :class:`Work` has been told it ended, and whether a reclaim's cut is what
+    cancelled the handler.
 
     Written only by the forwarding code; the job's life is in :class:`Work`.
     """
 
-    __slots__ = ("job", "response")
+    __slots__ = ("cutting", "ended", "job", "response")
 
     def __init__(self, job: JobState) -> None:
         self.job = job
         self.response: web.StreamResponse | None = None
+        self.ended = False
+        self.cutting = False
 
 
 def json_error(
@@ -368,30 +372,47 @@ class Proxy:
         key: str | None,
         on_sent: Callable[[], None],
     ) -> web.StreamResponse:
-        """Forward an admitted job on its own task, so a reclaim's cut closes the upstream
-        connection at once; tells :class:`Work` how the exchange ended."""
+        """Forward an admitted job; tells :class:`Work` how the exchange ended.
+
+        A reclaim's cut cancels the handler's own task (no task per request), which closes
+        the upstream connection at once even while the borrower is stalled; that one
+        cancellation is then taken back and the borrower told (503, or an aborted stream).
+        """
         exchange = _Exchange(job)
-        fwd = asyncio.get_running_loop().create_task(
-            self._forward(
-                request, c, query, body=body, on_sent=on_sent, exchange=exchange, tracked=key
-            ),
-            name=f"forward {self.upstream.name} job {job.id}",
-        )
-        self.work.forwarding(job.id, key, fwd.cancel)
+        task = asyncio.current_task()
+        assert task is not None
+
+        def cut() -> bool:
+            if exchange.ended or exchange.cutting:
+                return False
+            exchange.cutting = True
+            task.cancel()
+            return True
+
+        self.work.forwarding(job.id, key, cut)
         ending = Ending.ABORTED
         try:
             try:
-                response = await fwd
+                response = await self._forward(
+                    request, c, query, body=body, on_sent=on_sent, exchange=exchange, tracked=key
+                )
             except asyncio.CancelledError:
                 edge = self.work.cut_by(job.id)
-                if edge is None or not fwd.cancelled():
+                if edge is None or not exchange.cutting:
                     raise
+                task.uncancel()  # the cut's own cancellation, delivered: the request goes on
                 ending = Ending.CUT
                 return self._after_cut(request, exchange, edge)
             ending = Ending.COMPLETED
             return response
         finally:
-            self.work.exchange_ended(job.id, ending)
+            self._end_exchange(exchange, ending)
+
+    def _end_exchange(self, exchange: _Exchange, ending: Ending) -> None:
+        """Tell :class:`Work` once that ``exchange`` ended (releasing or tracking its job)."""
+        if not exchange.ended:
+            exchange.ended = True
+            self.work.exchange_ended(exchange.job.id, ending)
 
     def _after_cut(
         self, request: web.BaseRequest, exchange: _Exchange, edge: Edge
@@ -513,6 +534,12 @@ class Proxy:
                 )
             if exchange is not None:
                 exchange.response = response
+                if complete is not None:
+                    # The upstream has finished: end the job now rather than after the
+                    # borrower has the reply, so the fresh capacity sample its release asks
+                    # for is under way while the reply travels (the next back-to-back
+                    # request needs one taken after this release).
+                    self._end_exchange(exchange, Ending.COMPLETED)
             await response.prepare(request)
             stalled = self.limits.write_stall_timeout_s
             try:
