@@ -1,4 +1,5 @@
-"""Command line: ``vacancyd run | check-config | status | companion | --version``."""
+"""Command line: ``vacancyd run | check-config | status | pause | resume | init | companion |
+--version``."""
 
 from __future__ import annotations
 
@@ -139,6 +140,25 @@ def format_sessions(presence: dict[str, Any]) -> list[str]:
     return lines
 
 
+def format_owner_controls(oc: dict[str, Any] | None) -> list[str]:
+    """Lines for the owner's controls (see vacancyd.control.owner for the fields)."""
+    if not oc:
+        return []
+    lines = []
+    for hold in oc.get("holds", []):
+        lines.append(f"HELD ({hold.get('kind')}): {hold.get('detail')}")
+    sched = oc.get("schedule")
+    if sched:
+        change = sched.get("next_change_local")
+        lines.append(
+            f"schedule ({sched.get('timezone')}): {'open' if sched.get('open') else 'closed'}"
+            + (f", {'closes' if sched.get('open') else 'opens'} at {change}" if change else "")
+        )
+    if oc.get("pause_persist_error"):
+        lines.append(f"  pause not saved: {oc['pause_persist_error']}")
+    return lines
+
+
 def format_status(doc: dict[str, Any]) -> str:
     """Render a /status document for a person (see vacancyd.api.status for its shape)."""
     lines = [
@@ -146,6 +166,7 @@ def format_status(doc: dict[str, Any]) -> str:
         f"{'ready' if doc.get('ready') else 'NOT READY: ' + '; '.join(doc.get('not_ready', []))}",
         f"lending: {'on' if doc.get('lending_enabled') else 'OFF'}",
     ]
+    lines.extend(format_owner_controls(doc.get("owner_controls")))
     p = doc.get("presence", {})
     veto = p.get("veto", {})
     age = p.get("age_s")
@@ -272,6 +293,114 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api_target(args: argparse.Namespace, what: str) -> tuple[str, str | None] | int:
+    """(API URL, token) from --url/--config/--token/--token-file/$VACANCYD_TOKEN, or an exit
+    code after saying what was wrong."""
+    url = args.url
+    if url is None and args.config is not None:
+        try:
+            url = "http://" + load_config(args.config).server.listen
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+    token = args.token or os.environ.get("VACANCYD_TOKEN") or None
+    if args.token_file is not None:
+        from vacancyd.config.model import read_secret_file
+
+        try:
+            token = read_secret_file(args.token_file)
+        except ValueError as exc:
+            print(f"vacancyd {what}: --token-file: {exc}", file=sys.stderr)
+            return 2
+    return (url or DEFAULT_URL).rstrip("/"), token
+
+
+def _post(url: str, token: str | None, body: dict[str, Any], timeout_s: float = 10.0) -> Any:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=timeout_s) as resp:
+        return json.load(resp)
+
+
+def _admin_call(args: argparse.Namespace, what: str, path: str, body: dict[str, Any]) -> Any:
+    target = _api_target(args, what)
+    if isinstance(target, int):
+        return target
+    url, token = target
+    try:
+        return _post(url + path, token, body)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")[:500]
+        try:
+            detail = json.loads(detail)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        print(f"vacancyd {what}: {url} answered {exc.code}: {detail}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        print(f"vacancyd {what}: cannot reach {url}{path}: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    from vacancyd.core.pause import parse_duration
+
+    body: dict[str, Any] = {}
+    if args.for_ is not None:
+        try:
+            parse_duration(args.for_)  # say what is wrong before calling the daemon
+        except ValueError as exc:
+            print(f"vacancyd pause: --for: {exc}", file=sys.stderr)
+            return 2
+        body["for"] = args.for_
+    if args.until is not None:
+        body["until"] = args.until
+    if args.until_idle:
+        body["until_idle"] = True
+    if args.reason:
+        body["reason"] = args.reason
+    answer = _admin_call(args, "pause", "/admin/pause", body)
+    if isinstance(answer, int):
+        return answer
+    pause = answer.get("pause") or {}
+    print(f"vacancyd: {pause.get('detail', 'paused')}")
+    if not answer.get("persisted", True):
+        print(
+            f"vacancyd pause: warning: the pause was not saved and ends if the daemon restarts: "
+            f"{answer.get('persist_error')}",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    answer = _admin_call(args, "resume", "/admin/resume", {})
+    if isinstance(answer, int):
+        return answer
+    print("vacancyd: lending resumed" if answer.get("resumed") else "vacancyd: was not paused")
+    if answer.get("persist_error"):
+        print(f"vacancyd resume: warning: {answer['persist_error']}", file=sys.stderr)
+    return 0
+
+
+def _add_api_args(p: argparse.ArgumentParser, scope: str) -> None:
+    p.add_argument("--url", help=f"API base URL (default: from --config, else {DEFAULT_URL})")
+    p.add_argument(
+        "--token",
+        help=f"bearer token with the {scope} scope (visible to other users in ps: prefer "
+        "--token-file or the VACANCYD_TOKEN environment variable)",
+    )
+    p.add_argument("--token-file", type=Path, help=f"file holding the {scope}-scope token")
+    p.add_argument("--config", type=Path, help="take the API address from this config")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vacancyd", description="Lend an idle GPU without costing its owner."
@@ -314,6 +443,25 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--config", type=Path, help="take the API address from this config")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
     status.set_defaults(func=cmd_status)
+
+    pause = sub.add_parser(
+        "pause",
+        help="pause lending (until resumed, until a time, for a while, or until you are next "
+        "away); borrowed work is handed back as when you return",
+    )
+    how = pause.add_mutually_exclusive_group()
+    how.add_argument("--until", help="HH:MM (next occurrence) or an ISO 8601 date and time")
+    how.add_argument("--for", dest="for_", metavar="DURATION", help="e.g. 45m, 2h, 1h30m, 1d")
+    how.add_argument(
+        "--until-idle", action="store_true", help="until you have next left this machine"
+    )
+    pause.add_argument("--reason", help="a note shown in /status")
+    _add_api_args(pause, "admin")
+    pause.set_defaults(func=cmd_pause)
+
+    resume = sub.add_parser("resume", help="end a pause")
+    _add_api_args(resume, "admin")
+    resume.set_defaults(func=cmd_resume)
     return parser
 
 

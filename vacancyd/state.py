@@ -25,6 +25,8 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.events import (
     CapacityChanged,
     EdgeRaised,
+    HoldChanged,
+    LendabilityChanged,
     LendingSwitched,
     ListenerChanged,
     PresenceSampled,
@@ -33,9 +35,11 @@ from vacancyd.core.events import (
     ReclaimChanged,
     ResourceSwitched,
     StateEvent,
+    Stopping,
     UnseenGpuWorkChanged,
     VetoChanged,
 )
+from vacancyd.core.holds import Hold
 from vacancyd.core.ledger import Ledger
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
@@ -171,6 +175,8 @@ class SharedState:
         self._requested_at: dict[str, float] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []
+        #: Pool name -> its member upstreams, first member first (``[[pool]]``).
+        self.pools: dict[str, tuple[str, ...]] = {}
         #: Called after every capacity or server sample (the wait queues re-decide on them).
         self.sample_hooks: list[Callable[[], None]] = []
         self.pressure: dict[str, PressureState] = {
@@ -180,6 +186,10 @@ class SharedState:
         self.unseen = UnseenGpuWork()
         #: Each upstream's latest reclaim as published by vacancyd.control.reclaim (Y5).
         self.reclaims: dict[str, Reclaim] = {}
+        #: The owner's holds in force (vacancyd.control.owner writes them; core/holds.py).
+        self.holds: tuple[Hold, ...] = ()
+        #: Renders the owner's controls for /status (set by vacancyd.control.owner).
+        self.owner_view: Callable[[], Mapping[str, object]] | None = None
 
     @property
     def reclaim_views(self) -> Mapping[str, dict[str, object]]:
@@ -207,6 +217,19 @@ class SharedState:
                 log.exception("state listener failed on %s", event.kind)
 
     # -- writers -------------------------------------------------------------------------
+
+    def set_stopping(self) -> None:
+        """Mark the daemon as shutting down: new work is refused, /readyz turns 503, and
+        followers of ``/events`` are told at once (event ``stopping``)."""
+        if not self.stopping:
+            self.stopping = True
+            self._emit(Stopping())
+
+    def note_lendability(self, upstreams: Mapping[str, Mapping[str, object]]) -> None:
+        """Tell subscribers that what a borrowed request would get changed (event
+        ``lendable``): ``upstreams`` maps each upstream to its new summary. The daemon's
+        lendability watcher calls this; not every such change is another transition."""
+        self._emit(LendabilityChanged(dict(upstreams)))
 
     def set_lending(self, enabled: bool) -> bool:
         """Flip the global lending switch; returns True when it changed."""
@@ -408,6 +431,25 @@ class SharedState:
             return
         self._emit(EdgeRaised(kind, now, resource, detail))
 
+    def set_holds(self, holds: tuple[Hold, ...], now: float) -> None:
+        """Replace the owner's holds (monotonic ``now``). A hold that was not in force before
+        raises a ``hold`` reclaim edge (per GPU resource for a GPU-only hold), so it hands
+        borrowed work back exactly as the owner's return does; every change emits ``hold``.
+        """
+        before = {h.key for h in self.holds}
+        after = {h.key for h in holds}
+        self.holds = holds
+        for hold in holds:
+            if hold.key in before:
+                continue
+            log.warning("owner hold %s engaged: %s", hold.key, hold.detail)
+            self._emit(HoldChanged(hold.key, True, hold.detail, now))
+            for resource in sorted(hold.resources) if hold.resources is not None else [None]:
+                self.raise_edge("hold", now, resource=resource, detail=hold.detail)
+        for key in sorted(before - after):
+            log.info("owner hold %s released", key)
+            self._emit(HoldChanged(key, False, "", now))
+
     def publish_reclaim(self, reclaim: Reclaim) -> None:
         """Record an upstream's reclaim for /status and tell subscribers."""
         self.reclaims[reclaim.upstream] = reclaim
@@ -528,6 +570,7 @@ class SharedState:
             calibrated=ps.learner.ready,
             engaged=ps.tracker.engaged,
             detail=detail,
+            above_threshold=ps.tracker.above_since is not None,
         )
 
     def snapshot(self, now: float | None = None) -> Snapshot:
@@ -550,6 +593,7 @@ class SharedState:
             },
             servers=dict(self.servers),
             stopping=self.stopping,
+            holds=self.holds,
             active_jobs=dict(self.ledger.jobs_per_upstream()),
         )
 

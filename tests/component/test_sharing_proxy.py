@@ -10,63 +10,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
+from tests.support.held_openai import HeldOpenAI
 from tests.support.lender import owner_returns
-
-
-@dataclass
-class HeldOpenAI:
-    """``POST /v1/chat/completions`` answered only once ``release(user)`` is called; the
-    ``user`` field names each request. ``arrived`` lists users in arrival order."""
-
-    arrived: list[str] = field(default_factory=list)
-    gates: dict[str, asyncio.Event] = field(default_factory=dict)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self.chat)
-        return app
-
-    def gate(self, user: str) -> asyncio.Event:
-        return self.gates.setdefault(user, asyncio.Event())
-
-    def release(self, user: str) -> None:
-        self.gate(user).set()
-
-    async def chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        user = str(body.get("user"))
-        self.arrived.append(user)
-        self.changed.set()
-        await self.gate(user).wait()
-        return web.json_response(
-            {
-                "id": f"chatcmpl-{user}",
-                "object": "chat.completion",
-                "model": body.get("model"),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": user},
-                        "finish_reason": "stop",
-                    }
-                ],
-            }
-        )
-
-    async def until_arrived(self, n: int, timeout_s: float = 5.0) -> None:
-        async with asyncio.timeout(timeout_s):
-            while len(self.arrived) < n:
-                self.changed.clear()
-                await self.changed.wait()
 
 
 def config(target: str, sharing: str, *, max_connections: int = 256) -> str:

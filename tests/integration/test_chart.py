@@ -61,7 +61,12 @@ def test_rendered_objects_fit_together(values: Path | None) -> None:
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for doc in docs:
         by_kind.setdefault(doc["kind"], []).append(doc)
-    services = {s["metadata"]["name"]: s for s in by_kind["Service"]}
+    # the Services borrowers reach upstreams through (not the metrics Services)
+    services = {
+        s["metadata"]["name"]: s
+        for s in by_kind["Service"]
+        if "vacancyd.io/upstream" in s["metadata"]["labels"]
+    }
     for svc in services.values():
         assert "selector" not in svc["spec"], "Services must be selector-less"
         assert [p["name"] for p in svc["spec"]["ports"]] == ["http"]
@@ -152,3 +157,87 @@ def test_promtool_rule_unit_tests() -> None:
     run(promtool, "check", "rules", str(CHART / "files" / "vacancyd.rules.yaml"))
     proc = run(promtool, "test", "rules", str(ROOT / "tests/alerts/vacancyd.rules.test.yaml"))
     assert "SUCCESS" in proc.stdout + proc.stderr
+
+
+def test_standard_override_keys_reach_the_objects() -> None:
+    docs = render(CHART / "ci" / "standard-keys-values.yaml")
+    names = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    # fullnameOverride replaces the whole prefix
+    assert ("Service", "gpu-lenders-chat") in names
+    assert ("Deployment", "gpu-lenders-companion") in names
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    template = deploy["spec"]["template"]
+    pod = template["spec"]
+    assert template["metadata"]["annotations"]["example.com/team"] == "inference"
+    assert "checksum/config" in template["metadata"]["annotations"]
+    assert template["metadata"]["labels"]["example.com/cost-center"] == "lab"
+    # extra pod labels never leak into the selector, which must stay immutable across upgrades
+    assert "example.com/cost-center" not in deploy["spec"]["selector"]["matchLabels"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    assert pod["priorityClassName"] == "lender-high"
+    (container,) = pod["containers"]
+    assert {"name": "TZ", "value": "UTC"} in container["env"]
+    # the companion's config names the overridden Services
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    settings = parse_companion_config(cm["data"]["companion.toml"], "<rendered>")
+    assert settings.kubernetes.service_for("chat") == "gpu-lenders-chat"
+
+
+def test_name_override_replaces_the_chart_name() -> None:
+    docs = render(None, "--set", "nameOverride=lend")
+    (svc, *_rest) = [d for d in docs if d["kind"] == "Service"]
+    assert svc["metadata"]["name"].startswith("vacancyd-lend-")
+    assert svc["metadata"]["labels"]["app.kubernetes.io/name"] == "lend"
+
+
+def test_service_monitors_scrape_companion_and_lenders() -> None:
+    docs = render(CHART / "ci" / "standard-keys-values.yaml")
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {"gpu-lenders-companion", "gpu-lenders-lender-metrics"}
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    for monitor in monitors.values():
+        assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        matched = [
+            name
+            for name, svc in services.items()
+            if wanted.items() <= svc["metadata"]["labels"].items()
+        ]
+        assert len(matched) == 1, (monitor["metadata"]["name"], matched)
+        (endpoint,) = monitor["spec"]["endpoints"]
+        port_names = [p["name"] for p in services[matched[0]]["spec"]["ports"]]
+        assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
+    lenders = monitors["gpu-lenders-lender-metrics"]["spec"]["endpoints"][0]
+    assert lenders["authorization"]["credentials"] == {
+        "name": "vacancyd-metrics-token",
+        "key": "token",
+    }
+    (endpoints,) = [d for d in docs if d["kind"] == "Endpoints"]
+    assert endpoints["metadata"]["name"] == "gpu-lenders-lender-metrics"
+    got = [
+        (s["addresses"][0]["ip"], s["addresses"][0]["hostname"], s["ports"][0]["port"])
+        for s in endpoints["subsets"]
+    ]
+    # the port comes from each lender's url (https without one: 443); no address, no target
+    assert got == [("192.0.2.31", "gaming-pc", 9470), ("192.0.2.32", "workstation", 443)]
+
+
+def test_chart_works_as_a_subchart(tmp_path: Path) -> None:
+    helm = tool("helm")
+    parent = tmp_path / "platform"
+    (parent / "charts").mkdir(parents=True)
+    shutil.copytree(CHART, parent / "charts" / "vacancyd")
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 1.0.0\n"
+        "dependencies:\n  - name: vacancyd\n    version: 0.1.0\n    alias: lending\n"
+    )
+    (parent / "values.yaml").write_text(
+        "global:\n  imageRegistry: registry.example\n  storageClass: fast\n"
+        "lending:\n  lenders:\n    - name: pc\n      url: http://192.0.2.40:9470\n"
+        "      address: 192.0.2.40\n"
+    )
+    run(helm, "lint", "--strict", str(parent))
+    out = run(helm, "template", "rel", str(parent), "--namespace", "vacancy").stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    kinds = {d["kind"] for d in docs}
+    assert {"Service", "Deployment", "ConfigMap"} <= kinds

@@ -69,6 +69,10 @@ class FakeKube:
         current = self.nodes[node]["status"]["conditions"]
         by_type = {c["type"]: i for i, c in enumerate(current)}
         for cond in patch["status"]["conditions"]:
+            if cond.get("$patch") == "delete":  # strategic merge: remove by the merge key
+                current[:] = [c for c in current if c["type"] != cond["type"]]
+                by_type = {c["type"]: i for i, c in enumerate(current)}
+                continue
             if cond["type"] in by_type:
                 merged = {**current[by_type[cond["type"]]], **cond}
                 current[by_type[cond["type"]]] = merged
@@ -99,6 +103,18 @@ class FakeKube:
             if ns == namespace
             and all(body["metadata"]["labels"].get(k) == v for k, v in wanted.items())
         )
+
+    async def get_endpoint_slices(
+        self, namespace: str, label_selector: str
+    ) -> dict[str, Mapping[str, Any]]:
+        await self._enter("get_endpoint_slices")
+        wanted = dict(part.split("=", 1) for part in label_selector.split(","))
+        return {
+            name: copy.deepcopy(body)
+            for (ns, name), body in self.slices.items()
+            if ns == namespace
+            and all(body["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+        }
 
     async def delete_endpoint_slice(self, namespace: str, name: str) -> None:
         await self._enter("delete_endpoint_slice")

@@ -409,3 +409,51 @@ def test_decide_before_body_matches_decide_for_non_model_refusals() -> None:
     early = gate.decide_before_body(snap, UP)
     assert early is not None and early.reason is Reason.LENDING_DISABLED
     assert gate.decide_before_body(snapshot(resource(free=10)), UP) is None
+
+
+BUDGETED = replace(UP, owner_scope=OwnerScope.RESOURCE, present_max_model_mib=4096)
+
+
+@pytest.mark.parametrize(
+    ("veto", "model", "outcome"),
+    [
+        (True, "small", "admit"),  # 2000 MiB, within the budget
+        (True, None, "admit"),  # default 4000 MiB, within it
+        (True, "big", "owner_active"),  # 14000 MiB while the owner is present
+        (False, "big", "admit"),  # the owner is away: no budget
+    ],
+)
+def test_present_budget_lends_only_small_models_while_the_owner_is_present(
+    veto: bool, model: str | None, outcome: str
+) -> None:
+    snap = snapshot(resource(free=20_000), presence=presence(veto_active=veto))
+    decision = decide(snap, BUDGETED, model)
+    if outcome == "admit":
+        assert isinstance(decision, Admit)
+    else:
+        assert refused(decision) == (Reason.OWNER_ACTIVE, 120)
+        assert isinstance(decision, Refuse)
+        assert "at most 4096 MiB (present_max_model_mib)" in decision.detail
+        assert "needs 14000 MiB (table footprint)" in decision.detail
+
+
+def test_present_budget_does_not_override_pressure() -> None:
+    pressed = resource(pressure=PressureView(Quality.READY, True, True))
+    snap = snapshot(pressed, presence=presence(veto_active=True))
+    assert refused(decide(snap, BUDGETED, "small"))[0] is Reason.RESOURCE_PRESSURED
+
+
+def test_present_budget_is_only_set_on_resource_scoped_upstreams() -> None:
+    from vacancyd.config import parse_config
+    from vacancyd.config.policies import upstream_policy
+
+    settings = parse_config(
+        "[owner]\npresent_max_model_mib = 4096\n"
+        '[[resource]]\nname = "gpu0"\nkind = "gpu"\n'
+        '[[upstream]]\nname = "a"\nadapter = "openai"\nlisten = "127.0.0.1:0"\n'
+        'target = "http://127.0.0.1:1"\nresource = "gpu0"\nowner_scope = "resource"\n'
+        '[[upstream]]\nname = "b"\nadapter = "openai"\nlisten = "127.0.0.1:0"\n'
+        'target = "http://127.0.0.1:1"\nresource = "gpu0"\n'
+    )
+    a, b = (upstream_policy(settings, u, needs_model_observation=False) for u in settings.upstream)
+    assert (a.present_max_model_mib, b.present_max_model_mib) == (4096, None)

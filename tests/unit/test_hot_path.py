@@ -70,6 +70,7 @@ def test_classifier_memory_is_bounded() -> None:
             credit=Credit(False, "the server is processing other work"),
         ),
         Refuse.of(Reason.OWNER_ACTIVE, "the owner is using this machine", retry_after_s=120),
+        Refuse.of(Reason.OWNER_ACTIVE, "paused", extra={"hold": "pause", "until": 1.8e9}),
     ],
 )
 def test_rendered_refusal_is_the_rendered_envelope(refusal: Refuse) -> None:
@@ -80,6 +81,17 @@ def test_rendered_refusal_is_the_rendered_envelope(refusal: Refuse) -> None:
     assert rendered.headers == {**headers, "Content-Type": "application/json; charset=utf-8"}
     assert render_refusal_bytes(refusal, "up", 429) is rendered  # remembered
     assert render_refusal_bytes(refusal, "other", 429).body != rendered.body
+
+
+def test_rendered_refusal_counts_every_field() -> None:
+    """Two refusals that differ only in ``extra`` render differently when the body shows it,
+    and an unhashable ``extra`` value is rendered without being remembered."""
+    paused = Refuse.of(Reason.OWNER_ACTIVE, "held", extra={"hold": "pause"})
+    away = Refuse.of(Reason.OWNER_ACTIVE, "held", extra={"hold": "away"})
+    assert json.loads(render_refusal_bytes(paused, "up").body)["error"]["hold"] == "pause"
+    assert json.loads(render_refusal_bytes(away, "up").body)["error"]["hold"] == "away"
+    odd = Refuse.of(Reason.OWNER_ACTIVE, "held", extra={"hold": "pause", "why": ["a", "b"]})
+    assert json.loads(render_refusal_bytes(odd, "up").body) == render_refusal(odd, "up")[2]
 
 
 def test_rendered_refusal_tells_sdks_not_to_retry_past_their_limit() -> None:

@@ -6,28 +6,52 @@ Public: ``GET /healthz`` (liveness), ``GET /readyz`` (200/503, no detail). Read 
 ``PUT /admin/resources/{name}`` with body ``{"enabled": true|false}``; ``POST /admin/reclaim``
 with an optional body ``{"resource": NAME}`` raises an operator reclaim edge (docs/reclaim.md);
 ``POST /admin/jobs/{id}/release`` frees a held ledger job (product map L5).
+``POST /admin/pause`` with ``{}`` (until resumed), ``{"for": "30m"}``, ``{"until": "18:00"}``
+or ``{"until_idle": true}`` (each optionally with ``"reason"``) pauses lending;
+``POST /admin/resume`` ends the pause (docs/presence.md "Pausing").
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from vacancyd.api import events
+from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
 from vacancyd.core.ledger import Job
 from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
+from vacancyd.proxy import probe
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class PauseControl(Protocol):
+    """What the pause routes need (``vacancyd.control.owner.OwnerControls``)."""
+
+    def make_pause(
+        self,
+        *,
+        until: str | None = None,
+        for_: str | None = None,
+        until_idle: bool = False,
+        reason: str = "",
+    ) -> Any: ...
+
+    async def set_pause(self, pause: Any) -> None: ...
+
+    async def resume(self) -> bool: ...
+
+    def view(self) -> dict[str, Any]: ...
 
 
 def _bad_request(message: str) -> web.Response:
@@ -89,9 +113,13 @@ def make_api(
     started_at: float,
     release: Callable[[int], Job | None],
     events_keepalive_s: float = events.KEEPALIVE_S,
+    controls: PauseControl | None = None,
+    probes: Mapping[str, probe.ProbeEndpoint] | None = None,
 ) -> web.Application:
     """The operator's application. ``release(job_id)`` frees a borrowed job's reservation
-    and returns its ledger record as it was (None for an unknown job)."""
+    and returns its ledger record as it was (None for an unknown job). ``probes`` maps an
+    upstream name to its lendability probe (which checks its own token rule); it may be
+    filled after this call."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     events.install(app)
 
@@ -185,8 +213,92 @@ def make_api(
         release(job_id)
         return web.json_response({"released": job_id, "phase": job.phase.value})
 
+    async def post_pause(request: web.Request) -> web.Response:
+        if controls is None:
+            return web.json_response(
+                error_body(
+                    "this daemon has no owner controls",
+                    ErrorType.NOT_FOUND,
+                    ErrorCode.NO_CONTROLS,
+                ),
+                status=404,
+            )
+        payload = await _read_json(request, b"{}")
+        if isinstance(payload, web.Response):
+            return payload
+        allowed = {"until", "for", "until_idle", "reason"}
+        if not isinstance(payload, dict) or not set(payload) <= allowed:
+            return _bad_request(
+                'body must be {}, {"for": DURATION}, {"until": TIME} or {"until_idle": true}, '
+                'optionally with "reason"'
+            )
+        until, for_, idle, reason = (
+            payload.get("until"),
+            payload.get("for"),
+            payload.get("until_idle", False),
+            payload.get("reason", ""),
+        )
+        if until is not None and not isinstance(until, str):
+            return _bad_request('"until" must be a string (HH:MM or an ISO 8601 time)')
+        if for_ is not None and not isinstance(for_, str):
+            return _bad_request('"for" must be a string such as "30m" or "1h30m"')
+        if not isinstance(idle, bool):
+            return _bad_request('"until_idle" must be true or false')
+        if not isinstance(reason, str) or len(reason) > 200:
+            return _bad_request('"reason" must be a string of at most 200 characters')
+        try:
+            pause = controls.make_pause(until=until, for_=for_, until_idle=idle, reason=reason)
+        except ValueError as exc:
+            return _bad_request(f"cannot pause: {exc}")
+        await controls.set_pause(pause)
+        log.warning("admin paused lending (from %s)", request.remote)
+        view = controls.view()
+        return web.json_response(
+            {
+                "paused": True,
+                "pause": view["pause"],
+                "persisted": view["pause_persist_error"] is None,
+                "persist_error": view["pause_persist_error"],
+            }
+        )
+
+    async def post_resume(request: web.Request) -> web.Response:
+        if controls is None:
+            return web.json_response(
+                error_body(
+                    "this daemon has no owner controls",
+                    ErrorType.NOT_FOUND,
+                    ErrorCode.NO_CONTROLS,
+                ),
+                status=404,
+            )
+        payload = await _read_json(request, b"{}")
+        if isinstance(payload, web.Response):
+            return payload
+        if payload != {}:
+            return _bad_request("body must be empty or {}")
+        resumed = await controls.resume()
+        log.info("admin resumed lending (was paused: %s; from %s)", resumed, request.remote)
+        view = controls.view()
+        return web.json_response({"resumed": resumed, "persist_error": view["pause_persist_error"]})
+
+    app.router.add_post("/admin/pause", scoped("admin", post_pause))
+    app.router.add_post("/admin/resume", scoped("admin", post_resume))
+
+    async def lendable(request: web.Request) -> web.Response:
+        name = request.match_info["upstream"]
+        endpoint = (probes or {}).get(name)
+        if endpoint is not None:
+            return endpoint.answer(request)
+        if any(p.public for p in (probes or {}).values()):
+            return probe.unknown_upstream(name, None)  # no names to an anonymous caller
+        denied = auth.check(request, probe.SCOPE)
+        return denied or probe.unknown_upstream(name, sorted(state.upstreams))
+
+    app.router.add_route("*", "/lendable/{upstream}", lendable)
     app.router.add_post("/admin/reclaim", scoped("admin", post_reclaim))
     app.router.add_post("/admin/jobs/{id}/release", scoped("admin", release_job))
+    app.router.add_get("/", page.status_page)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))

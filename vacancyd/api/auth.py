@@ -19,7 +19,8 @@ from vacancyd.api.metrics import Metrics
 from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 
-IMPLIED = {"admin": {"read"}}
+#: Scopes a scope grants besides itself: the lendability probe reveals less than any.
+IMPLIED = {"admin": {"read", "probe"}, "read": {"probe"}, "borrow": {"probe"}}
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ The stream a dashboard or the Kubernetes companion follows. Wire format (the WHA
 
 ``event`` is the ``kind`` of the typed transition (:mod:`vacancyd.core.events`) that
 :class:`~vacancyd.state.SharedState` emitted (``lending``, ``resource_switch``, ``capacity``,
-``pressure``, ``unseen_gpu_work``, ``presence``, ``veto``, ``edge``, ``reclaim``,
+``pressure``, ``unseen_gpu_work``, ``presence``, ``veto``, ``edge``, ``hold``, ``reclaim``,
 ``listener``), and ``data`` its payload. A comment line is sent
 every ``keepalive_s`` seconds, so a follower that hears nothing for a few of those knows the
 lender is gone. Events are a hint to re-read ``/status``, not a replacement for it: not every

@@ -144,10 +144,49 @@ class StateCollector(Collector):
         for name, up in sorted(doc.upstreams.items()):
             upstream_lendable.add_metric([name], 1.0 if up.lendable else 0.0)
         yield upstream_lendable
+        yield from _headroom_metrics(doc)
 
         yield GaugeMetricFamily(
             "vacancyd_ready", "1 when /readyz answers 200.", value=float(doc.ready)
         )
+
+
+def _headroom_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
+    """What fits now: lendable bytes per resource and upstream, and the largest model."""
+    resource = GaugeMetricFamily(
+        "vacancyd_resource_lendable_bytes",
+        "Free bytes the resource could lend now (free minus min_free_mib; 0 when not lendable).",
+        labels=["resource"],
+    )
+    for name, r in sorted(doc.resources.items()):
+        if r.lendable_mib is not None:
+            resource.add_metric([name], r.lendable_mib * MIB)
+    upstream = GaugeMetricFamily(
+        "vacancyd_upstream_headroom_bytes",
+        "Bytes a borrowed request on the upstream could use now (0 while it refuses all).",
+        labels=["upstream"],
+    )
+    largest = GaugeMetricFamily(
+        "vacancyd_upstream_largest_model_bytes",
+        "Footprint of the largest configured model a request would be admitted for now "
+        "(0 when none would be).",
+        labels=["upstream"],
+    )
+    info = GaugeMetricFamily(
+        "vacancyd_upstream_largest_model_info",
+        "1 for the largest configured model a request would be admitted for now.",
+        labels=["upstream", "model"],
+    )
+    for name, up in sorted(doc.upstreams.items()):
+        room = up.headroom
+        if room is None:
+            continue
+        if room.lendable_mib is not None:
+            upstream.add_metric([name], room.lendable_mib * MIB)
+        largest.add_metric([name], float(room.largest_model_mib or 0) * MIB)
+        if room.largest_model is not None:
+            info.add_metric([name, room.largest_model], 1.0)
+    yield from (resource, upstream, largest, info)
 
 
 def _sharing_metrics(state: SharedState) -> Iterator[GaugeMetricFamily]:

@@ -3,7 +3,14 @@
 Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
 
     {"version", "uptime_s", "ready", "not_ready": [str],
-     "lending_enabled": bool,
+     "lending_enabled": bool, "stopping": bool,
+     "owner_controls": {"holds": [{"kind", "detail", "resources", "until", "ends_in_s"}],
+                        "schedule": {"timezone", "open", "windows", "next_change",
+                                     "next_change_local", "next_change_in_s"} | null,
+                        "pause": {"kind", "set_at", "until", "until_local", "ends_in_s",
+                                  "seen_owner", "reason", "detail"} | null,
+                        "pause_error", "pause_persist_error", "power": {...} | null,
+                        "exclusive_apps": {SCOPE: {...}}} | null,
      "presence": {"source", "sampled", "age_s", "evidence_complete", "refuses",
                   "veto": {"active", "release_in_s"}, "detail", "exempt_upstreams": [str],
                   "sessions": [{"id", "kind", "owner", "why", "type", "class", "seat",
@@ -11,7 +18,8 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                 "owner_processes"?}],
                   "session_counts": {KIND: int}},
      "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
-                          "utilization_ratio", "used_mib", "lendable", "why_not", "error",
+                          "utilization_ratio", "used_mib", "lendable", "lendable_mib",
+                          "why_not", "error",
                           "held_by": {"job", "upstream", "phase"} | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
                                        "owner_load_ratio", "borrower_load_ratio",
@@ -21,11 +29,26 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "listener": {"address", "bound", "error"},
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
                           "busy",
+                          "sharing": {"max_concurrent", "jobs", "waiting", "exclusive_of",
+                                      "excluded_by", "card"},
+                          "headroom": {"lendable_mib", "largest_model", "largest_model_mib"},
                           "server": {"quality", "age_s", "idle", "error"} | null,
                           "unseen_gpu_work": str | null,
                           "active_work": [{"job", "phase", "model", "age_s"}],
                           "reclaim": {"phase", "policy", "trigger", "resource", "edges_age_s",
-                                      "edge_triggers", "deadline_in_s", "outcome"} | null}}}
+                                      "edge_triggers", "deadline_in_s", "outcome"} | null}},
+     "pools": {NAME: {"members": [str], "listener": {...} | null, "lendable"}}}
+
+``busy``: the ledger would refuse a new job ``resource_busy`` now (every ``max_concurrent``
+slot taken, or an exclusivity). ``sharing.card``: the primary resource's exclusivity state
+(idle, shared, exclusive). ``pools`` appears only when ``[[pool]]`` listeners are configured.
+
+``stopping`` is true from the moment the daemon starts shutting down. ``lendable_mib`` is
+what the resource could lend now (free minus ``min_free_mib``; 0 while it is not lendable;
+null without byte capacity or a reading). An upstream's ``headroom`` is the same for its
+primary resource, 0 while the upstream refuses every borrowed request, plus the configured
+model (``models.footprint_mib``) with the largest footprint that a request would be admitted
+for now (null when none would be).
 
 ``reclaim`` is the upstream's latest reclaim (spec "Yield", Y5): phase waiting, stood_down,
 proceeding or done; ``edges_at`` are the ages (s) of the edges it answers, first first.
@@ -36,7 +59,7 @@ from __future__ import annotations
 from typing import Any
 
 from vacancyd import __version__
-from vacancyd.core import gate
+from vacancyd.core import gate, sharing
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
@@ -44,9 +67,11 @@ from vacancyd.core.reasons import Admit
 from vacancyd.core.reclaim import Reclaim
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.core.status import (
+    HeadroomStatus,
     HolderStatus,
     JobStatus,
     ListenerStatus,
+    PoolStatus,
     PresenceStatus,
     PressureEdgeStatus,
     PressureStatus,
@@ -54,6 +79,7 @@ from vacancyd.core.status import (
     RefusalStatus,
     ResourceStatus,
     ServerStatus,
+    SharingStatus,
     StatusDocument,
     UpstreamStatus,
     VetoStatus,
@@ -140,6 +166,11 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
         elif value is not None:
             why_not = view.policy.evaluate(value)
         holder = state.ledger.holder(name)
+        lendable_mib: float | None = None
+        if value is not None and value.free_mib is not None and view.policy.has_bytes:
+            lendable_mib = (
+                max(0.0, value.free_mib - view.policy.min_free_mib) if why_not is None else 0.0
+            )
         resources[name] = ResourceStatus(
             kind=view.policy.kind.value,
             enabled=view.switch_on,
@@ -156,13 +187,16 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             else HolderStatus(holder.id, holder.upstream, holder.phase.value),
             pressure=_pressure(state, name, now),
             has_bytes=view.policy.has_bytes,
+            lendable_mib=lendable_mib,
         )
     upstreams: dict[str, UpstreamStatus] = {}
+    holders = state.ledger.holders_by_upstream()
     for name, policy in state.upstreams.items():
         decision = gate.decide(RequestFacts(), snap, policy)
         refusal = None
         if not isinstance(decision, Admit):
             refusal = RefusalStatus(decision.reason.value, decision.retry_after_s, decision.detail)
+        room = gate.headroom(snap, policy)
         listener = state.listeners.get(name)
         server = snap.servers.get(name)
         server_doc = None
@@ -187,7 +221,15 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             if listener is None
             else ListenerStatus(listener.address, listener.bound, listener.error),
             refusal=refusal,
-            busy=any(state.ledger.holder(r) is not None for r in policy.resources),
+            busy=state.ledger.fits(name, policy.resources) is not None,
+            sharing=SharingStatus(
+                max_concurrent=policy.max_concurrent,
+                jobs=sum(1 for job in jobs if job.upstream == name),
+                waiting=state.ledger.waiting.get(name, 0),
+                exclusive_of=tuple(sorted(policy.exclusive_of)),
+                excluded_by=tuple(sorted(policy.excluded_by)),
+                card=sharing.card_state(policy.resource, holders, state.upstreams).value,
+            ),
             server=server_doc,
             unseen_gpu_work=state.unseen_gpu_work.get(name),
             active_work=tuple(
@@ -196,6 +238,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
                 if job.upstream == name
             ),
             reclaim=_reclaim(state.reclaims.get(name), now),
+            headroom=HeadroomStatus(room.lendable_mib, room.largest_model, room.largest_model_mib),
         )
     return StatusDocument(
         version=__version__,
@@ -206,9 +249,23 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
         presence=presence_doc,
         resources=resources,
         upstreams=upstreams,
+        pools={
+            name: PoolStatus(
+                members=members,
+                listener=None
+                if (ls := state.listeners.get(name)) is None
+                else ListenerStatus(ls.address, ls.bound, ls.error),
+                lendable=any(upstreams[m].lendable for m in members if m in upstreams),
+            )
+            for name, members in state.pools.items()
+        },
+        stopping=snap.stopping,
     )
 
 
 def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
     """The ``/status`` JSON object (see the module docstring for its shape)."""
-    return build_status(state, started_at).to_json()
+    doc = build_status(state, started_at).to_json()
+    # The owner's controls (vacancyd.control.owner) render their own part, in wall time.
+    doc["owner_controls"] = None if state.owner_view is None else dict(state.owner_view())
+    return doc

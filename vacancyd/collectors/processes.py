@@ -83,3 +83,13 @@ def scan_owner_processes(users: Iterable[tuple[int, str]], names: frozenset[str]
     return ProcessScan(
         matches={uid: frozenset(found) for uid, found in matches.items()}, problems=problems
     )
+
+
+def scan_running(names: frozenset[str]) -> frozenset[str]:
+    """Which of ``names`` any process on the host is running, whoever owns it (exclusive
+    apps hold lending for everyone). Matched like :func:`scan_owner_processes`. Raises
+    OSError or psutil.Error when the process table cannot be read."""
+    found: set[str] = set()
+    for proc in psutil.process_iter(["name", "cmdline"], ad_value=None):
+        found.update(_names_of(proc.info) & names)
+    return frozenset(found)

@@ -6,6 +6,7 @@ Unknown keys are errors (``extra="forbid"``) and the models are frozen.
 
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 import os
 import stat
@@ -22,10 +23,12 @@ from pydantic import (
     model_validator,
 )
 
+from vacancyd.config.zone import zone_by_name
 from vacancyd.core import presence as presence_rules
+from vacancyd.core import schedule as schedule_rules
 from vacancyd.core.gpu import GpuSelector
 
-Scope = Literal["borrow", "read", "admin"]
+Scope = Literal["borrow", "read", "admin", "probe"]
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 #: A Kubernetes DNS-1123 label (namespace, Service name).
@@ -155,6 +158,25 @@ class ServerSettings(_Model):
     _listen = field_validator("listen")(_check_listen)
 
 
+class ExclusiveAppSettings(_Model):
+    """A program that holds lending while it runs (docs/presence.md "Exclusive apps").
+
+    ``name``: the program's name, matched like ``[owner] processes``. ``scope``: ``host``
+    holds every upstream; ``gpu`` holds only upstreams that depend on a GPU resource.
+    """
+
+    name: str
+    scope: Literal["host", "gpu"] = "host"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        why = presence_rules.validate_process_name(name)
+        if why is not None:
+            raise ValueError(f"exclusive app name must be a program name: {why}")
+        return name
+
+
 class OwnerSettings(_Model):
     """Owner presence (spec "Collectors"). ``presence`` unset: an unknown reading that refuses.
 
@@ -164,9 +186,14 @@ class OwnerSettings(_Model):
     ``bus_address``: D-Bus address of the bus logind is on (default: the system bus).
     ``processes``: owner-process names that hold the machine while their user's desktop is
     unlocked, even when it is idle. ``idle_after_s``: seconds a session's idle hint must have
-    held before it counts as away. ``remote_graphical``: "count" treats remote x11/wayland
-    sessions (remote desktop) like local ones. ``signals``: subscribe to logind's change
-    signals (false: polling only).
+    held before it counts as away. ``remote_graphical``: "count" (the default) treats remote
+    x11/wayland sessions (remote desktop, VNC) like local ones; "ignore" does not count them.
+    ``signals``: subscribe to logind's change signals (false: polling only).
+    ``lend_on_battery``: lend while running on battery; ``min_battery_percent``: hold while a
+    battery is below this charge. ``exclusive_apps`` hold lending while they run, once seen
+    for ``exclusive_grace_s`` and until ``exclusive_resume_after_s`` after the last one
+    exits. ``present_max_model_mib``: while the owner is present, resource-scoped upstreams
+    lend only requests whose footprint is at most this many MiB (unset: no limit).
     """
 
     presence: Literal["headless", "logind", "auto"] | None = None
@@ -174,8 +201,14 @@ class OwnerSettings(_Model):
     bus_address: str | None = Field(None, min_length=1)
     processes: list[str] = []
     idle_after_s: float = Field(0.0, ge=0, le=86400)
-    remote_graphical: Literal["ignore", "count"] = "ignore"
+    remote_graphical: Literal["ignore", "count"] = "count"
     signals: bool = True
+    lend_on_battery: bool = False
+    min_battery_percent: float | None = Field(None, gt=0, le=100)
+    exclusive_apps: list[ExclusiveAppSettings] = []
+    exclusive_grace_s: float = Field(5.0, ge=0, le=3600)
+    exclusive_resume_after_s: float = Field(60.0, ge=0, le=86400)
+    present_max_model_mib: int | None = Field(None, ge=0)
 
     @field_validator("processes")
     @classmethod
@@ -188,6 +221,88 @@ class OwnerSettings(_Model):
         if problems:
             raise ValueError("owner process names must be program names: " + "; ".join(problems))
         return names
+
+
+def _minutes(value: str | None, key: str, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        return schedule_rules.parse_time_of_day(value)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
+
+
+class WindowSettings(_Model):
+    """A weekly lending window. ``days``: weekday names (``mon`` … ``sun``). ``start``/``end``:
+    ``HH:MM`` local time; ``end`` unset means midnight at the end of the day. An ``end`` before
+    ``start`` is accepted only with ``across_midnight = true``."""
+
+    days: list[str] = Field(min_length=1)
+    start: str = "00:00"
+    end: str | None = None
+    across_midnight: bool = False
+
+    def to_window(self) -> schedule_rules.Window:
+        """The core's window; raises ValueError naming the bad value."""
+        days = frozenset(schedule_rules.parse_weekday(d) for d in self.days)
+        start = _minutes(self.start, "start", 0)
+        end = _minutes(self.end, "end", schedule_rules.MINUTES_PER_DAY)
+        return schedule_rules.Window(days, start, end, self.across_midnight)
+
+    @model_validator(mode="after")
+    def _valid(self) -> WindowSettings:
+        self.to_window()
+        return self
+
+
+class ScheduleExceptionSettings(_Model):
+    """A dated exception: on ``date`` (a TOML date), from ``start`` to ``end`` (the whole day
+    by default), lending is ``lend`` (default false: a holiday) whatever the windows say."""
+
+    date: dt.date
+    lend: bool = False
+    start: str = "00:00"
+    end: str | None = None
+
+    def to_exception(self) -> schedule_rules.Exception_:
+        start = _minutes(self.start, "start", 0)
+        end = _minutes(self.end, "end", schedule_rules.MINUTES_PER_DAY)
+        return schedule_rules.Exception_(self.date, self.lend, start, end)
+
+    @model_validator(mode="after")
+    def _valid(self) -> ScheduleExceptionSettings:
+        self.to_exception()
+        return self
+
+
+class ScheduleSettings(_Model):
+    """When lending is allowed (docs/presence.md "Lending schedule"). ``timezone``: an IANA
+    zone name; unset means the host's local zone."""
+
+    timezone: str | None = None
+    window: list[WindowSettings] = Field(min_length=1)
+    exception: list[ScheduleExceptionSettings] = []
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, name: str | None) -> str | None:
+        if name is not None:
+            zone_by_name(name)
+        return name
+
+    @model_validator(mode="after")
+    def _valid(self) -> ScheduleSettings:
+        self.build(dt.UTC, "UTC")
+        return self
+
+    def build(self, tz: dt.tzinfo, zone: str) -> schedule_rules.Schedule:
+        """The core's schedule in ``tz``; raises ValueError."""
+        return schedule_rules.Schedule(
+            tuple(w.to_window() for w in self.window),
+            tz,
+            zone,
+            tuple(e.to_exception() for e in self.exception),
+        )
 
 
 class CollectorSettings(_Model):
@@ -308,6 +423,8 @@ class UpstreamSettings(_Model):
     credential: SecretStr | None = None
     credential_file: Path | None = None
     refusal_status: Literal[503, 429] = 503
+    #: The lendability probe (docs/balancers.md) answers without a token.
+    public_probe: bool = False
     # Reclaim keys (docs/reclaim.md; docs/configuration.md "[[upstream]] (reclaim keys)").
     on_owner_return: Literal["drain", "cancel", "finish"] = "drain"
     drain_timeout_s: float = Field(30.0, ge=0, le=86400)
@@ -396,6 +513,29 @@ class UpstreamSettings(_Model):
         return None
 
 
+class PoolSettings(_Model):
+    """One listener in front of several upstreams, each on its own GPU (``[[pool]]``).
+
+    ``members``: names of ``[[upstream]]`` entries, all with the same adapter. A borrowed
+    work request goes to the member that can lend it with the most room; every other request
+    (model lists, health) goes to the first member, with that member's ``management`` and
+    authorization settings.
+    """
+
+    name: Name
+    listen: str
+    members: list[Name] = Field(min_length=1)
+
+    _listen = field_validator("listen")(_check_listen)
+
+    @field_validator("members")
+    @classmethod
+    def _distinct(cls, members: list[str]) -> list[str]:
+        if len(set(members)) != len(members):
+            raise ValueError("members lists an upstream twice")
+        return members
+
+
 class ClusterSettings(_Model):
     """How vacancyd reaches a Kubernetes API server and what it writes there (product map K1–K4).
 
@@ -406,7 +546,9 @@ class ClusterSettings(_Model):
     upstream also joins ``SERVICE-direct``, ready while the lender is alive. Times are seconds:
     ``heartbeat_s`` between Node condition refreshes when nothing changes, ``resync_s``
     between re-applies of the EndpointSlices (which repairs outside edits),
-    ``request_timeout_s`` per API call, ``backoff_max_s`` the longest wait after API errors.
+    ``request_timeout_s`` per API call, ``backoff_max_s`` the longest wait after API errors,
+    ``lendable_stable_s`` how long an upstream that was published not lendable must stay
+    lendable before it is published lendable again (not-lendable is always published at once).
     """
 
     kubeconfig: Path | None = None
@@ -419,6 +561,7 @@ class ClusterSettings(_Model):
     resync_s: float = Field(30.0, ge=0.5, le=3600)
     request_timeout_s: float = Field(10.0, gt=0, le=300)
     backoff_max_s: float = Field(60.0, ge=1, le=3600)
+    lendable_stable_s: float = Field(0.0, ge=0, le=3600)
 
     def service_for(self, upstream: str) -> str:
         return self.services.get(upstream) or f"{self.service_prefix}-{upstream}"
@@ -458,7 +601,9 @@ class Settings(_Model):
     state_dir: Path = Path("/var/lib/vacancyd")
     resource: list[ResourceSettings] = []
     upstream: list[UpstreamSettings] = []
+    pool: list[PoolSettings] = []
     kubernetes: KubernetesSettings | None = None
+    schedule: ScheduleSettings | None = None
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:
@@ -466,13 +611,19 @@ class Settings(_Model):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"resource names must be unique; repeated: {', '.join(dupes)}")
-        unames = [u.name for u in self.upstream]
+        unames = [u.name for u in self.upstream] + [p.name for p in self.pool]
         dupes = sorted({n for n in unames if unames.count(n) > 1})
         if dupes:
-            raise ValueError(f"upstream names must be unique; repeated: {', '.join(dupes)}")
+            raise ValueError(
+                f"upstream and pool names must be unique; repeated: {', '.join(dupes)}"
+            )
         listens = [
             listen
-            for listen in (self.server.listen, *(u.listen for u in self.upstream))
+            for listen in (
+                self.server.listen,
+                *(u.listen for u in self.upstream),
+                *(p.listen for p in self.pool),
+            )
             if split_listen(listen)[1] != 0
         ]
         dupes = sorted({n for n in listens if listens.count(n) > 1})
@@ -489,16 +640,25 @@ class Settings(_Model):
                         f"[[resource]] declares (declared: {', '.join(names) or 'none'})"
                     )
         self._check_exclusivity()
+        self._check_pools()
         if not self.server.tokens and not self.server.allow_unauthenticated_remote:
-            remote = [
-                f"server.listen = {self.server.listen!r}"
-                for _ in [0]
-                if not is_loopback(split_listen(self.server.listen)[0])
-            ] + [
-                f"upstream {u.name!r} listen = {u.listen!r}"
-                for u in self.upstream
-                if not is_loopback(split_listen(u.listen)[0])
-            ]
+            remote = (
+                [
+                    f"server.listen = {self.server.listen!r}"
+                    for _ in [0]
+                    if not is_loopback(split_listen(self.server.listen)[0])
+                ]
+                + [
+                    f"upstream {u.name!r} listen = {u.listen!r}"
+                    for u in self.upstream
+                    if not is_loopback(split_listen(u.listen)[0])
+                ]
+                + [
+                    f"pool {p.name!r} listen = {p.listen!r}"
+                    for p in self.pool
+                    if not is_loopback(split_listen(p.listen)[0])
+                ]
+            )
             if remote:
                 raise ValueError(
                     "a non-loopback listener needs [[server.tokens]] (or the conspicuous "
@@ -528,6 +688,33 @@ class Settings(_Model):
                     f"upstream[{i}] ({up.name}) both lists upstreams in exclusive_of and is "
                     "listed in another's; only one side of an exclusivity takes the card"
                 )
+
+    def _check_pools(self) -> None:
+        by_name = {u.name: u for u in self.upstream}
+        for i, pool in enumerate(self.pool):
+            missing = [m for m in pool.members if m not in by_name]
+            if missing:
+                raise ValueError(
+                    f"pool[{i}] ({pool.name}) names {', '.join(map(repr, missing))}, which no "
+                    "[[upstream]] declares"
+                )
+            adapters = sorted({by_name[m].adapter for m in pool.members})
+            if len(adapters) > 1:
+                raise ValueError(
+                    f"pool[{i}] ({pool.name}) mixes adapters ({', '.join(adapters)}); its "
+                    "members must be servers of one kind"
+                )
+            if adapters == ["comfyui"]:
+                raise ValueError(
+                    f"pool[{i}] ({pool.name}) pools comfyui servers; a ComfyUI result is read "
+                    "back from the server that ran the prompt, which a pool cannot route"
+                )
+            for m in pool.members:
+                if by_name[m].exclusive_of or any(m in u.exclusive_of for u in self.upstream):
+                    raise ValueError(
+                        f"pool[{i}] ({pool.name}) member {m!r} takes part in an exclusivity; "
+                        "a pool member must be a server of its own"
+                    )
 
     @property
     def stale_after_default_s(self) -> float:

@@ -112,6 +112,7 @@ class Reclaimer:
             Trigger.OWNER: "the owner returned",
             Trigger.PRESSURE: f"resource {edge.resource!r} is under owner GPU pressure",
             Trigger.ADMIN: "an operator reclaimed this upstream",
+            Trigger.HOLD: f"the owner's controls hold this host ({edge.detail})",
         }[edge.trigger]
         return Refuse.of(
             edge.reason,

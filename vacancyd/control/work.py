@@ -39,7 +39,7 @@ from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.api.metrics import Metrics
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.waiting import WaitRooms
-from vacancyd.core import gate
+from vacancyd.core import gate, pool
 from vacancyd.core.ledger import Job
 from vacancyd.core.lifecycle import (
     CancelExchange,
@@ -176,6 +176,49 @@ class Work:
             if self.card.is_exclusive(upstream):
                 return await self._take_card(decision, facts)
         return decision
+
+    def choose(self, members: list[str], facts: RequestFacts) -> str | Refuse:
+        """The pool member a request should go to, or the refusal when none can take it.
+
+        The member the gate admits with the most room after the charge wins
+        (:func:`vacancyd.core.pool.choose_member`). When none admits now, a member whose
+        refusal a fresh sample may change is chosen (its admission takes that sample), then,
+        when every member is busy, the waiting member with the shortest queue.
+        """
+        snap = self.state.snapshot()
+        policies = [self.state.upstreams[m] for m in members]
+        choice = pool.choose_member(
+            facts,
+            snap,
+            policies,
+            lambda p: self._reclaiming(p.name) or self.state.ledger.fits(p.name, p.resources),
+        )
+        if isinstance(choice, pool.Choice):
+            return choice.member.name
+        for policy in policies:
+            refusal = gate.decide(facts, snap, policy)
+            if isinstance(refusal, Refuse) and refusal.extra.get("refresh") is not None:
+                return policy.name
+        if choice.reason is Reason.RESOURCE_BUSY:
+            waiting = [m for m in members if self.rooms.has_queue(m)]
+            if waiting:
+                return min(waiting, key=self.rooms.waiting)
+        return choice
+
+    def would_admit(self, upstream: str, facts: RequestFacts) -> Refuse | None:
+        """None when a request with ``facts`` would be admitted on ``upstream`` now, else
+        the refusal it would get (``resource_busy`` while others wait for it). Reserves,
+        samples and waits for nothing: the lendability probe asks this."""
+        policy = self.state.upstreams[upstream]
+        decision = self._decide(facts, self.state.snapshot(), policy)
+        if isinstance(decision, Refuse):
+            return decision
+        reclaiming = self._reclaiming(upstream)
+        if reclaiming is not None:
+            return reclaiming
+        if self.rooms.has_queue(upstream) and self.rooms.waiting(upstream):
+            return self._busy()
+        return self.state.ledger.fits(upstream, decision.resources)
 
     @staticmethod
     def _busy() -> Refuse:

@@ -29,7 +29,7 @@ import hashlib
 import ipaddress
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
@@ -42,6 +42,11 @@ LENDER_LABEL = "vacancyd.io/lender"
 UPSTREAM_LABEL = "vacancyd.io/upstream"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
+
+#: Annotations on a gated endpoint's EndpointSlice: what fits on the lender now.
+LARGEST_MODEL_ANNOTATION = "vacancyd.io/largest-model"
+LARGEST_MODEL_MIB_ANNOTATION = "vacancyd.io/largest-model-mib"
+HEADROOM_ANNOTATION = "vacancyd.io/headroom-mib"
 
 LENDABLE = "VacancyLendable"
 OWNER_PRESENT = "VacancyOwnerPresent"
@@ -80,6 +85,25 @@ class UpstreamState:
     port: int | None
     reason: str | None = None
     detail: str = ""
+    #: The largest model of the upstream's footprint table a borrowed request for would be
+    #: admitted now, and its footprint (MiB); None when no configured model would be.
+    largest_model: str | None = None
+    largest_model_mib: int | None = None
+    #: Lendable MiB left on the upstream's primary resource, rounded down to
+    #: ``HEADROOM_STEP_MIB`` (None: the resource has no byte capacity or is unmeasured).
+    headroom_mib: int | None = None
+
+
+#: Published headroom is rounded down to this many MiB, so free memory moving by a few MiB
+#: does not rewrite cluster objects.
+HEADROOM_STEP_MIB = 256
+
+
+def quantize_mib(value: float | None) -> int | None:
+    """``value`` MiB rounded down to a multiple of ``HEADROOM_STEP_MIB`` (never negative)."""
+    if value is None:
+        return None
+    return max(0, int(value // HEADROOM_STEP_MIB) * HEADROOM_STEP_MIB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +111,8 @@ class LenderState:
     """Everything the publisher needs about one lender at one moment.
 
     ``owner_present``/``gpu_pressure`` are None when the lender cannot tell (presence not yet
-    sampled; a GPU's capacity or pressure unmeasured).
+    sampled; a GPU's capacity or pressure unmeasured). ``terminating``: the lender (or its
+    publisher) is shutting down; its endpoints are published terminating and not ready.
     """
 
     phase: Phase
@@ -98,6 +123,7 @@ class LenderState:
     gpu_pressure: bool | None = None
     gpu_detail: str = ""
     upstreams: Mapping[str, UpstreamState] = field(default_factory=dict)
+    terminating: bool = False
 
     @classmethod
     def starting(cls, detail: str = "vacancyd has not reported its state yet") -> LenderState:
@@ -111,6 +137,18 @@ class LenderState:
     @classmethod
     def stopped(cls, detail: str, previous: LenderState | None = None) -> LenderState:
         return cls(Phase.STOPPED, detail, upstreams=previous.upstreams if previous else {})
+
+    def as_terminating(self, detail: str, *, refusing: bool = False) -> LenderState:
+        """This state, marked terminating. ``refusing``: the lender itself is shutting
+        down and refuses all new work (so no endpoint is ``serving`` either); otherwise it
+        is the publisher that stops and the lender's last known state stands."""
+        upstreams = self.upstreams
+        if refusing:
+            upstreams = {
+                name: replace(up, lendable=False, reason="lending_disabled", detail=detail)
+                for name, up in upstreams.items()
+            }
+        return replace(self, terminating=True, detail=detail, upstreams=upstreams)
 
     @property
     def alive(self) -> bool:
@@ -151,6 +189,9 @@ def lender_from_status(doc: Any) -> LenderState:
                 raise TypeError(f"upstream {name!r} is not an object")
             listener = up.get("listener") or {}
             refusal = up.get("refusal") or {}
+            headroom = up.get("headroom") or {}
+            if not isinstance(headroom, dict):
+                raise TypeError(f"upstream {name!r} headroom is not an object")
             upstreams[str(name)] = UpstreamState(
                 name=str(name),
                 lendable=bool(up["lendable"]),
@@ -158,6 +199,9 @@ def lender_from_status(doc: Any) -> LenderState:
                 port=_port_of(listener.get("address")),
                 reason=None if up["lendable"] else str(refusal.get("reason", "unknown")),
                 detail=str(refusal.get("detail", "")),
+                largest_model=_opt_str(headroom.get("largest_model")),
+                largest_model_mib=_opt_int(headroom.get("largest_model_mib")),
+                headroom_mib=quantize_mib(_opt_float(headroom.get("lendable_mib"))),
             )
         veto = presence.get("veto") or {}
         owner_present: bool | None = bool(veto.get("active", False))
@@ -174,9 +218,25 @@ def lender_from_status(doc: Any) -> LenderState:
             gpu_pressure=gpu_pressure,
             gpu_detail=gpu_detail,
             upstreams=upstreams,
+            terminating=bool(doc.get("stopping", False)),
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise StatusFormatError(f"/status has an unexpected shape: {exc!r}") from exc
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _opt_float(value: Any) -> float | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    number = _opt_float(value)
+    return None if number is None else int(number)
 
 
 def _gpu_pressure(
@@ -251,9 +311,19 @@ def node_conditions(lender: LenderState) -> tuple[Condition, ...]:
         )
 
     lendable = sorted(n for n, u in lender.upstreams.items() if u.lendable)
-    if lendable:
+    if lender.terminating:
         lend = Condition(
-            LENDABLE, Status.TRUE, "Lendable", _message(f"lending {', '.join(lendable)}")
+            LENDABLE,
+            Status.FALSE,
+            "Terminating",
+            _message(lender.detail or "vacancyd on this host is shutting down"),
+        )
+    elif lendable:
+        lend = Condition(
+            LENDABLE,
+            Status.TRUE,
+            "Lendable",
+            _message("lending " + ", ".join(_headroom_text(lender.upstreams[n]) for n in lendable)),
         )
     elif not lender.upstreams:
         lend = Condition(
@@ -297,6 +367,16 @@ def node_conditions(lender: LenderState) -> tuple[Condition, ...]:
     else:
         gpu = Condition(GPU_PRESSURE, Status.FALSE, "NoPressure", _message(lender.gpu_detail))
     return (lend, owner, gpu)
+
+
+def _headroom_text(up: UpstreamState) -> str:
+    """``chat (largest model llama3:70b, 40960 MiB; 41216 MiB to lend)`` for a message."""
+    parts = []
+    if up.largest_model is not None:
+        parts.append(f"largest model {up.largest_model}, {up.largest_model_mib} MiB")
+    if up.headroom_mib is not None:
+        parts.append(f"{up.headroom_mib} MiB to lend")
+    return f"{up.name} ({'; '.join(parts)})" if parts else up.name
 
 
 #: Kubernetes caps a condition message at 32 KiB; keep ours short enough to read.
@@ -350,6 +430,28 @@ def condition_patch(
             }
         )
     return {"status": {"conditions": conditions}}
+
+
+#: Every Node condition type vacancyd has ever set starts with this; one that is not in
+#: ``CONDITION_TYPES`` (a renamed or retired type) is removed on the next write.
+CONDITION_PREFIX = "Vacancy"
+
+
+def retired_conditions(current: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Types on the Node that vacancyd once set but no longer publishes.
+
+    Only types with our prefix count: conditions of kubelet, node-problem-detector or any
+    other writer are never touched.
+    """
+    return sorted(
+        {
+            str(c.get("type"))
+            for c in current
+            if isinstance(c, Mapping)
+            and str(c.get("type", "")).startswith(CONDITION_PREFIX)
+            and c.get("type") not in CONDITION_TYPES
+        }
+    )
 
 
 def _as_rfc3339(value: Any) -> str:
@@ -411,15 +513,44 @@ class SliceTarget:
 
 
 def endpoint_flags(lender: LenderState, upstream: str, *, direct: bool) -> tuple[bool, bool]:
-    """(ready, serving) for ``upstream``'s endpoint (K2).
+    """(would be ready, answers) for ``upstream``'s endpoint, ignoring termination.
 
-    ``serving`` is "the lender answers and this listener is bound"; ``ready`` is that plus,
-    for the gated Service, "lendable now". Never left unset: an absent ``ready`` means ready.
+    ``answers`` is "the lender answers and this listener is bound"; the first value is that
+    plus, for the gated Service, "lendable now". :func:`endpoint_conditions` turns them into
+    the published conditions.
     """
     up = lender.upstreams.get(upstream)
-    serving = lender.alive and up is not None and up.bound
-    ready = serving and (direct or (up is not None and up.lendable))
-    return ready, serving
+    answers = lender.alive and up is not None and up.bound
+    ready = answers and (direct or (up is not None and up.lendable))
+    return ready, answers
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointConditions:
+    """An endpoint's ``conditions`` as discovery.k8s.io/v1 defines them.
+
+    ``serving`` equals ``ready`` except while ``terminating``: then ``ready`` is False and
+    ``serving`` still says whether the endpoint would take traffic (kube-proxy falls back to
+    serving, terminating endpoints only when a Service has no ready one).
+    """
+
+    ready: bool
+    serving: bool
+    terminating: bool
+
+    def as_dict(self) -> dict[str, bool]:
+        return {"ready": self.ready, "serving": self.serving, "terminating": self.terminating}
+
+
+def endpoint_conditions(lender: LenderState, upstream: str, *, direct: bool) -> EndpointConditions:
+    """The published conditions of ``upstream``'s endpoint in a gated or ``-direct`` Service.
+
+    Every field is always set (an absent ``ready`` would count as ready).
+    """
+    would, _answers = endpoint_flags(lender, upstream, direct=direct)
+    if lender.terminating:
+        return EndpointConditions(ready=False, serving=would, terminating=True)
+    return EndpointConditions(ready=would, serving=would, terminating=False)
 
 
 def endpoint_slice(
@@ -433,26 +564,43 @@ def endpoint_slice(
     ready: bool,
     serving: bool,
     node_name: str | None = None,
+    terminating: bool = False,
+    headroom: UpstreamState | None = None,
 ) -> dict[str, Any]:
     """The EndpointSlice for one lender's upstream in one Service (K2, K4).
 
     Its name is unique per (Service, lender, upstream), so many lenders can join one
     Service. Applied with server-side apply, every field here is ours; anything an outside
-    edit changed is put back on the next write.
+    edit changed is put back on the next write. ``headroom``, when given, adds the
+    ``vacancyd.io/largest-model``, ``vacancyd.io/largest-model-mib`` and
+    ``vacancyd.io/headroom-mib`` annotations (absent values are left out, so server-side
+    apply removes them).
     """
     family = "IPv6" if ":" in address else "IPv4"
     endpoint: dict[str, Any] = {
         "addresses": [address],
-        "conditions": {"ready": ready, "serving": serving, "terminating": False},
+        "conditions": {"ready": ready, "serving": serving, "terminating": terminating},
     }
     if node_name:
         endpoint["nodeName"] = node_name
+    annotations: dict[str, str] = {}
+    if headroom is not None:
+        if headroom.largest_model is not None:
+            annotations[LARGEST_MODEL_ANNOTATION] = headroom.largest_model
+            annotations[LARGEST_MODEL_MIB_ANNOTATION] = str(headroom.largest_model_mib)
+        if headroom.headroom_mib is not None:
+            annotations[HEADROOM_ANNOTATION] = str(headroom.headroom_mib)
+    metadata: dict[str, Any] = {
+        "name": dns_name(target.service, lender, upstream),
+        "namespace": namespace,
+    }
+    if annotations:
+        metadata["annotations"] = annotations
     return {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {
-            "name": dns_name(target.service, lender, upstream),
-            "namespace": namespace,
+            **metadata,
             "labels": {
                 SERVICE_NAME_LABEL: target.service,
                 MANAGED_BY_LABEL: MANAGED_BY,
@@ -464,3 +612,89 @@ def endpoint_slice(
         "endpoints": [endpoint],
         "ports": [{"name": target.port_name, "port": port, "protocol": "TCP"}],
     }
+
+
+def slice_matches(desired: Any, current: Any) -> bool:
+    """True when ``current`` (an object as the server holds it) already carries every field
+    of ``desired`` with the same value; fields the server added (defaults, managedFields,
+    resourceVersion) do not matter. Lists must match element by element."""
+    if isinstance(desired, Mapping):
+        if not isinstance(current, Mapping):
+            return False
+        return all(k in current and slice_matches(v, current[k]) for k, v in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(current, list) or len(current) != len(desired):
+            return False
+        return all(slice_matches(d, c) for d, c in zip(desired, current, strict=True))
+    return bool(desired == current)
+
+
+OUR_ANNOTATIONS = (LARGEST_MODEL_ANNOTATION, LARGEST_MODEL_MIB_ANNOTATION, HEADROOM_ANNOTATION)
+
+
+def slice_up_to_date(desired: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
+    """True when the server's copy ``current`` needs no write to become ``desired``: every
+    field we set matches, and none of our annotations lingers that ``desired`` dropped."""
+    if current is None or not slice_matches(desired, current):
+        return False
+    want = desired.get("metadata", {}).get("annotations") or {}
+    have = (current.get("metadata") or {}).get("annotations") or {}
+    return all(want.get(k) == have.get(k) for k in OUR_ANNOTATIONS)
+
+
+@dataclass
+class LendableDamper:
+    """Publish not-lendable at once, lendable again only after ``stable_s`` seconds of it.
+
+    A flapping lender (free memory around a policy's limit, an owner who comes and goes)
+    would otherwise rewrite every Service's endpoints on each flip. The first lendable
+    observation of an upstream is published at once; the damping starts with its first
+    not-lendable one (or the lender becoming unreachable or stopped). Times are monotonic
+    seconds, passed in.
+    """
+
+    stable_s: float = 0.0
+    _lendable_since: dict[str, float] = field(default_factory=dict)
+    _seen_unlendable: set[str] = field(default_factory=set)
+
+    def observe(self, lender: LenderState, now: float) -> None:
+        """Record ``lender`` as observed at ``now``."""
+        if lender.phase is Phase.STARTING:
+            return
+        for name, up in lender.upstreams.items():
+            if lender.alive and not lender.terminating and up.lendable:
+                self._lendable_since.setdefault(name, now)
+            else:
+                self._seen_unlendable.add(name)
+                self._lendable_since.pop(name, None)
+
+    def apply(self, lender: LenderState, now: float) -> tuple[LenderState, float | None]:
+        """(``lender`` as it should be published at ``now``, when that may change next).
+
+        An upstream still inside its stable period is published not lendable, reason
+        ``settling``.
+        """
+        if self.stable_s <= 0 or not lender.alive or lender.terminating:
+            return lender, None
+        changed: dict[str, UpstreamState] = {}
+        next_at: float | None = None
+        for name, up in lender.upstreams.items():
+            since = self._lendable_since.get(name)
+            if not up.lendable or since is None or name not in self._seen_unlendable:
+                continue
+            due = since + self.stable_s
+            if now >= due:
+                continue
+            next_at = due if next_at is None else min(next_at, due)
+            changed[name] = replace(
+                up,
+                lendable=False,
+                reason="settling",
+                detail=(
+                    f"lendable again for {now - since:.0f} s; published after "
+                    f"{self.stable_s:.0f} s without a refusal (lendable_stable_s)"
+                ),
+            )
+        if not changed:
+            return lender, None
+        return replace(lender, upstreams={**lender.upstreams, **changed}), next_at

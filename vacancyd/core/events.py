@@ -8,6 +8,7 @@ are monotonic seconds on the daemon's clock; loads and thresholds are 0–1 rati
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -157,6 +158,22 @@ class EdgeRaised:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldChanged:
+    """One of the owner's holds (``vacancyd.core.holds``: schedule, pause, battery, an
+    exclusive app) came into force or ended, at monotonic ``at``. ``hold`` is its key
+    (``pause``, ``exclusive_app:gpu``, ...)."""
+
+    kind: ClassVar[str] = "hold"
+    hold: str
+    active: bool
+    detail: str
+    at: float
+
+    def payload(self) -> dict[str, object]:
+        return {"hold": self.hold, "active": self.active, "detail": self.detail, "at": self.at}
+
+
+@dataclass(frozen=True, slots=True)
 class ReclaimChanged:
     """An upstream's reclaim moved to ``phase``."""
 
@@ -180,8 +197,33 @@ class ListenerChanged:
         return {"upstream": self.upstream, "bound": self.bound}
 
 
+@dataclass(frozen=True, slots=True)
+class Stopping:
+    """The daemon began shutting down: new work is refused from now on."""
+
+    kind: ClassVar[str] = "stopping"
+
+    def payload(self) -> dict[str, object]:
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class LendabilityChanged:
+    """What a borrowed request would get changed, transition or not (a reading went stale,
+    free memory crossed a limit, another model fits). ``upstreams``: per upstream, a
+    summary ``{"lendable", "reason", "headroom_mib", "largest_model"}``."""
+
+    kind: ClassVar[str] = "lendable"
+    upstreams: Mapping[str, Mapping[str, object]]
+
+    def payload(self) -> dict[str, object]:
+        return {"upstreams": {k: dict(v) for k, v in self.upstreams.items()}}
+
+
 StateEvent = (
-    LendingSwitched
+    Stopping
+    | LendabilityChanged
+    | LendingSwitched
     | ResourceSwitched
     | CapacityChanged
     | PressureReleased
@@ -190,6 +232,7 @@ StateEvent = (
     | PresenceSampled
     | VetoChanged
     | EdgeRaised
+    | HoldChanged
     | ReclaimChanged
     | ListenerChanged
 )

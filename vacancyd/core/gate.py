@@ -3,6 +3,8 @@
 The order of checks is the spec's "Gate" section, steps 1–6, with product-map rows A1–A8:
 
 1. global lending switch                         -> lending_disabled      300 s
+   an owner hold (schedule, pause, battery, exclusive app) covering the upstream
+                                                 -> owner_active     5 s-1 h (until it ends)
 2. presence never sampled / stale (host scope)   -> owner_active            5 s
 3. incomplete session evidence (host scope)      -> owner_active           30 s
 4. host policy veto (host scope)                 -> owner_active          120 s
@@ -14,7 +16,9 @@ The order of checks is the spec's "Gate" section, steps 1–6, with product-map 
    pressure unknown/stale/uncalibrated           -> resource_unmeasured    30 s
    pressure engaged                              -> resource_pressured     30 s
    (adapters that need it) server not observed   -> resource_unmeasured    30 s
-6. per-model footprint vs live free memory       -> insufficient_capacity  30 s
+6. owner present and the footprint over the upstream's present budget
+                                                 -> owner_active          120 s
+   per-model footprint vs live free memory       -> insufficient_capacity  30 s
    with a residency credit charging resident_min_free_mib on proof.
 
 It never raises and never reads a clock: ``snap.now`` is the time.
@@ -22,6 +26,9 @@ It never raises and never reads a clock: ``snap.now`` is the time.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from vacancyd.core.holds import decide_holds
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, UpstreamPolicy
 from vacancyd.core.reasons import Admit, Credit, Decision, Reason, Refuse
@@ -42,6 +49,10 @@ def decide_before_body(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | Non
         return Refuse.of(Reason.LENDING_DISABLED, "vacancyd on this host is shutting down")
     if not snap.lending_enabled:
         return Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
+
+    refusal = decide_holds(snap.holds, upstream.resources)
+    if refusal is not None:
+        return refusal
 
     refusal = _decide_owner(snap, upstream)
     if refusal is not None:
@@ -216,7 +227,29 @@ def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolic
     return Credit(True, "the server reports the model loaded and idle")
 
 
+def _decide_present_budget(
+    facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy
+) -> Refuse | None:
+    """While the owner is present, a budgeted upstream lends only small models."""
+    budget = upstream.present_max_model_mib
+    if budget is None or not snap.presence.veto_active:
+        return None
+    need, source = upstream.footprint_for(facts.model)
+    if need <= budget:
+        return None
+    return Refuse.of(
+        Reason.OWNER_ACTIVE,
+        f"the owner is using this machine; while they are, {upstream.name!r} lends only "
+        f"models of at most {budget} MiB (present_max_model_mib), and model {facts.model!r} "
+        f"needs {need} MiB ({source} footprint)",
+        retry_after_s=120,
+    )
+
+
 def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy) -> Decision:
+    refusal = _decide_present_budget(facts, snap, upstream)
+    if refusal is not None:
+        return refusal
     primary = snap.resources[upstream.resource]
     if not primary.policy.has_bytes:
         return Admit(resources=upstream.resources)
@@ -246,3 +279,41 @@ def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy)
             extra={"refresh": "server"} if credit.failed_only_for_age else {},
         )
     return Admit(resources=upstream.resources, charged_mib=charge, credit=credit)
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """What fits on an upstream now (MiB).
+
+    ``lendable_mib``: live free memory of the primary resource minus its ``min_free_mib``,
+    0 when the upstream would refuse any borrowed request, None when the resource has no
+    byte capacity or is not measured. ``largest_model``/``largest_model_mib``: the model of
+    the footprint table with the largest footprint that a request would be admitted for now
+    (residency credit included), None when none would be.
+    """
+
+    lendable_mib: float | None
+    largest_model: str | None
+    largest_model_mib: int | None
+
+
+def headroom(snap: Snapshot, upstream: UpstreamPolicy) -> Headroom:
+    """The upstream's :class:`Headroom` at ``snap.now``; never raises."""
+    primary = snap.resources.get(upstream.resource)
+    reading = None if primary is None else primary.capacity.value
+    free: float | None = None
+    if (
+        primary is not None
+        and primary.policy.has_bytes
+        and reading is not None
+        and reading.free_mib is not None
+        and primary.quality(snap.now) is Quality.READY
+    ):
+        free = max(0.0, reading.free_mib - primary.policy.min_free_mib)
+    if decide_before_body(snap, upstream) is not None:
+        return Headroom(0.0 if free is not None else None, None, None)
+    # Largest footprint first: the first admitted model is the largest one that fits.
+    for model, mib in sorted(upstream.footprint_mib.items(), key=lambda kv: (-kv[1], kv[0])):
+        if isinstance(decide(RequestFacts(model=model), snap, upstream), Admit):
+            return Headroom(free, model, mib)
+    return Headroom(free, None, None)

@@ -73,7 +73,9 @@ class UpstreamPolicy:
     observation of the server itself. ``max_concurrent``: borrowed jobs that may run at once
     (:mod:`vacancyd.core.sharing`). ``exclusive_of``: upstreams whose jobs this one's never
     overlap and which it takes the card from; ``excluded_by``: the upstreams that list this
-    one in theirs (derived by the config layer).
+    one in theirs (derived by the config layer). ``present_max_model_mib``: while the owner
+    is present, only requests whose footprint is at most this many MiB are lent (None: no
+    budget; set only on resource-scoped upstreams, which otherwise ignore presence).
     """
 
     name: str
@@ -89,6 +91,7 @@ class UpstreamPolicy:
     max_concurrent: int = 1
     exclusive_of: frozenset[str] = frozenset()
     excluded_by: frozenset[str] = frozenset()
+    present_max_model_mib: int | None = None
 
     @property
     def resources(self) -> tuple[str, ...]:

@@ -69,6 +69,9 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     HTTP_ERROR = "http_error"
     UNKNOWN_RESOURCE = "unknown_resource"
+    NO_CONTROLS = "no_controls"
+    UNKNOWN_UPSTREAM = "unknown_upstream"
+    UNKNOWN_MODEL = "unknown_model"
     UNKNOWN_JOB = "unknown_job"
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from vacancyd.core import gate
+from vacancyd.core.holds import decide_holds
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, UpstreamPolicy
 from vacancyd.core.reasons import Reason
@@ -41,6 +42,8 @@ class Trigger(StrEnum):
     OWNER = "owner"  #: host policy veto engaged (owner returned)
     PRESSURE = "pressure"  #: a resource's attributed GPU pressure engaged
     ADMIN = "admin"  #: an operator asked for a reclaim (POST /admin/reclaim); never clears
+    #: an owner hold began (schedule window closed, pause, battery, exclusive app)
+    HOLD = "hold"
 
 
 class ReclaimPhase(StrEnum):
@@ -94,7 +97,7 @@ class Edge:
     @property
     def reason(self) -> Reason:
         """The refusal reason for work this edge refuses or cancels before its headers."""
-        if self.trigger is Trigger.OWNER:
+        if self.trigger in (Trigger.OWNER, Trigger.HOLD):
             return Reason.OWNER_ACTIVE
         if self.trigger is Trigger.PRESSURE:
             return Reason.RESOURCE_PRESSURED
@@ -109,7 +112,9 @@ def affected_upstreams(
     Owner return reclaims host-scoped upstreams only. A pressure edge on a resource reclaims
     every upstream that depends on it (primary or ``also_requires``); while the owner veto is
     active it reclaims only resource-scoped ones, since the veto already reclaimed the rest.
-    An operator edge names no resource and reclaims every upstream.
+    An operator edge names no resource and reclaims every upstream. A hold edge reclaims
+    every upstream (whatever its owner scope), or with a resource (a GPU-exclusive app) every
+    upstream that depends on it.
     """
     names = []
     for name, up in sorted(upstreams.items()):
@@ -238,24 +243,41 @@ def decided(reclaim: Reclaim, action: StandDown | Proceed, now: float) -> Reclai
 def trigger_cleared(reclaim: Reclaim, snap: Snapshot, upstream: UpstreamPolicy) -> bool:
     """Would admission's own checks admit ``upstream`` again, for every edge answered? (Y5).
 
-    Owner edges clear when the owner checks pass (presence sampled and fresh; for a
-    host-scoped upstream complete session evidence and no veto). Pressure edges clear when the
-    resource has a fresh, calibrated pressure reading that is not engaged and the resource's
-    own admission checks pass. Operator edges never clear by themselves.
+    A drain or finish wait stands down only when all of these hold:
+
+    * the owner checks admit the upstream (presence sampled and fresh; for a host-scoped
+      upstream complete session evidence and no veto);
+    * every resource a pressure edge of this reclaim named has a fresh, calibrated pressure
+      reading that is not engaged and is at or below its threshold (so not building towards
+      engagement), and passes the resource's own admission checks;
+    * every other pressure-gated resource the upstream depends on admits;
+    * no owner hold (schedule, pause, battery, exclusive app) covers the upstream.
+
+    Operator edges never clear by themselves.
     """
+    refused: set[str] = set()
     for edge in reclaim.edges:
         if edge.trigger is Trigger.ADMIN:
             return False
-        if edge.trigger is Trigger.OWNER:
-            if gate.decide_owner(snap, upstream) is not None:
-                return False
-            continue
-        view = snap.resources.get(edge.resource or "")
+        if edge.trigger is Trigger.PRESSURE:
+            refused.add(edge.resource or "")
+    if gate.decide_owner(snap, upstream) is not None:
+        return False
+    if decide_holds(snap.holds, upstream.resources) is not None:
+        return False
+    for name in refused:
+        view = snap.resources.get(name)
         if view is None or view.pressure is None:
             return False
         p = view.pressure
-        if p.quality is not Quality.READY or not p.calibrated or p.engaged:
+        if p.quality is not Quality.READY or not p.calibrated or p.engaged or p.above_threshold:
             return False
-        if gate.decide_resource(view, view.name, snap.now) is not None:
+        if gate.decide_resource(view, name, snap.now) is not None:
+            return False
+    for name in upstream.resources:
+        view = snap.resources.get(name)
+        if name in refused or view is None or view.pressure is None:
+            continue
+        if gate.decide_resource(view, name, snap.now) is not None:
             return False
     return True

@@ -50,6 +50,10 @@ def render_refusal(
     extra: dict[str, Any] = {"retry_after_s": refusal.retry_after_s, "upstream": upstream}
     if refusal.resource is not None:
         extra["resource"] = refusal.resource
+    # An owner hold says which control holds the host and, when known, until when (epoch s).
+    for key in ("hold", "until"):
+        if key in refusal.extra:
+            extra[key] = refusal.extra[key]
     if refusal.credit is not None:
         extra["residency_credit"] = {"applied": refusal.credit.applied, "why": refusal.credit.why}
     body = error_body(
@@ -74,30 +78,37 @@ RENDERED_CACHE_SIZE = 512
 
 
 def render_refusal_bytes(refusal: Refuse, upstream: str, status: int = 503) -> RenderedRefusal:
-    """:func:`render_refusal`, serialized, remembered per distinct refusal (``extra`` is not
-    part of the body, so it does not count)."""
-    return _rendered(
+    """:func:`render_refusal`, serialized, and remembered per distinct refusal value (every
+    field counts, ``extra`` included); a refusal whose ``extra`` holds an unhashable value
+    is rendered afresh."""
+    key = (
         refusal.reason,
         refusal.retry_after_s,
         refusal.detail,
         refusal.resource,
         refusal.credit,
+        tuple(sorted(refusal.extra.items())),
         upstream,
         status,
     )
+    try:
+        hash(key)
+    except TypeError:
+        return _serialize(refusal, upstream, status)
+    return _rendered(key)
+
+
+_Key = tuple[Reason, int, str, str | None, Credit | None, tuple[tuple[str, object], ...], str, int]
 
 
 @functools.lru_cache(maxsize=RENDERED_CACHE_SIZE)
-def _rendered(
-    reason: Reason,
-    retry_after_s: int,
-    detail: str,
-    resource: str | None,
-    credit: Credit | None,
-    upstream: str,
-    status: int,
-) -> RenderedRefusal:
-    refusal = Refuse(reason, retry_after_s, detail, resource, credit)
+def _rendered(key: _Key) -> RenderedRefusal:
+    reason, retry_after_s, detail, resource, credit, extra, upstream, status = key
+    refusal = Refuse(reason, retry_after_s, detail, resource, credit, dict(extra))
+    return _serialize(refusal, upstream, status)
+
+
+def _serialize(refusal: Refuse, upstream: str, status: int) -> RenderedRefusal:
     code, headers, body = render_refusal(refusal, upstream, status)
     headers["Content-Type"] = "application/json; charset=utf-8"
     return RenderedRefusal(code, headers, json.dumps(body).encode())

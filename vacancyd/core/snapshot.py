@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vacancyd.core.holds import Hold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy
 
@@ -53,12 +54,18 @@ class PresenceView:
 
 @dataclass(frozen=True, slots=True)
 class PressureView:
-    """Per-resource owner GPU pressure (product map R1–R5); None on resources without it."""
+    """Per-resource owner GPU pressure (product map R1–R5); None on resources without it.
+
+    ``above_threshold``: the newest valid reading's owner load is above the threshold in
+    force, so the hysteresis is building towards engagement (or holding it). The gate still
+    admits until it engages; a reclaim never stands down on such a reading.
+    """
 
     quality: Quality
     calibrated: bool
     engaged: bool
     detail: str = ""
+    above_threshold: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,8 @@ class Snapshot:
     servers: Mapping[str, Observation[ServerState]] = field(default_factory=dict)
     #: The daemon is shutting down: no new borrowed work, whatever else holds.
     stopping: bool = False
+    #: The owner's holds in force now (schedule, pause, battery, exclusive apps).
+    holds: tuple[Hold, ...] = ()
     #: Borrowed jobs running per upstream (the ledger's), for residency proofs under concurrency.
     active_jobs: Mapping[str, int] = field(default_factory=dict)
 

@@ -10,7 +10,7 @@ fields exist for metrics only and are not in the JSON (marked below).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vacancyd.core.observations import Quality
@@ -136,6 +136,9 @@ class ResourceStatus:
     held_by: HolderStatus | None
     pressure: PressureStatus | None
     has_bytes: bool = True
+    #: MiB it could lend now: free minus ``min_free_mib``, 0 while not lendable, None
+    #: without byte capacity or a reading.
+    lendable_mib: float | None = None
 
     @property
     def lendable(self) -> bool:
@@ -152,6 +155,7 @@ class ResourceStatus:
             "total_mib": _round(self.total_mib),
             "utilization_ratio": _round(self.utilization_ratio, 3),
             "lendable": self.lendable,
+            "lendable_mib": _round(self.lendable_mib),
             "why_not": self.why_not,
             "error": self.error,
             "used_mib": _round(self.used_mib),
@@ -209,6 +213,58 @@ class ReclaimStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class SharingStatus:
+    """An upstream's slots and wait queue (``max_concurrent``, ``busy = "wait"``) and its
+    side of an exclusivity; ``card`` is its primary resource's state (idle, shared,
+    exclusive)."""
+
+    max_concurrent: int
+    jobs: int
+    waiting: int
+    exclusive_of: tuple[str, ...]
+    excluded_by: tuple[str, ...]
+    card: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_concurrent": self.max_concurrent,
+            "jobs": self.jobs,
+            "waiting": self.waiting,
+            "exclusive_of": list(self.exclusive_of),
+            "excluded_by": list(self.excluded_by),
+            "card": self.card,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """A ``[[pool]]`` listener: its members (first member first) and whether any lends."""
+
+    members: tuple[str, ...]
+    listener: ListenerStatus | None
+    lendable: bool
+
+    def to_json(self) -> dict[str, Any]:
+        ls = self.listener
+        return {
+            "members": list(self.members),
+            "listener": None
+            if ls is None
+            else {"address": ls.address, "bound": ls.bound, "error": ls.error},
+            "lendable": self.lendable,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class HeadroomStatus:
+    """What fits on an upstream now (see ``vacancyd.core.gate.Headroom``); MiB."""
+
+    lendable_mib: float | None
+    largest_model: str | None
+    largest_model_mib: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamStatus:
     """One ``[[upstream]]``: what the gate would decide now and the work it has."""
 
@@ -223,6 +279,8 @@ class UpstreamStatus:
     unseen_gpu_work: str | None
     active_work: tuple[JobStatus, ...]
     reclaim: ReclaimStatus | None
+    sharing: SharingStatus | None = None
+    headroom: HeadroomStatus | None = None
 
     @property
     def lendable(self) -> bool:
@@ -239,9 +297,10 @@ class UpstreamStatus:
             if ls is None
             else {"address": ls.address, "bound": ls.bound, "error": ls.error},
             "lendable": self.lendable,
-            # Lendable says what the gate would decide; busy says whether a borrowed job
-            # holds one of its resources right now (the ledger refuses resource_busy).
+            # Lendable says what the gate would decide; busy says whether the ledger would
+            # refuse a new job resource_busy right now (every slot taken, or an exclusivity).
             "busy": self.busy,
+            "sharing": None if self.sharing is None else self.sharing.to_json(),
             "refusal": None
             if refusal is None
             else {
@@ -256,6 +315,13 @@ class UpstreamStatus:
                 "age_s": _round(server.age_s),
                 "idle": server.idle,
                 "error": server.error,
+            },
+            "headroom": None
+            if self.headroom is None
+            else {
+                "lendable_mib": _round(self.headroom.lendable_mib),
+                "largest_model": self.headroom.largest_model,
+                "largest_model_mib": self.headroom.largest_model_mib,
             },
             "unseen_gpu_work": self.unseen_gpu_work,
             "active_work": [
@@ -289,16 +355,23 @@ class StatusDocument:
     presence: PresenceStatus
     resources: Mapping[str, ResourceStatus]
     upstreams: Mapping[str, UpstreamStatus]
+    pools: Mapping[str, PoolStatus] = field(default_factory=dict)
+    #: True from the moment the daemon starts shutting down.
+    stopping: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        """The ``/status`` JSON object (rounded)."""
-        return {
+        """The ``/status`` JSON object (rounded); ``pools`` only where pools are configured."""
+        doc = {
             "version": self.version,
             "uptime_s": _round(self.uptime_s),
             "ready": self.ready,
             "not_ready": list(self.not_ready),
             "lending_enabled": self.lending_enabled,
+            "stopping": self.stopping,
             "presence": self.presence.to_json(),
             "resources": {name: r.to_json() for name, r in self.resources.items()},
             "upstreams": {name: u.to_json() for name, u in self.upstreams.items()},
         }
+        if self.pools:
+            doc["pools"] = {name: p.to_json() for name, p in self.pools.items()}
+        return doc

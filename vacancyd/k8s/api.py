@@ -66,6 +66,12 @@ class KubeApi(Protocol):
     async def list_endpoint_slices(self, namespace: str, label_selector: str) -> list[str]:
         """Names of the EndpointSlices in ``namespace`` matching ``label_selector``."""
 
+    async def get_endpoint_slices(
+        self, namespace: str, label_selector: str
+    ) -> dict[str, Mapping[str, Any]]:
+        """The EndpointSlices in ``namespace`` matching ``label_selector``, by name, each as
+        the API server holds it (a JSON-shaped dict)."""
+
     async def delete_endpoint_slice(self, namespace: str, name: str) -> None:
         """Delete one EndpointSlice (a 404 is not an error)."""
 

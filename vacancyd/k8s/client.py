@@ -151,6 +151,21 @@ class KubeClient:
         )
         return sorted(item.metadata.name for item in result.items)
 
+    async def get_endpoint_slices(
+        self, namespace: str, label_selector: str
+    ) -> dict[str, Mapping[str, Any]]:
+        result = await self._run(
+            f"list endpointslices in {namespace}",
+            self._discovery.list_namespaced_endpoint_slice(
+                namespace, label_selector=label_selector
+            ),
+        )
+        out: dict[str, Mapping[str, Any]] = {}
+        for item in result.items:
+            doc = self._client.sanitize_for_serialization(item)
+            out[str(doc["metadata"]["name"])] = doc
+        return out
+
     async def delete_endpoint_slice(self, namespace: str, name: str) -> None:
         try:
             await self._run(

@@ -8,6 +8,8 @@
 * keeps the ``/events`` stream open, reconnecting with backoff when it breaks, stalls past
   ``lender_timeout_s`` (the lender sends a keepalive every few seconds) or sends something
   that is not a server-sent event;
+* publishes the lender terminating the moment its stream says ``stopping`` (SIGTERM on
+  the lender), so the cluster routes away before the lender's listeners close;
 * publishes the lender as unreachable (every condition Unknown, every endpoint not ready)
   once no ``/status`` read has succeeded for ``lender_timeout_s`` seconds, so a powered-off
   PC never stays ready.
@@ -224,30 +226,37 @@ class LenderFollower:
                 self._events_error = None
             event: str | None = None
             data: list[str] = []
-            # Silence longer than a few keepalives means the stream is dead.
-            read_timeout_s = max(self._timeout_s, 3 * self._keepalive_s)
-            while True:
-                try:
-                    async with asyncio.timeout(read_timeout_s):
-                        raw = await resp.content.readline()
-                except TimeoutError:
-                    raise EventStreamError(
-                        f"nothing received for {read_timeout_s:.0f} s (not even a keepalive)"
-                    ) from None
-                if not raw:
-                    return
-                line = raw.decode("utf-8", "strict").rstrip("\r\n")
-                parsed = parse_sse_line(line)
-                if parsed is None:
-                    if line == "" and (event is not None or data):
-                        self._on_event(event or "message", "\n".join(data))
-                        event, data = None, []
-                    continue
-                field, value = parsed
-                if field == "event":
-                    event = value
-                elif field == "data":
-                    data.append(value)
+            try:
+                while True:
+                    # Silence longer than a few keepalives (the period the hello event
+                    # announced) means the stream is dead.
+                    read_timeout_s = max(self._timeout_s, 3 * self._keepalive_s)
+                    try:
+                        async with asyncio.timeout(read_timeout_s):
+                            raw = await resp.content.readline()
+                    except TimeoutError:
+                        raise EventStreamError(
+                            f"nothing received for {read_timeout_s:.0f} s (not even a keepalive)"
+                        ) from None
+                    if not raw:
+                        return
+                    line = raw.decode("utf-8", "strict").rstrip("\r\n")
+                    parsed = parse_sse_line(line)
+                    if parsed is None:
+                        if line == "" and (event is not None or data):
+                            self._on_event(event or "message", "\n".join(data))
+                            event, data = None, []
+                        continue
+                    field, value = parsed
+                    if field == "event":
+                        event = value
+                    elif field == "data":
+                        data.append(value)
+            except BaseException:
+                # Close, not release: leaving the response context would otherwise wait for
+                # the end of a stream the lender may never end (a stalled or garbled one).
+                resp.close()
+                raise
 
     def _on_event(self, event: str, data: str) -> None:
         try:
@@ -258,7 +267,15 @@ class LenderFollower:
         log.debug("lender %s: event %s %s", self.name, event, data)
         if event == "overflow":
             raise EventStreamError("the lender dropped this stream because it fell behind")
-        if event == "hello":
+        if event == "stopping":
+            # Told, not inferred: publish the lender terminating now, before its listeners
+            # close; the /status read that follows confirms it (or shows it came back).
+            if self.lender.alive and not self.lender.terminating:
+                self._publish(
+                    self.lender.as_terminating(f"{self._base} is shutting down", refusing=True)
+                )
+            self._refresh.set()
+        elif event == "hello":
             try:
                 hello = json.loads(data or "{}")
                 self._keepalive_s = float(hello.get("keepalive_s", self._keepalive_s))
@@ -330,6 +347,7 @@ def make_followers(
             resync_s=cluster.resync_s,
             request_timeout_s=cluster.request_timeout_s,
             backoff_max_s=cluster.backoff_max_s,
+            lendable_stable_s=cluster.lendable_stable_s,
         )
         followers.append(
             LenderFollower(

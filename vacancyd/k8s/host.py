@@ -84,6 +84,7 @@ class HostPublisher:
             resync_s=settings.resync_s,
             request_timeout_s=settings.request_timeout_s,
             backoff_max_s=settings.backoff_max_s,
+            lendable_stable_s=settings.lendable_stable_s,
         )
         self._unsubscribe: Callable[[], None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
@@ -120,13 +121,31 @@ class HostPublisher:
             except TimeoutError:
                 pass
 
+    async def _halt(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def announce_terminating(
+        self, detail: str = "vacancyd on this host is shutting down"
+    ) -> None:
+        """Stop feeding and publish this lender terminating now (bounded): its endpoints
+        turn not ready while in-flight work finishes. :meth:`stop` follows."""
+        if not self._tasks:
+            return
+        await self._halt()
+        try:
+            self.publisher.update(conditions.lender_from_status(self._render()))
+        except StatusFormatError:
+            log.exception("cannot read this daemon's own status")
+        await self.publisher.announce_terminating(detail)
+
     async def stop(self, detail: str = "vacancyd on this host is stopping") -> None:
         """Stop feeding, then publish the lender as stopped (bounded), then close."""
         if not self._tasks:
             return  # never started: nothing was published
-        if self._unsubscribe is not None:
-            self._unsubscribe()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._halt()
         await self.publisher.shutdown(detail)

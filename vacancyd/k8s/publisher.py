@@ -80,7 +80,14 @@ class _Part:
     written_at: float | None = None
     written: Any = None
 
-    def succeeded(self, now: float, what: Any) -> None:
+    def succeeded(self, now: float, what: Any, *, wrote: bool = True) -> None:
+        """Record a pass that went through. One that only read (the server already held
+        what was wanted) proves no write works again, so the backoff is kept."""
+        self.written_at = now
+        self.written = what
+        self.retry_at = None
+        if not wrote and self.failures:
+            return
         if self.last_error is not None:
             log.info("%s: written again after %d failed attempt(s)", self.name, self.failures)
         self.failures = 0
@@ -117,9 +124,17 @@ class Publisher:
     backoff_initial_s: float = BACKOFF_INITIAL_S
     wall: Callable[[], float] = time.time
     field_manager: str = FIELD_MANAGER
+    #: Seconds an upstream must stay lendable before a return to lendable is published.
+    lendable_stable_s: float = 0.0
+    #: Monotonic clock (seconds); default: the running event loop's.
+    clock: Callable[[], float] | None = None
     latest: LenderState = field(default_factory=LenderState.starting)
+    #: Counts of API calls by kind ("apply", "delete", "patch_node", "read"), for metrics.
+    calls: dict[str, int] = field(default_factory=dict)
     _api: KubeApi | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _damper: conditions.LendableDamper = field(init=False)
+    _damped_until: float | None = None
     _connect: _Part = field(init=False)
     _node: _Part = field(init=False)
     _slices: _Part = field(init=False)
@@ -129,13 +144,21 @@ class Publisher:
         self._connect = _Part(f"Kubernetes API client for {who}")
         self._node = _Part(f"Node {self.target.node} conditions for {who}")
         self._slices = _Part(f"EndpointSlices for {who} in {self.target.namespace}")
+        self._damper = conditions.LendableDamper(self.lendable_stable_s)
         self._changed.set()
+
+    def _now(self) -> float:
+        return self.clock() if self.clock is not None else asyncio.get_running_loop().time()
 
     # -- input -----------------------------------------------------------------------------
 
     def update(self, lender: LenderState) -> None:
-        """Store ``lender`` as the state to publish; never blocks, never raises."""
-        if lender != self.latest:
+        """Store ``lender`` as the state to publish and wake the task when it differs from
+        the last state stored or the last one written; never blocks, never raises."""
+        self._damper.observe(lender, self._now())
+        if lender != self.latest or any(
+            p.written is not None and p.written != lender for p in (self._node, self._slices)
+        ):
             self.latest = lender
             self._changed.set()
 
@@ -158,6 +181,9 @@ class Publisher:
         """Publish until cancelled. Never raises anything but CancelledError."""
         loop = asyncio.get_running_loop()
         while True:
+            # Cleared before the pass, not after: an update that arrives while the pass
+            # waits for the API server sets it again and is written on the next round.
+            self._changed.clear()
             try:
                 await self._pass(loop.time())
             except asyncio.CancelledError:
@@ -166,7 +192,6 @@ class Publisher:
                 log.exception("publisher for %s failed unexpectedly", self.target.lender)
                 self._slices.retry_at = loop.time() + self.backoff_max_s
             wake = self._next_wake(loop.time())
-            self._changed.clear()
             try:
                 async with asyncio.timeout(max(0.0, wake - loop.time())):
                     await self._changed.wait()
@@ -175,6 +200,8 @@ class Publisher:
 
     def _next_wake(self, now: float) -> float:
         times = [now + 3600.0]
+        if self._damped_until is not None:
+            times.append(self._damped_until)
         if self._api is None:
             times.append(self._connect.retry_at or now)
         for part, period, wanted in (
@@ -195,21 +222,39 @@ class Publisher:
         api = await self._ensure_api(now)
         if api is None:
             return
-        lender = self.latest
+        lender = self._published(now)
+        writes = []
         if self.target.node is not None and self._due(self._node, now, self.heartbeat_s, lender):
-            try:
-                await self._write_node(api, lender)
-            except K8sApiError as exc:
-                self._node.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
-            else:
-                self._node.succeeded(now, lender)
+            writes.append(self._node_pass(api, now))
         if self.target.address is not None and self._due(self._slices, now, self.resync_s, lender):
-            try:
-                await self._write_slices(api, lender)
-            except K8sApiError as exc:
-                self._slices.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
-            else:
-                self._slices.succeeded(now, lender)
+            writes.append(self._slices_pass(api, now))
+        # Routing (slices) and visibility (conditions) are written side by side, so a slow
+        # API server delays neither behind the other.
+        await asyncio.gather(*writes)
+
+    def _published(self, now: float) -> LenderState:
+        """The latest state as it is to be published at ``now`` (after damping)."""
+        lender, self._damped_until = self._damper.apply(self.latest, now)
+        return lender
+
+    async def _node_pass(self, api: KubeApi, now: float) -> None:
+        lender = self._published(now)
+        try:
+            await self._write_node(api, lender)
+        except K8sApiError as exc:
+            self._node.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
+        else:
+            self._node.succeeded(now, lender)
+
+    async def _slices_pass(self, api: KubeApi, now: float) -> None:
+        writes = self.calls.get("apply", 0) + self.calls.get("delete", 0)
+        try:
+            lender = await self._write_slices(api, None)
+        except K8sApiError as exc:
+            self._slices.failed(exc, now, self.backoff_max_s, self.backoff_initial_s)
+        else:
+            wrote = self.calls.get("apply", 0) + self.calls.get("delete", 0) > writes
+            self._slices.succeeded(now, lender, wrote=wrote)
 
     @staticmethod
     def _due(part: _Part, now: float, period: float, lender: LenderState) -> bool:
@@ -252,12 +297,24 @@ class Publisher:
 
     # -- writes ----------------------------------------------------------------------------
 
+    def _count(self, kind: str) -> None:
+        self.calls[kind] = self.calls.get(kind, 0) + 1
+
     async def _write_node(self, api: KubeApi, lender: LenderState) -> None:
+        """Read the Node's conditions, then patch ours in (and retired ones of ours out)."""
         node = self.target.node
         assert node is not None
+        self._count("read")
         current = await self._call(f"get node {node}", api.get_node_conditions(node))
         desired = conditions.node_conditions(lender)
         patch = conditions.condition_patch(desired, current, self.wall())
+        retired = conditions.retired_conditions(current)
+        if retired:
+            log.info("node %s: removing conditions vacancyd no longer sets: %s", node, retired)
+            patch["status"]["conditions"] += [
+                {"type": kind, "$patch": "delete"} for kind in retired
+            ]
+        self._count("patch_node")
         await self._call(f"patch node {node} status", api.patch_node_status(node, patch))
         log.debug(
             "node %s: %s",
@@ -276,7 +333,7 @@ class Publisher:
             if up.port is None:
                 continue
             for service in target.services(name):
-                ready, serving = conditions.endpoint_flags(lender, name, direct=service.direct)
+                flags = conditions.endpoint_conditions(lender, name, direct=service.direct)
                 out.append(
                     conditions.endpoint_slice(
                         lender=target.lender,
@@ -285,20 +342,43 @@ class Publisher:
                         target=service,
                         address=address,
                         port=up.port,
-                        ready=ready,
-                        serving=serving,
+                        ready=flags.ready,
+                        serving=flags.serving,
+                        terminating=flags.terminating,
                         node_name=target.node,
+                        headroom=None if service.direct else up,
                     )
                 )
         return out
 
-    async def _write_slices(self, api: KubeApi, lender: LenderState) -> None:
+    async def _write_slices(self, api: KubeApi, lender: LenderState | None) -> LenderState:
+        """Read this lender's slices from the server; apply only those that differ from what
+        is wanted, delete those no longer wanted. The comparison is with what the server
+        holds, never with what was last written, so no needed write is skipped.
+
+        ``lender`` None: the latest state as of the moment the server's copy arrived (so a
+        change during the read is included). Returns the state written.
+        """
         namespace = self.target.namespace
+        selector = (
+            f"{conditions.MANAGED_BY_LABEL}={conditions.MANAGED_BY},"
+            f"{conditions.LENDER_LABEL}={conditions.dns_name(self.target.lender)}"
+        )
+        self._count("read")
+        existing = await self._call(
+            f"list endpointslices in {namespace}",
+            api.get_endpoint_slices(namespace, selector),
+        )
+        if lender is None:
+            lender = self._published(self._now())
         desired = self.desired_slices(lender)
         errors: list[K8sApiError] = []
         for body in desired:
             name = body["metadata"]["name"]
+            if conditions.slice_up_to_date(body, existing.get(name)):
+                continue
             try:
+                self._count("apply")
                 await self._call(
                     f"apply endpointslice {namespace}/{name}",
                     api.apply_endpoint_slice(body, self.field_manager),
@@ -308,23 +388,16 @@ class Publisher:
         if lender.phase is not conditions.Phase.STARTING:
             # Before the first reading the upstream list is unknown: delete nothing yet.
             wanted = {b["metadata"]["name"] for b in desired}
-            selector = (
-                f"{conditions.MANAGED_BY_LABEL}={conditions.MANAGED_BY},"
-                f"{conditions.LENDER_LABEL}={conditions.dns_name(self.target.lender)}"
-            )
-            try:
-                existing = await self._call(
-                    f"list endpointslices in {namespace}",
-                    api.list_endpoint_slices(namespace, selector),
-                )
-                for name in sorted(set(existing) - wanted):
-                    log.info("deleting EndpointSlice %s/%s: no longer published", namespace, name)
+            for name in sorted(set(existing) - wanted):
+                log.info("deleting EndpointSlice %s/%s: no longer published", namespace, name)
+                try:
+                    self._count("delete")
                     await self._call(
                         f"delete endpointslice {namespace}/{name}",
                         api.delete_endpoint_slice(namespace, name),
                     )
-            except K8sApiError as exc:
-                errors.append(exc)
+                except K8sApiError as exc:
+                    errors.append(exc)
         if errors:
             first = errors[0]
             if len(errors) > 1:
@@ -334,31 +407,60 @@ class Publisher:
                     f"{first.message} (and {len(errors) - 1} more failed write(s))",
                 )
             raise first
+        return lender
 
     # -- shutdown --------------------------------------------------------------------------
 
-    async def shutdown(self, detail: str) -> None:
-        """Write a last not-lendable state (bounded by ``request_timeout_s`` per call), close.
+    async def announce_terminating(self, detail: str) -> bool:
+        """Write the latest state marked terminating, now (bounded by ``request_timeout_s``
+        per call): endpoints not ready, ``terminating`` true, ``serving`` as it was.
 
-        Call after the :meth:`run` task has been cancelled. Failures are logged, not raised.
+        Call after the :meth:`run` task has been cancelled. Failures are logged, not raised;
+        returns whether the write went through.
         """
-        self.latest = LenderState.stopped(detail, self.latest)
+        lender = self.latest
+        if lender.phase is conditions.Phase.STARTING:
+            return True  # nothing observed: publish nothing new
+        if not lender.terminating:
+            lender = lender.as_terminating(detail)
+        return await self._write_final(lender, "terminating")
+
+    async def _write_final(self, lender: LenderState, what: str) -> bool:
+        self.latest = lender
         api = self._api
         try:
             if api is None:
                 self._connect.retry_at = None  # one last try, whatever the backoff said
                 api = await self._ensure_api(asyncio.get_running_loop().time())
-            if api is not None:
-                if self.target.node is not None:
-                    await self._write_node(api, self.latest)
-                if self.target.address is not None:
-                    await self._write_slices(api, self.latest)
-                log.info("published %s as stopped", self.target.lender)
+            if api is None:
+                return False
+            if self.target.node is not None:
+                await self._write_node(api, lender)
+            if self.target.address is not None:
+                await self._write_slices(api, lender)
+            log.info("published %s as %s", self.target.lender, what)
+            return True
         except K8sApiError as exc:
             log.warning(
-                "could not publish %s as stopped: %s (%s)", self.target.lender, exc, exc.hint
+                "could not publish %s as %s: %s (%s)", self.target.lender, what, exc, exc.hint
             )
+            return False
+
+    async def shutdown(self, detail: str) -> None:
+        """Publish the lender terminating (unless already done), then stopped — every
+        endpoint not ready, ``VacancyLendable`` False ``Stopped`` — and close the client.
+
+        Each write is bounded by ``request_timeout_s`` per call. Call after the :meth:`run`
+        task has been cancelled. Failures are logged, not raised.
+        """
+        try:
+            written = True
+            if not self.latest.terminating:
+                written = await self.announce_terminating(detail)
+            if written:  # an API server that did not take the first write gets no second
+                await self._write_final(LenderState.stopped(detail, self.latest), "stopped")
         finally:
+            api = self._api
             if api is not None:
                 try:
                     await api.close()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal_bytes
-from vacancyd.proxy import bodies, headers, tunnel
+from vacancyd.proxy import bodies, headers, probe, tunnel
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
@@ -66,9 +66,12 @@ class Upstream:
     target: URL
     credential: str | None
 
+    #: A pool's listener borrows its first member's settings under the pool's own name.
+    alias: str | None = None
+
     @property
     def name(self) -> str:
-        return self.settings.name
+        return self.alias or self.settings.name
 
 
 def origin_form(raw_target: str) -> str:
@@ -121,8 +124,11 @@ class Proxy:
         work: Work,
         controller: Controller | None = None,
         tunnels: tunnel.TunnelLimits | None = None,
+        members: Mapping[str, Proxy] | None = None,
     ) -> None:
         self.upstream = upstream
+        #: A pool's member proxies, first member first (``[[pool]]``); empty otherwise.
+        self.members: Mapping[str, Proxy] = members or {}
         self.work = work
         self.controller = controller
         self.tunnels = tunnel.Tunnels(tunnels or tunnel.TunnelLimits())
@@ -138,6 +144,20 @@ class Proxy:
 
     # -- entry point ---------------------------------------------------------------------
 
+    def probe(self, request: web.BaseRequest) -> web.Response:
+        """The lendability probe for this upstream (:mod:`vacancyd.proxy.probe`)."""
+        if not self.upstream.settings.public_probe:
+            denied = self.auth.check(request, probe.SCOPE)
+            if denied is not None:
+                return denied
+        return probe.answer(
+            request,
+            self.work,
+            self.upstream.policy,
+            canonical_model=self.upstream.adapter.canonical_model,
+            refusal_status=self.upstream.settings.refusal_status,
+        )
+
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """The listener's only handler (an aiohttp low-level server: no router, no
         middlewares, so a refusal costs little more than aiohttp's own request parsing)."""
@@ -146,6 +166,9 @@ class Proxy:
             await request.writer.drain()
             if early is not None:
                 return early
+        path, _, query = origin_form(request.raw_path).partition("?")
+        if path == probe.PATH:
+            return self.probe(request)  # not a proxied request: no upstream, no counters
         klass = "unauthenticated"
         response: web.StreamResponse | None = None
         try:
@@ -153,7 +176,6 @@ class Proxy:
             if denied is not None:
                 response = denied
                 return denied
-            path, _, query = origin_form(request.raw_path).partition("?")
             c = self.classify(request.method, path, query)
             klass = c.klass.value
             response = await self._dispatch(request, c, query)
@@ -255,10 +277,7 @@ class Proxy:
         except bodies.BodyError as exc:
             answer = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
         else:
-            refusal = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
-            if refusal is not None and refusal.extra.get("refresh") is not None:
-                refusal = None  # a fresh sample may still admit it: let the body come
-            refusal = refusal or self._reclaim_refusal()
+            refusal = self._early_refusal()
             if refusal is not None:
                 answer = self._refusal_response(request, refusal)
         if answer is not None:
@@ -313,12 +332,9 @@ class Proxy:
             return await self._answer_and_drain(
                 request, json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             )
-        early = gate.decide_before_body(self.state.snapshot(), self.upstream.policy)
-        if early is not None and early.extra.get("refresh") is None:
+        early = self._early_refusal()
+        if early is not None:
             return await self._refuse(request, early)
-        reclaiming = self._reclaim_refusal()
-        if reclaiming is not None:
-            return await self._refuse(request, reclaiming)
 
         try:
             body, reservation = await bodies.read_body(
@@ -346,6 +362,13 @@ class Proxy:
                 )
             except BadRequest as exc:
                 return json_error(400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+            runs = self
+            if self.members:
+                chosen = self.work.choose(list(self.members), facts)
+                if isinstance(chosen, Refuse):
+                    return await self._refuse(request, chosen)
+                runs = self.members[chosen]
+                name = chosen
             decision = await self.work.admit(name, facts)
             if isinstance(decision, Refuse):
                 return await self._refuse(request, decision)
@@ -353,14 +376,31 @@ class Proxy:
             self.metrics.decision(name, "admitted")
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
             key: str | None = None
-            if self.controller is not None:
-                body, key = self.controller.prepare(c.route, body)
-            return await self._run_job(request, c, query, job, body, key, reservation.release)
+            if runs.controller is not None:
+                body, key = runs.controller.prepare(c.route, body)
+            return await runs._run_job(request, c, query, job, body, key, reservation.release)
         finally:
             reservation.release()
 
     def _reclaim_refusal(self) -> Refuse | None:
         return self.work.refusal(self.upstream.name)
+
+    def _early_refusal(self) -> Refuse | None:
+        """Gate steps 1–5 and the reclaim check, before the body is read: a refusal no fresh
+        sample can change. A pool refuses only when every member does (the one that frees up
+        first answers)."""
+        proxies = list(self.members.values()) or [self]
+        refusals: list[Refuse] = []
+        snap = self.state.snapshot()
+        for proxy in proxies:
+            refusal = gate.decide_before_body(snap, proxy.upstream.policy)
+            if refusal is not None and refusal.extra.get("refresh") is not None:
+                refusal = None  # a fresh sample may still admit it: let the body come
+            refusal = refusal or proxy._reclaim_refusal()
+            if refusal is None:
+                return None
+            refusals.append(refusal)
+        return min(refusals, key=lambda r: r.retry_after_s)
 
     async def _run_job(
         self,

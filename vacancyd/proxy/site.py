@@ -69,3 +69,8 @@ class CappedTCPSite(web.TCPSite):
         self._bound_port = (
             self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
         )
+
+    @property
+    def listening(self) -> asyncio.AbstractServer | None:
+        """The asyncio server accepting this site's connections (None before start)."""
+        return self._server

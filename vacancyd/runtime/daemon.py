@@ -10,6 +10,8 @@ Task tree (names as they appear in logs):
 * ``collector presence`` — the presence loop (headless or logind), when one is configured
   (essential); logind's signals wake it through ``state.sample_wanted("presence")``
 * ``observer NAME`` — server observation for adapters that need it (essential)
+* ``owner controls`` — the lending schedule, pauses, the battery rule and exclusive apps
+  (essential; ``vacancyd.control.owner``)
 * ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
 * ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
 * ``hold NAME job N`` — watches a held job's server for idleness (not essential)
@@ -27,7 +29,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -51,21 +53,26 @@ from vacancyd.config.policies import (
     upstream_policy,
 )
 from vacancyd.config.secrets import Secrets, read_secrets
+from vacancyd.config.zone import resolve_zone
+from vacancyd.control.owner import OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.sharing import CardSharing, ExclusiveSettings
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
+from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.lifecycle import JobRules, JobState
 from vacancyd.core.observations import CapacityReading
+from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_server
+from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, sdnotify
-from vacancyd.runtime.tasks import Supervisor
+from vacancyd.runtime import calibration, lendability, sdnotify
+from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.state import PressureSample, SharedState
 
 log = logging.getLogger(__name__)
@@ -129,6 +136,36 @@ def build_state(settings: Settings) -> SharedState:
     return state
 
 
+def owner_controls_config(settings: Settings) -> OwnerControlsConfig:
+    """The owner-controls loop's settings; raises ConfigError when the zone is unknown."""
+    owner = settings.owner
+    zone_name = settings.schedule.timezone if settings.schedule else None
+    try:
+        tz, zone = resolve_zone(zone_name)
+    except ValueError as exc:
+        raise ConfigError("configuration", [f"schedule.timezone: {exc}"]) from exc
+    exclusive = {}
+    for scope in ExclusiveScope:
+        names = frozenset(a.name for a in owner.exclusive_apps if a.scope == scope.value)
+        if names:
+            exclusive[scope] = ExclusiveTracker(
+                names, owner.exclusive_grace_s, owner.exclusive_resume_after_s
+            )
+    source = presence_rules.resolve_source(owner.presence, sys.platform)
+    return OwnerControlsConfig(
+        state_dir=settings.state_dir,
+        tz=tz,
+        zone=zone,
+        schedule=None if settings.schedule is None else settings.schedule.build(tz, zone),
+        power=PowerPolicy(owner.lend_on_battery, owner.min_battery_percent),
+        exclusive=exclusive,
+        gpu_resources=frozenset(r.name for r in settings.resource if r.kind == "gpu"),
+        presence_evidence=source is presence_rules.PresenceSource.LOGIND,
+        poll_s=settings.collectors.poll_s,
+        probe_timeout_s=settings.collectors.probe_timeout_s,
+    )
+
+
 def read_tokens(secrets: Secrets) -> list[Token]:
     return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens]
 
@@ -141,6 +178,7 @@ class Daemon:
     supervisor: Supervisor = field(init=False)
     work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
+    owner: OwnerControls = field(init=False)
     bound: dict[str, str] = field(default_factory=dict)
     #: runner per listener name ("api" and each upstream's name)
     _runners: dict[str, web.BaseRunner] = field(default_factory=dict)
@@ -170,6 +208,7 @@ class Daemon:
             metrics=self.metrics,
             work=self.work,
         )
+        self.owner = OwnerControls(self.state, owner_controls_config(self.settings))
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -185,11 +224,22 @@ class Daemon:
         )
         limits = settings.server.limits
 
+        # The owner's holds (a restored pause, the schedule, the battery) are in force
+        # before the first borrower can connect.
+        await self.owner.sample()
+        probes: dict[str, ProbeEndpoint] = {}
         api = make_api(
-            self.state, auth, self.metrics, started_at=started_at, release=self.work.admin_release
+            self.state,
+            auth,
+            self.metrics,
+            started_at=started_at,
+            release=self.work.admin_release,
+            controls=self.owner,
+            probes=probes,
         )
         await self._serve("api", api, settings.server.listen, limits.max_connections)
 
+        proxies: dict[str, Proxy] = {}
         for up in settings.upstream:
             credential = secrets.credentials.get(up.name)
             adapter = ADAPTERS[up.adapter]
@@ -242,14 +292,40 @@ class Daemon:
                 controller=controller,
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
+            probes[up.name] = ProbeEndpoint(up.public_probe, proxy.probe)
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(up.name, proxy, up.listen, limits.max_connections)
             self.state.set_listener(up.name, address, bound=True)
             if adapter.observe is not None:
                 self._start_observer(upstream, credential)
+            proxies[up.name] = proxy
+
+        for pool in settings.pool:
+            first = proxies[pool.members[0]]
+            pool_proxy = Proxy(
+                replace(first.upstream, alias=pool.name),
+                state=self.state,
+                auth=auth,
+                metrics=self.metrics,
+                limits=limits,
+                session=first.session,
+                work=self.work,
+                tunnels=TunnelLimits(
+                    first.upstream.settings.websocket_max_tunnels,
+                    first.upstream.settings.websocket_idle_timeout_s,
+                ),
+                members={m: proxies[m] for m in pool.members},
+            )
+            self.state.pools[pool.name] = tuple(pool.members)
+            self.state.set_listener(pool.name, pool.listen, bound=False)
+            address = await self._serve(pool.name, pool_proxy, pool.listen, limits.max_connections)
+            self.state.set_listener(pool.name, address, bound=True)
 
         self._share_cards()
         self._start_collectors()
+        self.supervisor.spawn(
+            lendability.watch(self.state), name="lendability watcher", essential=False
+        )
         self._start_kubernetes(started_at)
 
     @property
@@ -333,6 +409,10 @@ class Daemon:
         address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
         self.bound[name] = address
         log.info("%s listening on http://%s", name, address)
+        server = site.listening
+        assert server is not None
+        task_name = f"api@{address}" if name == "api" else f"listener {name}@{address}"
+        self.supervisor.spawn(hold_listener(task_name, server), name=task_name, essential=True)
         return address
 
     def _control_session(self, credential: str | None) -> aiohttp.ClientSession:
@@ -396,6 +476,7 @@ class Daemon:
                 essential=True,
             )
         self._start_pressure()
+        self.supervisor.spawn(self.owner.run(), name="owner controls", essential=True)
         source = presence_rules.resolve_source(self.settings.owner.presence, sys.platform)
         if source is presence_rules.PresenceSource.LOGIND:
             self._start_logind()
@@ -520,7 +601,9 @@ class Daemon:
         With ``[kubernetes]``, the cluster is told first that this lender stops (bounded by
         the request timeout), so it routes away before the listeners close.
         """
-        self.state.stopping = True  # new work refused and /readyz 503 from here on
+        # New work refused and /readyz 503 from here on; /events followers hear it now.
+        self.state.set_stopping()
+        self.supervisor.stopping()  # listeners closing from here on are not failures
         in_flight = self.state.ledger.jobs()
         if in_flight:
             log.warning(
@@ -531,11 +614,15 @@ class Daemon:
                 SHUTDOWN_GRACE_S,
             )
         if self.kubernetes is not None:
-            await self.kubernetes.stop()
+            # Terminating first (endpoints not ready, terminating), so the cluster routes
+            # away while in-flight work finishes; stopped once the listeners are closed.
+            await self.kubernetes.announce_terminating()
         # Every proxy listener stops accepting at once and shares one grace period; the
         # API listener goes last so /healthz and /readyz answer during the grace.
         api = self._runners.pop("api", None)
         await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
+        if self.kubernetes is not None:
+            await self.kubernetes.stop()
         if api is not None:
             await api.cleanup()
         await self.supervisor.stop()

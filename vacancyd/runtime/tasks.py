@@ -16,7 +16,30 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+class ListenerClosed(RuntimeError):
+    """A listening socket stopped accepting connections while the daemon was running."""
+
+
+async def hold_listener(name: str, server: asyncio.AbstractServer) -> None:
+    """Run as long as ``server`` accepts connections; raises :class:`ListenerClosed` when it
+    stops for any reason other than this task being cancelled. Spawned as an essential task
+    per listener, so a listener that dies stops the daemon with a nonzero exit."""
+    try:
+        await server.serve_forever()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+    raise ListenerClosed(f"{name} stopped accepting connections")
+
+
 class Supervisor:
+    """Owns every background task: a name, a strong reference and whether it is essential.
+
+    An essential task that ends (returns, raises or is cancelled) before :meth:`stopping`
+    or :meth:`stop` was called sets :attr:`failed` with the reason in :attr:`failure`.
+    """
+
     def __init__(self) -> None:
         self._tasks: dict[asyncio.Task[Any], bool] = {}
         self.failed = asyncio.Event()
@@ -31,13 +54,22 @@ class Supervisor:
         task.add_done_callback(self._done)
         return task
 
+    def running(self) -> dict[str, bool]:
+        """Name -> essential for every task still running."""
+        return {task.get_name(): essential for task, essential in self._tasks.items()}
+
+    def stopping(self) -> None:
+        """The daemon is shutting down: tasks that end from here on are not failures."""
+        self._stopping = True
+
     def _done(self, task: asyncio.Task[Any]) -> None:
         essential = self._tasks.pop(task, False)
+        exc = None if task.cancelled() else task.exception()  # retrieved even when stopping
         if self._stopping:
             return
         if task.cancelled():
             why = "was cancelled"
-        elif (exc := task.exception()) is not None:
+        elif exc is not None:
             why = f"failed: {exc!r}"
             log.error("task %r %s", task.get_name(), why, exc_info=exc)
         else:

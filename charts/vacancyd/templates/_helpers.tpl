@@ -1,14 +1,25 @@
-{{/* Release-scoped name, at most 42 characters so "<name>-<upstream>-direct" fits. */}}
+{{/* The chart's name, or nameOverride. */}}
+{{- define "vacancyd.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 42 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-scoped name, at most 42 characters so "<name>-<upstream>-direct" fits.
+fullnameOverride replaces it whole; nameOverride replaces the chart's part of it. */}}
 {{- define "vacancyd.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 42 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 42 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 42 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 42 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "vacancyd.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "vacancyd.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
@@ -16,7 +27,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
 {{- define "vacancyd.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "vacancyd.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: companion
 {{- end -}}
@@ -31,4 +42,16 @@ app.kubernetes.io/component: companion
 
 {{- define "vacancyd.hasNodes" -}}
 {{- range .Values.lenders }}{{ if .node }}yes{{ end }}{{ end -}}
+{{- end -}}
+
+{{/* The lender's API port, from its url (default 80, or 443 for https). */}}
+{{- define "vacancyd.lenderApiPort" -}}
+{{- $u := urlParse .url -}}
+{{- $parts := splitList ":" $u.host -}}
+{{- if gt (len $parts) 1 -}}{{ last $parts }}{{- else if eq $u.scheme "https" -}}443{{- else -}}80{{- end -}}
+{{- end -}}
+
+{{/* Pod-level settings shared by the companion and the helm test pod. */}}
+{{- define "vacancyd.podSecurityContext" -}}
+{{- toYaml .Values.podSecurityContext -}}
 {{- end -}}

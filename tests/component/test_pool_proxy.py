@@ -1,0 +1,156 @@
+"""A ``[[pool]]`` listener in front of two upstreams on two resources (HTTP level)."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.daemon import RunningDaemon, running_daemon, serve_app
+from tests.support.held_openai import HeldOpenAI
+from vacancyd.config import ConfigError, parse_config
+
+
+def config(a: str, b: str) -> str:
+    # Both resources read system memory; b keeps 1000 MiB more free, so a has more room.
+    return f"""
+[server]
+listen = "127.0.0.1:0"
+trust_loopback = true
+[owner]
+presence = "headless"
+[collectors]
+poll_s = 0.1
+[[resource]]
+name = "card0"
+kind = "memory"
+[[resource]]
+name = "card1"
+kind = "memory"
+min_free_mib = 1000
+[[upstream]]
+name = "a"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{a}"
+resource = "card0"
+[[upstream]]
+name = "b"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{b}"
+resource = "card1"
+[[pool]]
+name = "both"
+listen = "127.0.0.1:0"
+members = ["a", "b"]
+"""
+
+
+@asynccontextmanager
+async def pool() -> AsyncIterator[
+    tuple[RunningDaemon, HeldOpenAI, HeldOpenAI, aiohttp.ClientSession]
+]:
+    fa, fb = HeldOpenAI(model_id="from-a"), HeldOpenAI(model_id="from-b")
+    async with (
+        serve_app(fa.app()) as a,
+        serve_app(fb.app()) as b,
+        running_daemon(config(a, b)) as d,
+    ):
+        await d.wait_ready()
+        async with aiohttp.ClientSession() as client:
+            yield d, fa, fb, client
+
+
+async def chat(d: RunningDaemon, client: aiohttp.ClientSession, user: str) -> tuple[int, Any]:
+    async with client.post(
+        d.proxy_url("both") + "/v1/chat/completions",
+        json={"model": "tiny", "user": user, "messages": [{"role": "user", "content": "hi"}]},
+    ) as r:
+        return r.status, await r.json()
+
+
+async def test_requests_go_to_the_member_with_room_and_are_refused_only_when_none_has() -> None:
+    async with pool() as (d, fa, fb, client):
+        first = asyncio.create_task(chat(d, client, "r1"))
+        await fa.until_arrived(1)  # a has the most room
+        second = asyncio.create_task(chat(d, client, "r2"))
+        await fb.until_arrived(1)  # a's only slot is taken: b
+        assert {j.upstream for j in d.state.ledger.jobs()} == {"a", "b"}
+        status, body = await chat(d, client, "r3")
+        assert status == 503 and body["error"]["code"] == "resource_busy"
+        assert body["error"]["upstream"] == "both"
+        fa.release("r1")
+        fb.release("r2")
+        assert (await first)[0] == 200 and (await second)[0] == 200
+        assert fa.arrived == ["r1"] and fb.arrived == ["r2"]
+        # non-work reads go to the first member
+        async with client.get(d.proxy_url("both") + "/v1/models") as r:
+            assert (await r.json())["data"][0]["id"] == "from-a"
+        async with client.get(d.api_url + "/status") as r:
+            doc = await r.json()
+        assert doc["pools"]["both"]["members"] == ["a", "b"]
+        assert doc["pools"]["both"]["listener"]["bound"] is True
+        assert doc["upstreams"]["a"]["sharing"]["max_concurrent"] == 1
+
+
+async def test_a_pool_is_refused_like_its_members_when_lending_is_off() -> None:
+    async with pool() as (d, _fa, _fb, client):
+        d.state.set_lending(False)
+        status, body = await chat(d, client, "r1")
+        assert status == 503 and body["error"]["code"] == "lending_disabled"
+
+
+BASE = """
+[[resource]]
+name = "card0"
+kind = "memory"
+[[upstream]]
+name = "a"
+adapter = "{adapter_a}"
+listen = "127.0.0.1:1"
+target = "http://127.0.0.1:2"
+resource = "card0"
+[[upstream]]
+name = "b"
+adapter = "{adapter_b}"
+listen = "127.0.0.1:3"
+target = "http://127.0.0.1:4"
+resource = "card0"
+[[pool]]
+name = "{pool_name}"
+listen = "{pool_listen}"
+members = {members}
+"""
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({"members": '["a", "nobody"]'}, "names 'nobody', which no [[upstream]] declares"),
+        ({"members": '["a", "a"]'}, "members lists an upstream twice"),
+        ({"members": "[]"}, "pool[0].members"),
+        ({"adapter_b": "llamacpp"}, "mixes adapters (llamacpp, openai)"),
+        ({"adapter_a": "comfyui", "adapter_b": "comfyui"}, "pools comfyui servers"),
+        ({"pool_name": "a"}, "upstream and pool names must be unique; repeated: a"),
+        ({"pool_listen": "127.0.0.1:1"}, "listen addresses must be unique"),
+        ({"pool_listen": "0.0.0.0:9"}, "pool 'p' listen = '0.0.0.0:9'"),
+    ],
+)
+def test_bad_pools(kw: dict[str, str], needle: str) -> None:
+    values = {
+        "adapter_a": "openai",
+        "adapter_b": "openai",
+        "pool_name": "p",
+        "pool_listen": "127.0.0.1:5",
+        "members": '["a", "b"]',
+        **kw,
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config(textwrap.dedent(BASE.format(**values)), "test.toml")
+    assert any(needle in p for p in info.value.problems), info.value.problems

@@ -1,0 +1,95 @@
+"""Supervision: every background task is named and declared essential or not, and a
+listener that dies (its socket stops accepting) stops the daemon with exit status 1."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from tests.support.daemon import RunningDaemon, openai_like_app, serve_app
+from vacancyd.config import parse_config
+from vacancyd.runtime.daemon import Daemon
+
+
+def config(target: str) -> str:
+    return f"""
+[server]
+listen = "127.0.0.1:0"
+trust_loopback = true
+[owner]
+presence = "headless"
+[collectors]
+poll_s = 0.2
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "a"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+[[upstream]]
+name = "b"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+"""
+
+
+async def started(target: str) -> Daemon:
+    daemon = Daemon(parse_config(config(target), "<test>"))
+    await daemon.start()
+    await RunningDaemon(daemon).wait_ready()
+    return daemon
+
+
+async def test_every_listener_and_loop_is_a_named_essential_task() -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        daemon = await started(target)
+        try:
+            running = daemon.supervisor.running()
+            bound = daemon.bound
+            assert running[f"api@{bound['api']}"] is True
+            assert running[f"listener a@{bound['a']}"] is True
+            assert running[f"listener b@{bound['b']}"] is True
+            assert running["collector ram"] is True
+            assert running["collector presence"] is True
+        finally:
+            await daemon.shutdown()
+
+
+@pytest.mark.parametrize("which", ["b", "api"])
+async def test_a_listener_that_dies_stops_the_daemon_nonzero(which: str) -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        daemon = await started(target)
+        try:
+            waiting = asyncio.get_running_loop().create_task(daemon.wait())
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            (site,) = daemon._runners[which].sites
+            await site.stop()  # the listening socket goes away under a running daemon
+            assert await asyncio.wait_for(waiting, 5) == 1
+            failure = daemon.supervisor.failure or ""
+            assert "stopped accepting connections" in failure
+            assert daemon.bound[which] in failure
+        finally:
+            await daemon.shutdown()
+
+
+async def test_a_clean_shutdown_is_not_a_listener_failure() -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        daemon = await started(target)
+        url = f"http://{daemon.bound['a']}/v1/models"
+        async with aiohttp.ClientSession() as http, http.get(url) as resp:
+            assert resp.status == 200
+        daemon.request_stop()
+        assert await daemon.wait() == 0
+        await daemon.shutdown()
+        assert daemon.supervisor.failure is None

@@ -1,0 +1,128 @@
+"""``max_concurrent`` against a real llama-server started with four slots (``-np 4``), with
+the real ``openai`` client as the borrower: four streams admitted and completing at once,
+the fifth refused ``resource_busy`` or waiting, per the config.
+
+The tiny model streams about 1000 tokens per request (``ignore_eos`` and context shift), so
+the four streams are still running when the fifth request arrives."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from tests.support.daemon import RunningDaemon, running_daemon
+from tests.support.llamacpp import LlamaServer, require_llama_server, running_llama_server
+
+pytestmark = pytest.mark.llama
+
+MESSAGES: Any = [{"role": "user", "content": "tell me everything"}]
+LONG = {"max_tokens": 1000, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture
+async def llama(tmp_path: Path) -> AsyncIterator[LlamaServer]:
+    require_llama_server()
+    args = ["--ctx-size", "4096", "--context-shift"]
+    async with running_llama_server(tmp_path, parallel=4, extra_args=args) as server:
+        yield server
+
+
+def config(target: str, sharing: str) -> str:
+    return f"""
+[server]
+listen = "127.0.0.1:0"
+trust_loopback = true
+[owner]
+presence = "headless"
+[collectors]
+poll_s = 0.2
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "llama"
+adapter = "llamacpp"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+max_concurrent = 4
+{sharing}
+"""
+
+
+async def lender(llama: LlamaServer, sharing: str) -> Any:
+    return running_daemon(config(llama.base_url, sharing))
+
+
+def client(d: RunningDaemon) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=d.proxy_url("llama") + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
+
+
+async def start_streams(c: openai.AsyncOpenAI, n: int) -> list[Any]:
+    """Open ``n`` streams and read the first chunk of each (all admitted and running)."""
+    streams = [
+        await c.chat.completions.create(model="tiny", messages=MESSAGES, stream=True, **LONG)
+        for _ in range(n)
+    ]
+    iterators = [s.__aiter__() for s in streams]
+    for it in iterators:
+        await it.__anext__()
+    return iterators
+
+
+async def finish(it: Any) -> int:
+    chunks = 1
+    async for _ in it:
+        chunks += 1
+    return chunks
+
+
+async def processing_slots(llama: LlamaServer) -> int:
+    async with aiohttp.ClientSession() as http, http.get(llama.base_url + "/slots") as r:
+        return sum(bool(s.get("is_processing")) for s in await r.json())
+
+
+async def test_four_streams_at_once_and_the_fifth_is_refused(llama: LlamaServer) -> None:
+    async with await lender(llama, "") as d:
+        await d.wait_ready()
+        await d.wait_until(lambda: "llama" in d.state.servers, 10)
+        async with client(d) as c:
+            streams = await start_streams(c, 4)
+            assert len(d.state.ledger.jobs()) == 4
+            assert await processing_slots(llama) == 4  # the server really runs all four
+            with pytest.raises(openai.APIStatusError) as info:
+                await c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+            error = info.value.response.json()["error"]
+            assert info.value.status_code == 503 and error["code"] == "resource_busy"
+            assert "at most 4 may run on it at once" in error["message"]
+            chunks = await asyncio.gather(*(finish(s) for s in streams))
+            assert all(n > 100 for n in chunks), chunks
+            await d.wait_until(lambda: not d.state.ledger.jobs(), 30)
+            reply = await c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+            assert reply.choices
+
+
+async def test_the_fifth_waits_for_a_slot_and_completes(llama: LlamaServer) -> None:
+    async with await lender(llama, 'busy = "wait"\nwait_timeout_s = 120') as d:
+        await d.wait_ready()
+        await d.wait_until(lambda: "llama" in d.state.servers, 10)
+        async with client(d) as c:
+            streams = await start_streams(c, 4)
+            fifth = asyncio.create_task(
+                c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4)
+            )
+            await d.wait_until(lambda: d.daemon.waiting.waiting("llama") == 1, 10)
+            assert not fifth.done() and len(d.state.ledger.jobs()) == 4
+            chunks = await asyncio.gather(*(finish(s) for s in streams))
+            assert all(n > 100 for n in chunks), chunks
+            reply = await fifth
+            assert reply.choices and reply.usage is not None
+            await d.wait_until(lambda: not d.state.ledger.jobs(), 30)

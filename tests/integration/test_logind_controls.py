@@ -1,0 +1,192 @@
+"""Remote graphical sessions and exclusive apps against a real dbus-daemon and the
+systemd-logind look-alike: the daemon runs in-process with ``presence = "logind"`` on the
+private bus, the exclusive app is a real process on this host, and borrowed requests go
+through the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.daemon import RunningDaemon, running_daemon, serve_app
+from tests.support.dbus import PrivateBus, private_bus
+from tests.support.fake_logind import FakeLogind, SessionSpec
+from tests.support.slow_openai import SlowOpenAI
+
+pytestmark = pytest.mark.dbus
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+APP = "vcy-exclusive-test"
+
+
+@pytest.fixture
+def bus(tmp_path: Path) -> Iterator[PrivateBus]:
+    with private_bus(tmp_path) as running:
+        yield running
+
+
+def config(address: str, target: str, state_dir: Path, owner: str) -> str:
+    return f"""
+state_dir = "{state_dir}"
+[server]
+listen = "127.0.0.1:0"
+trust_loopback = true
+[owner]
+presence = "logind"
+bus_address = "{address}"
+release_after_s = 0
+{owner}
+[collectors]
+poll_s = 0.1
+probe_timeout_s = 1.0
+[[resource]]
+name = "ram"
+kind = "memory"
+[[resource]]
+name = "gpu0"
+kind = "gpu"
+enabled = false
+[[upstream]]
+name = "llm"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+on_owner_return = "cancel"
+[[upstream]]
+name = "gpu-llm"
+adapter = "openai"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+also_requires = ["gpu0"]
+"""
+
+
+@asynccontextmanager
+async def lender(
+    bus: PrivateBus, tmp_path: Path, sessions: list[SessionSpec], owner: str = "", **kw: Any
+) -> AsyncIterator[tuple[RunningDaemon, FakeLogind, aiohttp.ClientSession, SlowOpenAI]]:
+    fake = await FakeLogind.start(bus.address, sessions)
+    upstream = SlowOpenAI(**kw)
+    try:
+        async with serve_app(upstream.app()) as target:
+            async with running_daemon(config(bus.address, target, tmp_path, owner)) as d:
+                async with aiohttp.ClientSession() as http:
+                    yield d, fake, http, upstream
+    finally:
+        await fake.stop()
+
+
+async def borrow(d: RunningDaemon, http: aiohttp.ClientSession, upstream: str = "llm") -> Any:
+    async with http.post(f"{d.proxy_url(upstream)}/v1/chat/completions", json=CHAT) as resp:
+        if resp.status == 200:
+            await resp.read()
+            return 200, None
+        return resp.status, (await resp.json())["error"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "counts"), [("", True), ('remote_graphical = "ignore"', False)]
+)
+async def test_a_remote_desktop_counts_as_the_owner_by_default(
+    bus: PrivateBus, tmp_path: Path, setting: str, counts: bool
+) -> None:
+    rdp = SessionSpec("7", type="x11", remote=True, remote_host="10.0.0.7", seat="")
+    async with lender(bus, tmp_path, [rdp], setting, chunks=1) as (d, _fake, http, _):
+        await d.wait_ready()
+        await d.wait_until(lambda: d.state.presence.reading.value is not None)
+        code, error = await borrow(d, http)
+        if counts:
+            assert code == 503 and error["code"] == "owner_active"
+            assert "session 7 (graphical, unlocked and in use)" in error["message"]
+        else:
+            assert code == 200
+        async with http.get(f"{d.api_url}/status") as resp:
+            (session,) = (await resp.json())["presence"]["sessions"]
+        assert session["remote"] is True and session["owner"] is counts
+        assert "10.0.0.7" not in str(session)
+
+
+@contextmanager
+def exclusive_app() -> Iterator[subprocess.Popen[bytes]]:
+    """A real process whose command name is ``APP`` (argv[0], as a launcher would set it)."""
+    proc = subprocess.Popen(["bash", "-c", f"exec -a {APP} sleep 60"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_host_exclusive_app_cuts_borrowed_work_after_its_grace_and_resumes_later(
+    bus: PrivateBus, tmp_path: Path
+) -> None:
+    owner = (
+        f'exclusive_apps = [{{ name = "{APP}", scope = "host" }}]\n'
+        "exclusive_grace_s = 0.5\nexclusive_resume_after_s = 1.0\n"
+    )
+    away = [SessionSpec("1", locked=True)]
+    async with lender(bus, tmp_path, away, owner, chunks=400, interval_s=0.05) as (
+        d,
+        _fake,
+        http,
+        upstream,
+    ):
+        await d.wait_ready()
+        resp = await http.post(
+            f"{d.proxy_url('llm')}/v1/chat/completions", json={**CHAT, "stream": True}
+        )
+        assert resp.status == 200
+        await upstream.started.wait()
+        loop = asyncio.get_running_loop()
+        with exclusive_app():
+            started = loop.time()
+            await d.wait_until(lambda: bool(d.state.holds), 5)
+            assert loop.time() - started >= 0.45  # not before the grace
+            (hold,) = d.state.holds
+            assert hold.detail == f"exclusive application running: {APP}"
+            await asyncio.wait_for(upstream.ended_event.wait(), 5)
+            assert upstream.ended == ["disconnected"]  # cancel: cut at once
+            resp.close()
+            for name in ("llm", "gpu-llm"):  # a host-exclusive app holds every upstream
+                code, error = await borrow(d, http, name)
+                assert code == 503 and error["hold"] == "exclusive_app"
+            assert not d.state.veto.engaged  # the owner is still away: this is the app
+        gone = loop.time()
+        await d.wait_until(lambda: not d.state.holds, 5)
+        assert loop.time() - gone >= 0.9  # the resume delay
+        async with http.get(f"{d.api_url}/status") as r:
+            apps = (await r.json())["owner_controls"]["exclusive_apps"]
+        assert apps["host"]["engaged"] is False and apps["host"]["names"] == [APP]
+
+
+async def test_a_gpu_exclusive_app_holds_only_gpu_upstreams(
+    bus: PrivateBus, tmp_path: Path
+) -> None:
+    owner = (
+        f'exclusive_apps = [{{ name = "{APP}", scope = "gpu" }}]\n'
+        "exclusive_grace_s = 0\nexclusive_resume_after_s = 0\n"
+    )
+    async with lender(bus, tmp_path, [SessionSpec("1", locked=True)], owner, chunks=1) as (
+        d,
+        _fake,
+        http,
+        _,
+    ):
+        await d.wait_ready()
+        with exclusive_app():
+            await d.wait_until(lambda: bool(d.state.holds), 5)
+            code, error = await borrow(d, http, "gpu-llm")
+            assert code == 503 and error["hold"] == "exclusive_app"
+            assert "GPU-exclusive application running" in error["message"]
+            assert (await borrow(d, http, "llm"))[0] == 200
+        await d.wait_until(lambda: not d.state.holds, 5)

@@ -1,0 +1,109 @@
+"""The owner's status page (``GET /`` on the API listener) in a real headless Chromium.
+
+The page is loaded from a real daemon, rendered by the browser's own engine, and must show
+what ``/status`` says and follow ``/events`` live: switching lending off through the admin
+API changes what the open page shows without a reload.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.support.chromium import chromium_page
+from tests.support.daemon import running_daemon
+from tests.support.lender import config
+
+READ = "read-token-for-the-page-0123"
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+async def test_page_is_self_contained_with_a_strict_policy() -> None:
+    async with running_daemon(config("http://127.0.0.1:9", adapter="openai")) as d:
+        async with aiohttp.ClientSession() as http, http.get(d.api_url + "/") as resp:
+            assert resp.status == 200
+            assert resp.content_type == "text/html"
+            html = await resp.text()
+            csp = resp.headers["Content-Security-Policy"]
+    # nothing fetched from anywhere else: no absolute URLs in src/href, connections only back
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "default-src 'none'" in csp and "connect-src 'self'" in csp
+    assert "frame-ancestors 'none'" in csp
+    assert re.search(r"script-src 'sha256-[A-Za-z0-9+/=]+'", csp)
+
+
+async def test_page_renders_and_follows_lending_switch(tmp_path: Path) -> None:
+    async with running_daemon(config("http://127.0.0.1:9", adapter="openai")) as d:
+        await d.wait_ready()
+        async with chromium_page(d.api_url + "/") as page:
+            summary = "document.getElementById('summary').textContent"
+            assert await page.wait_for(f"{summary} === 'lendable' && {summary}")
+            rows = await page.evaluate(
+                "Array.from(document.querySelectorAll('#upstreams tbody tr'))"
+                ".map(r => r.cells[0].textContent + ':' + r.cells[1].textContent)"
+            )
+            assert rows == ["up:yes"]
+            resources = await page.evaluate(
+                "document.querySelector('#resources tbody').textContent"
+            )
+            assert "ram" in resources and "GiB" in resources
+            assert await page.wait_for("document.getElementById('conn').textContent === 'live'")
+            before = await page.screenshot(tmp_path / "lendable.png")
+
+            async with (
+                aiohttp.ClientSession() as http,
+                http.put(d.api_url + "/admin/lending", json={"enabled": False}) as resp,
+            ):
+                assert resp.status == 200
+
+            # no reload: the /events stream drives the update
+            assert await page.wait_for(f"{summary} === 'lending off'")
+            why = await page.evaluate("document.getElementById('why').textContent")
+            assert "switched off" in why
+            timeline = await page.wait_for(
+                "document.getElementById('timeline').textContent.includes('lending')"
+                " && document.getElementById('timeline').textContent"
+            )
+            assert '"enabled":false' in timeline.replace(" ", "")
+            cells = await page.evaluate(
+                "document.querySelector('#upstreams tbody tr').cells[1].textContent"
+            )
+            assert cells == "no"
+            after = await page.screenshot(tmp_path / "lending-off.png")
+    assert _png_size(before) == _png_size(after) == (1200, 900)
+    assert before.read_bytes() != after.read_bytes()
+
+
+@pytest.mark.parametrize("good_token", [True, False])
+async def test_page_asks_for_a_read_token_when_not_trusted(good_token: bool) -> None:
+    toml = config("http://127.0.0.1:9", adapter="openai").replace(
+        "trust_loopback = true",
+        f'trust_loopback = false\n[[server.tokens]]\nname = "page"\ntoken = "{READ}"\n'
+        'scopes = ["read"]',
+    )
+    async with running_daemon(toml) as d:
+        await d.wait_ready()
+        async with chromium_page(d.api_url + "/") as page:
+            summary = "document.getElementById('summary').textContent"
+            assert await page.wait_for(f"{summary} === 'needs a read token'")
+            assert await page.evaluate("getComputedStyle(document.getElementById('auth')).display")
+            token = READ if good_token else "wrong-token-000000000000"
+            await page.evaluate(
+                f"document.getElementById('token').value = {token!r};"
+                "document.getElementById('auth').requestSubmit(); true"
+            )
+            if good_token:
+                assert await page.wait_for(f"{summary} === 'lendable'")
+                assert await page.wait_for("document.getElementById('conn').textContent === 'live'")
+            else:
+                await page.wait_for(f"{summary} === 'needs a read token'")
+                shown = await page.evaluate("document.body.innerText")
+                assert "lendable\n" not in shown
