@@ -188,6 +188,8 @@ class SharedState:
         self.reclaims: dict[str, Reclaim] = {}
         #: The owner's holds in force (vacancyd.control.owner writes them; core/holds.py).
         self.holds: tuple[Hold, ...] = ()
+        #: Extra /status parts per upstream (a vLLM controller's ``sleep`` state), by name.
+        self.upstream_views: dict[str, Callable[[], Mapping[str, object]]] = {}
         #: Renders the owner's controls for /status (set by vacancyd.control.owner).
         self.owner_view: Callable[[], Mapping[str, object]] | None = None
 

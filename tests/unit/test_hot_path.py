@@ -10,11 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from vacancyd.adapters import ADAPTERS
-from vacancyd.api.metrics import LoopCounter, Metrics
 from vacancyd.core.classify import Classifier, RouteClass, classify
 from vacancyd.core.reasons import Credit, Reason, Refuse
 from vacancyd.core.refusal import render_refusal, render_refusal_bytes
 from vacancyd.runtime import eventloop
+from vacancyd.web.metrics import LoopCounter, Metrics
 
 PATHS = [
     ("POST", "/v1/chat/completions", ""),

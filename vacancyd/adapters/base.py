@@ -13,7 +13,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.parser import BytesParser
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 from yarl import URL
@@ -72,6 +72,17 @@ class Controller(Protocol):
 
         Exclusivity confirms an unload with it before forwarding an exclusive job.
         """
+        ...
+
+
+@runtime_checkable
+class Waker(Protocol):
+    """A controller whose reclaim can put the server to sleep (vLLM sleep mode): the proxy
+    wakes it before forwarding a borrowed request."""
+
+    async def ensure_awake(self) -> float | None:
+        """Wake the server if vacancyd put it to sleep; the seconds it took, or None when it
+        was awake. Raises :class:`UpstreamError` or TimeoutError."""
         ...
 
 

@@ -15,8 +15,8 @@ from yarl import URL
 
 from vacancyd.adapters import openai
 from vacancyd.adapters.base import Adapter
-from vacancyd.collectors.base import ProbeError
 from vacancyd.core.classify import RouteClass, route
+from vacancyd.core.observations import ProbeError
 from vacancyd.core.snapshot import ServerState
 
 WORK, PASS, MGMT = RouteClass.WORK, RouteClass.PASSTHROUGH, RouteClass.MANAGEMENT

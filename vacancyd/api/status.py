@@ -268,4 +268,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
     doc = build_status(state, started_at).to_json()
     # The owner's controls (vacancyd.control.owner) render their own part, in wall time.
     doc["owner_controls"] = None if state.owner_view is None else dict(state.owner_view())
+    for name, view in state.upstream_views.items():
+        if name in doc["upstreams"]:
+            doc["upstreams"][name]["sleep"] = dict(view())
     return doc

@@ -19,12 +19,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from vacancyd.core.observations import ProbeError
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-class ProbeError(Exception):
-    """A probe could not measure; the message says what failed, for /status and logs."""
 
 
 async def _wait(wake: asyncio.Event | None, interval_s: float) -> None:
@@ -105,3 +103,6 @@ async def run_async_probe_loop(
         else:
             on_sample(value, started)
         await _wait(wake, interval_s)
+
+
+__all__ = ["ProbeError", "run_async_probe_loop", "run_probe_loop"]

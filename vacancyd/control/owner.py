@@ -26,13 +26,13 @@ from typing import Any
 
 from vacancyd.collectors.power import read_power
 from vacancyd.collectors.processes import scan_running
+from vacancyd.control import statefile
 from vacancyd.core.events import StateEvent, VetoChanged
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.holds import Hold, HoldKind
 from vacancyd.core.pause import Pause, PauseKind, advance, format_wall, parse_duration, parse_until
 from vacancyd.core.power import PowerPolicy, PowerReading, power_hold
 from vacancyd.core.schedule import Schedule
-from vacancyd.runtime import statefile
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from prometheus_client import Counter, Histogram
 
 from vacancyd.adapters.base import Controller, UpstreamError
-from vacancyd.api.metrics import Metrics
+from vacancyd.control.spawn import Spawner
 from vacancyd.control.work import Work
 from vacancyd.core.events import EdgeRaised, ReclaimChanged, StateEvent, VetoChanged
 from vacancyd.core.lifecycle import JobState
@@ -47,8 +47,8 @@ from vacancyd.core.reclaim import (
     plan,
     trigger_cleared,
 )
-from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import SharedState
+from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Reclaimer:
         policies: Mapping[str, ReclaimPolicy],
         controllers: Mapping[str, Controller],
         warm_models: Mapping[str, str],
-        supervisor: Supervisor,
+        supervisor: Spawner,
         metrics: Metrics,
         work: Work,
     ) -> None:

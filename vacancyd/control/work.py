@@ -36,8 +36,8 @@ from functools import partial
 from prometheus_client import Counter
 
 from vacancyd.adapters.base import Controller, UpstreamError
-from vacancyd.api.metrics import Metrics
 from vacancyd.control.sharing import CardSharing
+from vacancyd.control.spawn import Spawner
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.core import gate, pool
 from vacancyd.core.ledger import Job
@@ -60,8 +60,8 @@ from vacancyd.core.reclaim import Edge
 from vacancyd.core.sharing import serve_order
 from vacancyd.core.snapshot import RequestFacts, Snapshot
 from vacancyd.core.waiting import waits_on
-from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import SharedState
+from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class _Upstream:
 class Work:
     """Every borrowed job on this daemon; one per daemon, touched only from the event loop."""
 
-    def __init__(self, state: SharedState, *, supervisor: Supervisor, metrics: Metrics) -> None:
+    def __init__(self, state: SharedState, *, supervisor: Spawner, metrics: Metrics) -> None:
         self.state = state
         self.supervisor = supervisor
         self._upstreams: dict[str, _Upstream] = {}

@@ -15,6 +15,11 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
+class ProbeError(Exception):
+    """A probe (a collector's sample, an adapter's server observation) could not measure;
+    the message says what failed, for /status and logs."""
+
+
 class Quality(StrEnum):
     UNKNOWN = "unknown"
     READY = "ready"

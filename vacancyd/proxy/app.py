@@ -31,9 +31,7 @@ import aiohttp
 from aiohttp import hdrs, web
 from yarl import URL
 
-from vacancyd.adapters.base import Adapter, BadRequest, Controller
-from vacancyd.api.auth import Authenticator
-from vacancyd.api.metrics import Metrics
+from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError, Waker
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.control.work import Work
 from vacancyd.core import gate
@@ -45,6 +43,8 @@ from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal_bytes
 from vacancyd.proxy import bodies, headers, probe, tunnel
 from vacancyd.state import SharedState
+from vacancyd.web.auth import Authenticator
+from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -494,6 +494,28 @@ class Proxy:
             self._urls[key] = url
         return url
 
+    async def _wake(self, waker: Waker) -> web.Response | None:
+        """Wake a server a reclaim put to sleep before forwarding borrowed work to it; a 502
+        when it cannot be woken."""
+        name = self.upstream.name
+        try:
+            took = await waker.ensure_awake()
+        except (UpstreamError, TimeoutError) as exc:
+            why = str(exc) or "timed out"
+            self.metrics.wake_seconds.labels(name, "failed").observe(0)
+            log.warning("upstream %s could not be woken: %s", name, why)
+            return json_error(
+                502,
+                f"the upstream server of {name!r} is asleep and could not be woken ({why})",
+                ErrorType.UPSTREAM,
+                ErrorCode.UPSTREAM_UNREACHABLE,
+                upstream=name,
+            )
+        if took is not None:
+            self.metrics.wake_seconds.labels(name, "woken").observe(took)
+            log.info("upstream %s woken in %.2f s for a borrowed request", name, took)
+        return None
+
     async def _forward(
         self,
         request: web.BaseRequest,
@@ -506,6 +528,11 @@ class Proxy:
         tracked: str | None = None,
     ) -> web.StreamResponse:
         up = self.upstream
+        controller: object = self.controller
+        if exchange is not None and isinstance(controller, Waker):
+            failed = await self._wake(controller)
+            if failed is not None:
+                return failed
         out_headers = headers.request_headers(
             request.headers,
             target=up.target,

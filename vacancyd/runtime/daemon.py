@@ -38,8 +38,7 @@ from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import make_api
-from vacancyd.api.auth import Authenticator, Token
-from vacancyd.api.metrics import Metrics
+from vacancyd.api.metrics import attach_state
 from vacancyd.api.status import render_status
 from vacancyd.collectors import logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
@@ -74,6 +73,8 @@ from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, lendability, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.state import PressureSample, SharedState
+from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class Daemon:
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
         self.metrics = Metrics()
-        self.metrics.attach(self.state)
+        attach_state(self.metrics, self.state)
         self.supervisor = Supervisor()
         self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
         for up in self.settings.upstream:
@@ -272,6 +273,9 @@ class Daemon:
                     self._control_session(credential), upstream.target
                 )
                 self.reclaimer.controllers[up.name] = controller
+                view = getattr(controller, "view", None)
+                if callable(view):
+                    self.state.upstream_views[up.name] = view
             self.work.add_upstream(
                 up.name,
                 JobRules(

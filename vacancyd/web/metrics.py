@@ -1,0 +1,106 @@
+"""The daemon's private Prometheus registry and the counters the listeners increment.
+
+Names follow Prometheus conventions (see :mod:`vacancyd.api.metrics` for the gauges that
+render the state). A private registry, not the global one, keeps tests independent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+
+class LoopCounter(Collector):
+    """A labelled counter that the request path increments: a plain count per label tuple,
+    exported as a Prometheus counter (``NAME_total``) when the registry is collected.
+
+    prometheus_client's ``Counter`` validates the labels and takes a lock on every increment;
+    these counters are written only from the event loop (and scraped from it), so a dict
+    does. Every label here has a small closed set of values (config names, enums, HTTP
+    status codes), so the dict stays small.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self._counts: dict[tuple[str, ...], int] = {}
+
+    def inc(self, *labels: str) -> None:
+        """Count one event for ``labels`` (one value per label name, in order)."""
+        counts = self._counts
+        counts[labels] = counts.get(labels, 0) + 1
+
+    def value(self, *labels: str) -> int:
+        """The count for ``labels`` so far (0 when never counted)."""
+        return self._counts.get(labels, 0)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, count in list(self._counts.items()):
+            family.add_metric(labels, float(count))
+        yield family
+
+
+class Metrics:
+    """The daemon's private registry and its counters."""
+
+    def __init__(self) -> None:
+        # ``*_created`` series only add cardinality for our always-running counters.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.decisions = LoopCounter(
+            "vacancyd_admission_decisions",
+            "Gate and ledger decisions on borrowed work, by outcome and reason.",
+            ("upstream", "outcome", "reason"),
+        )
+        self.auth_decisions = LoopCounter(
+            "vacancyd_auth",
+            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
+            ("scope", "outcome"),
+        )
+        self.proxied = LoopCounter(
+            "vacancyd_proxy_requests",
+            "Requests answered by a proxy listener, by route class and status code.",
+            ("upstream", "route_class", "code"),
+        )
+        self.upstream_errors = LoopCounter(
+            "vacancyd_upstream_errors",
+            "Forwarded requests that failed to reach the upstream or broke mid-response.",
+            ("upstream", "stage"),
+        )
+        for counter in (self.decisions, self.auth_decisions, self.proxied, self.upstream_errors):
+            self.registry.register(counter)
+        self.wake_seconds = Histogram(
+            "vacancyd_wake_duration_seconds",
+            "Time a sleeping upstream (vLLM sleep mode) took to wake before a borrowed request "
+            "was forwarded, by outcome (woken, failed).",
+            ["upstream", "outcome"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+        self.wait_seconds = Histogram(
+            "vacancyd_wait_seconds",
+            "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
+            "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
+            ["upstream", "outcome"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=self.registry,
+        )
+
+    def auth(self, scope: str, outcome: str) -> None:
+        self.auth_decisions.inc(scope, outcome)
+
+    def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
+        self.decisions.inc(upstream, outcome, reason)
+
+    def request(self, upstream: str, route_class: str, code: str) -> None:
+        """One request answered by ``upstream``'s listener (``vacancyd_proxy_requests``)."""
+        self.proxied.inc(upstream, route_class, code)
+
+    def upstream_error(self, upstream: str, stage: str) -> None:
+        """A forwarded request that failed at ``stage`` (``vacancyd_upstream_errors``)."""
+        self.upstream_errors.inc(upstream, stage)
