@@ -171,6 +171,8 @@ class SharedState:
         self.ledger = Ledger(self.upstreams)
         self.listeners: dict[str, ListenerState] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
+        self._presence_view: PresenceView | None = None
+        self._presence_view_of: Observation[PresenceReading] | None = None
         #: When each key's sample was last asked for (monotonic s).
         self._requested_at: dict[str, float] = {}
         self._observed: dict[str, asyncio.Event] = {}
@@ -528,7 +530,23 @@ class SharedState:
     # -- readers -------------------------------------------------------------------------
 
     def presence_view(self, now: float) -> PresenceView:
+        """The gate's view of owner presence. It changes only with the reading (each one a
+        new immutable Observation) and the veto, so the view of the last ones is kept."""
         obs = self.presence.reading
+        kept = self._presence_view
+        if (
+            kept is not None
+            and self._presence_view_of is obs
+            and kept.veto_active is self.veto.engaged
+            and kept.refuses is self.presence.refuses
+            and kept.source == self.presence.source
+        ):
+            return kept
+        view = self._build_presence_view(obs)
+        self._presence_view, self._presence_view_of = view, obs
+        return view
+
+    def _build_presence_view(self, obs: Observation[PresenceReading]) -> PresenceView:
         reading = obs.value
         sampled = reading is not None
         failed = obs.failed_at is not None and (

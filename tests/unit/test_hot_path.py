@@ -1,5 +1,6 @@
 """The request path's remembered answers agree with what they remember: classification,
-rendered refusals, loop-owned counters, and the event-loop choice."""
+rendered refusals, loop-owned counters, the presence view, gate step 1 from the switches,
+and the event-loop choice."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from vacancyd.adapters import ADAPTERS
+from vacancyd.core import gate
 from vacancyd.core.classify import Classifier, RouteClass, classify
+from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.reasons import Credit, Reason, Refuse
 from vacancyd.core.refusal import render_refusal, render_refusal_bytes
 from vacancyd.runtime import eventloop
+from vacancyd.state import PresenceReading, SharedState
 from vacancyd.web.metrics import LoopCounter, Metrics
 
 PATHS = [
@@ -148,3 +152,36 @@ def test_event_loop_refuses_a_missing_uvloop(monkeypatch: pytest.MonkeyPatch) ->
     assert eventloop.loop_factory("auto") == ("asyncio", None)
     with pytest.raises(eventloop.EventLoopError, match="cannot be imported"):
         eventloop.loop_factory("uvloop")
+
+
+def test_gate_step_one_from_the_switches_alone() -> None:
+    stopping = gate.decide_switches(True, True)
+    off = gate.decide_switches(False, False)
+    assert stopping is not None and stopping.reason is Reason.LENDING_DISABLED
+    assert "shutting down" in stopping.detail
+    assert off is not None and off.reason is Reason.LENDING_DISABLED
+    assert off.retry_after_s == 300
+    assert gate.decide_switches(False, True) is None
+
+
+def test_presence_view_is_kept_only_while_its_inputs_stay() -> None:
+    state = SharedState(
+        {"ram": ResourcePolicy("ram", ResourceKind.MEMORY)},
+        {"up": UpstreamPolicy("up", "openai", "ram")},
+        presence_source="logind",
+        release_after_s=10.0,
+        clock=lambda: 0.0,
+    )
+    never = state.presence_view(0.0)
+    assert not never.sampled
+    assert state.presence_view(5.0) is never  # time alone changes nothing in the view
+    state.record_presence(PresenceReading(owner_signal=False, evidence_complete=True), 1.0)
+    away = state.presence_view(1.0)
+    assert away.sampled and away.observed_at == 1.0 and not away.veto_active
+    state.record_presence(PresenceReading(owner_signal=True, evidence_complete=True), 2.0)
+    present = state.presence_view(2.0)
+    assert present.veto_active and present.observed_at == 2.0
+    state.record_presence_failure("bus gone", 3.0)
+    failed = state.presence_view(3.0)
+    assert not failed.evidence_complete and "bus gone" in failed.detail
+    assert state.presence_view(3.5) is failed

@@ -389,6 +389,9 @@ class Proxy:
         """Gate steps 1–5 and the reclaim check, before the body is read: a refusal no fresh
         sample can change. A pool refuses only when every member does (the one that frees up
         first answers)."""
+        switched_off = gate.decide_switches(self.state.stopping, self.state.lending_enabled)
+        if switched_off is not None:
+            return switched_off  # the same for every member, and no snapshot needed
         proxies = list(self.members.values()) or [self]
         refusals: list[Refuse] = []
         snap = self.state.snapshot()

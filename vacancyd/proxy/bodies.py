@@ -91,6 +91,20 @@ async def read_body(
             503, Reason.BODY_BUDGET_EXHAUSTED, "the proxy is buffering too many request bodies"
         )
     reservation = Reservation(budget, want)
+    content = request.content
+    if content.is_eof() and content.exception() is None:
+        # The whole body arrived with the headers (most small JSON requests): no deadlines
+        # to arm, nothing to wait for.
+        data = content.read_nowait()
+        if len(data) > max_bytes:
+            reservation.release()
+            raise BodyError(
+                413,
+                ErrorCode.REQUEST_TOO_LARGE,
+                f"request body exceeds the {max_bytes // MIB} MiB limit",
+            )
+        reservation.shrink(len(data))
+        return data, reservation
     chunks: list[bytes] = []
     total = 0
     loop = asyncio.get_running_loop()
