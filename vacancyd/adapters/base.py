@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import email.policy
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from email.parser import BytesParser
 from typing import Any, Protocol, runtime_checkable
@@ -23,6 +23,15 @@ from vacancyd.core.reasons import ErrorCode
 from vacancyd.core.snapshot import RequestFacts, ServerState
 
 Observe = Callable[[aiohttp.ClientSession, URL], Awaitable[ServerState]]
+#: Builds a stateful observer for one upstream: (session, target, known Modelfile contexts
+#: per digest) -> a callable taking one observation. Raises ProbeError when it cannot.
+MakeObserver = Callable[
+    [aiohttp.ClientSession, URL, Callable[[], Mapping[str, int | None]]],
+    Callable[[], Awaitable[ServerState]],
+]
+#: Reads the runner facts of a work body: (route, payload) -> (num_ctx, runner options,
+#: dialect); see RequestFacts.
+ReadOptions = Callable[[Route, dict[str, Any] | None], tuple[int | None, tuple[str, ...], str]]
 
 
 class UpstreamError(Exception):
@@ -172,6 +181,16 @@ class Adapter:
     #: The server's own name rule, so a footprint listed as ``llama3.2`` matches a request
     #: for ``Llama3.2:latest`` when the server treats them as one model.
     canonical_model: Callable[[str], str] = str
+    #: A stateful observer, for servers whose observation needs memory between polls
+    #: (Ollama reads each model's Modelfile once per digest). Used instead of ``observe``.
+    make_observer: MakeObserver | None = None
+    #: Reads load-time options from a work body, for servers whose residency depends on them.
+    read_options: ReadOptions | None = None
+
+    @property
+    def observable(self) -> bool:
+        """True when the daemon runs an observer for this server."""
+        return self.observe is not None or self.make_observer is not None
 
     def read_facts(self, route: Route, body: bytes, content_type_header: str) -> RequestFacts:
         """Read the request facts from a buffered work body. Raises :class:`BadRequest`.
@@ -190,4 +209,10 @@ class Adapter:
                 ErrorCode.BACKGROUND_UNSUPPORTED,
             )
         model = model_from(payload, route)
-        return RequestFacts(model=None if model is None else self.canonical_model(model))
+        canonical = None if model is None else self.canonical_model(model)
+        if self.read_options is None:
+            return RequestFacts(model=canonical)
+        num_ctx, options, dialect = self.read_options(route, payload)
+        return RequestFacts(
+            model=canonical, num_ctx=num_ctx, runner_options=options, dialect=dialect
+        )

@@ -291,6 +291,8 @@ class Proxy:
             refusal, self.upstream.name, self.upstream.settings.refusal_status
         )
         self.metrics.decision(self.upstream.name, "refused", refusal.reason.value)
+        if refusal.credit is not None:
+            self.metrics.residency(self.upstream.name, refusal.credit)
         log.debug(
             "refused %s %s on %s: %s (%s)",
             request.method,

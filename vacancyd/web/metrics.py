@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Histogram, disable_created_metr
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from vacancyd.core.reasons import Credit
+
 
 class LoopCounter(Collector):
     """A labelled counter that the request path increments: a plain count per label tuple,
@@ -90,6 +92,13 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
+        self.residency_credits = LoopCounter(
+            "vacancyd_residency_credits",
+            "Residency proofs at the per-model step, by outcome (applied, denied) and reason "
+            "code (resident, allocator, not_loaded, stale, expiring, context_unknown, ...).",
+            ("upstream", "outcome", "reason"),
+        )
+        self.registry.register(self.residency_credits)
 
     def auth(self, scope: str, outcome: str) -> None:
         self.auth_decisions.inc(scope, outcome)
@@ -104,3 +113,8 @@ class Metrics:
     def upstream_error(self, upstream: str, stage: str) -> None:
         """A forwarded request that failed at ``stage`` (``vacancyd_upstream_errors``)."""
         self.upstream_errors.inc(upstream, stage)
+
+    def residency(self, upstream: str, credit: Credit) -> None:
+        """Count one residency proof's outcome (admitted or refused at the per-model step)."""
+        outcome = "applied" if credit.applied else "denied"
+        self.residency_credits.inc(upstream, outcome, credit.code or "unknown")
