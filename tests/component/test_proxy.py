@@ -1,5 +1,5 @@
-"""The gated proxy against a fake OpenAI-shaped upstream on loopback (product map P1–P9,
-P11, P12, L1–L3, A8): forwarding, streaming, refusals, limits, auth, header rules, redirects,
+"""The gated proxy against a fake OpenAI-shaped upstream on loopback: forwarding, streaming,
+refusals, limits, auth, header rules, redirects,
 disconnects and the ledger."""
 
 from __future__ import annotations
@@ -418,7 +418,7 @@ async def test_ledger_serializes_and_client_disconnect_cancels_upstream(
         return resp
 
     app, _ = openai_like_app(extra={("POST", "/v1/completions"): slow_stream})
-    # a slow poll: the only capacity sample after the release is the one asked for (L3)
+    # a slow poll: the only capacity sample after the release is the one asked for
     async with serve_app(app) as url, running_daemon(config(url, poll_s=30)) as d:
         await d.wait_ready()
         base = d.proxy_url("up")

@@ -1,4 +1,4 @@
-"""Per-resource reclaim channels and scopes (spec "Yield"; Y4) through a running daemon.
+"""Per-resource reclaim channels and scopes (docs/reclaim.md) through a running daemon.
 
 Pressure edges are raised with SharedState.raise_edge, the internal event the pressure
 tracker will use; operator edges with POST /admin/reclaim.

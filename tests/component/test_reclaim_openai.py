@@ -1,4 +1,4 @@
-"""Reclaim on the OpenAI-compatible proxy path (spec "Yield"; product map Y1–Y5, Y8).
+"""Reclaim on the OpenAI-compatible proxy path (docs/reclaim.md).
 
 A real in-process daemon in front of a slow OpenAI-shaped fake; owner-return edges are raised
 through the host policy veto (SharedState.record_presence with an owner signal) and operator
@@ -109,7 +109,7 @@ async def test_cancel_cuts_a_long_stream_at_once_and_refuses_new_work() -> None:
         assert b"[DONE]" not in data
         await asyncio.wait_for(fake.ended_event.wait(), 5)
         assert fake.ended == ["disconnected"]
-        # Y1: new work is refused at once, with the owner's reason.
+        # new work is refused at once, with the owner's reason.
         async with client.post(
             d.proxy_url("llm") + "/v1/chat/completions", json={"model": "tiny", "messages": []}
         ) as r:

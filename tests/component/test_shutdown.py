@@ -1,4 +1,4 @@
-"""Shutdown (product map O5; a careless-operator finding): every proxy listener stops at
+"""Shutdown: every proxy listener stops at
 once with one bounded grace for in-flight work, new work is refused and /readyz is 503
 from the first moment, and the API answers until the proxies are done."""
 

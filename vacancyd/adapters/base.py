@@ -41,7 +41,7 @@ class UpstreamError(Exception):
 class Controller(Protocol):
     """What reclaim can do on one upstream server beyond refusing and cutting streams.
 
-    Spec "Yield" (Y6, Y7, T2). Built per upstream by ``Adapter.make_controller``. Every method
+    See docs/reclaim.md. Built per upstream by ``Adapter.make_controller``. Every method
     that does I/O raises :class:`UpstreamError` on failure; callers bound it with a deadline.
     """
 
@@ -66,14 +66,14 @@ class Controller(Protocol):
         ...
 
     async def unload(self, admitted: frozenset[str]) -> tuple[str, str]:
-        """Hand the server's memory back (Y7); ``admitted``: job keys vacancyd admitted.
+        """Hand the server's memory back; ``admitted``: job keys vacancyd admitted.
 
         Returns (outcome, detail): outcome ``unloaded`` or ``skipped`` (a metric label).
         """
         ...
 
     async def warm(self, model: str) -> str:
-        """Load ``model`` again once lending resumes (T2)."""
+        """Load ``model`` again once lending resumes."""
         ...
 
     async def resident(self) -> list[str] | None:
@@ -172,11 +172,11 @@ class Adapter:
     observe: Observe | None = None
     needs_model_observation: bool = False
     #: Builds the reclaim controller (unload, cancel) for servers that have one; None for
-    #: servers that can only be refused (openai, llamacpp: spec "Yield", Y8).
+    #: servers that can only be refused (openai, llamacpp: docs/reclaim.md).
     make_controller: MakeController | None = None
     #: True when a closed connection does not prove the server stopped the work (an
     #: OpenAI-compatible server or llama-server may keep generating): a job a reclaim cut
-    #: is then held in the ledger until evidence or an administrator releases it (L2, L5).
+    #: is then held in the ledger until evidence or an administrator releases it.
     cut_is_uncertain: bool = False
     #: The server's own name rule, so a footprint listed as ``llama3.2`` matches a request
     #: for ``Llama3.2:latest`` when the server treats them as one model.

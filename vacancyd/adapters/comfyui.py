@@ -1,5 +1,4 @@
-"""ComfyUI (comfyanonymous/ComfyUI ``server.py``, ``execution.py``, ``comfy_execution/jobs.py``;
-../shared/docs/upstream-apis.md §3).
+"""ComfyUI (comfyanonymous/ComfyUI ``server.py``, ``execution.py``, ``comfy_execution/jobs.py``).
 
 Routes. ComfyUI registers every route twice, as ``/x`` and ``/api/x`` (server.py: "Prefix
 every route with /api for easier matching for delegation"), and its own frontend uses the
@@ -11,7 +10,7 @@ borrower cannot read the owner's prompts), ``GET /view``, the ``GET /ws`` progre
 and the node and model catalogue. The queue, interrupt, free, everyone's history and job
 list, uploads and ``/system_stats`` (which shows the owner's memory use) are management.
 
-Reclaim (spec "Yield", Y6, Y7). ComfyUI answers ``/prompt`` as soon as the prompt is queued
+Reclaim (docs/reclaim.md). ComfyUI answers ``/prompt`` as soon as the prompt is queued
 (``post_prompt`` -> ``prompt_queue.put``), so closing the connection cancels nothing. Instead
 vacancyd sets each borrowed prompt's ``prompt_id`` itself (a canonical lowercase UUID4, the
 only form newer servers accept: ``jobs.py validate_job_id``; a borrower's own value is always
@@ -88,7 +87,7 @@ TABLE = RouteTable(
     ),
 )
 
-#: A queue read stops at this many bytes (spec "Yield": the read for foreign prompts).
+#: A queue read stops at this many bytes (docs/reclaim.md: the read for foreign prompts).
 MAX_QUEUE_BYTES = 16 * 1024 * 1024
 #: How often a tracked prompt's queue membership is polled (seconds).
 TRACK_INTERVAL_S = 0.25

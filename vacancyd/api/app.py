@@ -1,11 +1,11 @@
-"""The API listener (spec "API and metrics"; product map O1, O2).
+"""The API listener (docs/architecture.md).
 
 Public: ``GET /healthz`` (liveness), ``GET /readyz`` (200/503, no detail). Read scope:
 ``GET /status``, ``GET /metrics``, ``GET /events`` (server-sent state transitions, see
 :mod:`vacancyd.api.events`). Admin scope: ``PUT /admin/lending`` and
 ``PUT /admin/resources/{name}`` with body ``{"enabled": true|false}``; ``POST /admin/reclaim``
 with an optional body ``{"resource": NAME}`` raises an operator reclaim edge (docs/reclaim.md);
-``POST /admin/jobs/{id}/release`` frees a held ledger job (product map L5).
+``POST /admin/jobs/{id}/release`` frees a held ledger job.
 ``POST /admin/pause`` with ``{}`` (until resumed), ``{"for": "30m"}``, ``{"until": "18:00"}``
 or ``{"until_idle": true}`` (each optionally with ``"reason"``) pauses lending;
 ``POST /admin/resume`` ends the pause (docs/presence.md "Pausing").

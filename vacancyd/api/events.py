@@ -1,4 +1,4 @@
-"""``GET /events``: state transitions as server-sent events (product map O8, K2 companion).
+"""``GET /events``: state transitions as server-sent events.
 
 The stream a dashboard or the Kubernetes companion follows. Wire format (the WHATWG
 ``text/event-stream`` format)::

@@ -1,4 +1,4 @@
-"""Prometheus metrics (spec "API and metrics"; product map O3).
+"""Prometheus metrics (docs/architecture.md).
 
 Gauges are rendered from one status document per scrape by a custom collector on a private
 registry (no global registry: tests stay independent). Counters are incremented by the proxy
@@ -252,7 +252,7 @@ def _presence_families(presence: PresenceStatus) -> Iterator[GaugeMetricFamily]:
 
 
 def _pressure_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
-    """GPU pressure inputs the gate reads (product map R1–R6), one series per GPU."""
+    """GPU pressure inputs the gate reads, one series per GPU."""
     quality = GaugeMetricFamily(
         "vacancyd_gpu_pressure_quality",
         "GPU pressure reading quality (1 for the current one).",

@@ -127,7 +127,7 @@ class TokenSettings(_Model):
 
 
 class LimitsSettings(_Model):
-    """Per-listener protections (spec "Proxy"; product map P4, P9). Sizes MiB, times seconds."""
+    """Per-listener protections (docs/architecture.md). Sizes MiB, times seconds."""
 
     max_request_body_mib: int = Field(64, ge=1, le=4096)
     max_buffered_body_mib: int | None = Field(None, ge=1, le=65536)
@@ -147,7 +147,7 @@ class LimitsSettings(_Model):
 
 
 class ServerSettings(_Model):
-    """The API listener and authentication (spec "API and metrics"; product map P11)."""
+    """The API listener and authentication (docs/architecture.md)."""
 
     listen: str = "127.0.0.1:9470"
     tokens: list[TokenSettings] = []
@@ -178,7 +178,7 @@ class ExclusiveAppSettings(_Model):
 
 
 class OwnerSettings(_Model):
-    """Owner presence (spec "Collectors"). ``presence`` unset: an unknown reading that refuses.
+    """Owner presence (docs/architecture.md). ``presence`` unset: an unknown reading that refuses.
 
     ``release_after_s``: consecutive clear seconds before the host policy veto releases.
     ``presence``: "logind" reads systemd-logind over D-Bus; "auto" is logind on Linux and an
@@ -313,7 +313,7 @@ class CollectorSettings(_Model):
 
 
 class PressureSettings(_Model):
-    """GPU pressure for one ``kind = "gpu"`` resource (product map R1–R5; docs/calibration.md).
+    """GPU pressure for one ``kind = "gpu"`` resource.
 
     ``enabled``: attribute the GPU's per-process load and refuse while the owner presses it.
     ``poll_ms``: pressure sampling period (milliseconds); the gap limit is
@@ -348,7 +348,7 @@ class PressureSettings(_Model):
 
 
 class ResourceSettings(_Model):
-    """A declared resource (spec "The resource model").
+    """A declared resource (docs/configuration.md).
 
     ``device`` selects the GPU (gpu only): an NVML index (``0``), a UUID (``"GPU-…"``) or a
     PCI bus id (``"0000:01:00.0"``); unset means index 0. ``min_free_mib``: MiB that must stay
@@ -407,7 +407,7 @@ DEFAULT_UNLOAD_TIMEOUT_S = 30.0
 
 
 class UpstreamSettings(_Model):
-    """One gated listener in front of one inference server (spec "Proxy")."""
+    """One gated listener in front of one inference server (docs/architecture.md)."""
 
     name: Name
     adapter: Literal["openai", "llamacpp", "ollama", "comfyui", "vllm"]
@@ -538,7 +538,7 @@ class PoolSettings(_Model):
 
 
 class ClusterSettings(_Model):
-    """How vacancyd reaches a Kubernetes API server and what it writes there (product map K1–K4).
+    """How vacancyd reaches a Kubernetes API server and what it writes there.
 
     ``kubeconfig``: a kubeconfig file; unset means in-cluster credentials when running in a
     Pod, else ``$KUBECONFIG`` or ``~/.kube/config``. ``namespace``: where the EndpointSlices
@@ -723,7 +723,8 @@ class Settings(_Model):
 
     @property
     def presence_max_age_s(self) -> float:
-        """Presence older than four general polls, at least 15 s, is stale (spec "Gate" 2)."""
+        """Presence older than four general polls, at least 15 s, is stale (docs/architecture.md
+        2)."""
         return max(15.0, 4 * self.collectors.poll_s)
 
 

@@ -1,7 +1,7 @@
 """Refusal reasons, error codes, their Retry-After hints, and the gate's decision values.
 
-The reason codes and retry hints are the wire contract of the spec's "Gate" section
-(../shared/seeds/vacancyd-architecture.md); their string values appear verbatim in the
+The reason codes and retry hints are a wire contract (docs/architecture.md, the gate);
+their string values appear verbatim in the
 JSON refusal body (``error.code``), in metrics labels and in logs.
 """
 
@@ -92,7 +92,7 @@ RETRY_AFTER_S: dict[Reason, int] = {
 
 @dataclass(frozen=True, slots=True)
 class Credit:
-    """Outcome of a residency proof (spec "Gate" step 6).
+    """Outcome of a residency proof (docs/architecture.md step 6).
 
     ``applied`` is True when the model was proved resident and the smaller
     ``resident_min_free_mib`` was charged. ``why`` says why a credit did or did not apply;

@@ -1,4 +1,4 @@
-"""The per-upstream gated proxy (spec "Proxy"; product map P1, P3–P9, P11, P12).
+"""The per-upstream gated proxy (docs/architecture.md).
 
 Order for every request: authenticate (borrow scope) -> classify -> by class:
 
@@ -7,13 +7,13 @@ Order for every request: authenticate (borrow scope) -> classify -> by class:
   6, a fresh observation if one could change the answer, the ledger reservation) -> forward,
   streaming the response -> tell ``Work`` how the exchange ended. Everything after that
   (release, tracking work the server still runs, holding a cut job) is ``Work``'s.
-* reclaim (spec "Yield"; Y1–Y6): while a reclaim is open on the upstream, work is refused
+* reclaim (docs/reclaim.md): while a reclaim is open on the upstream, work is refused
   before the body is read; a reclaim may cut an admitted job — before response headers the
   borrower gets 503 with the edge's reason, after them the connection is aborted so the
   stream never ends cleanly. The forwarding runs on its own task so a cut closes the
   upstream connection at once, even while the borrower is stalled.
 * pass-through and borrower results: forwarded unconditionally; WebSocket upgrades on them
-  are tunneled (P10, :mod:`vacancyd.proxy.tunnel`).
+  are tunneled (:mod:`vacancyd.proxy.tunnel`).
 * management and unlisted GET/HEAD: 403 ``management_denied`` unless ``management = "allow"``.
 * any other unlisted method: 501, always.
 """
@@ -227,7 +227,7 @@ class Proxy:
     async def _pass(
         self, request: web.BaseRequest, c: Classification, query: str
     ) -> web.StreamResponse:
-        """Forward a non-work request; a WebSocket upgrade on it is tunneled (P10)."""
+        """Forward a non-work request; a WebSocket upgrade on it is tunneled."""
         if tunnel.is_upgrade(request):
             up = self.upstream
             return await self.tunnels.serve(

@@ -1,4 +1,4 @@
-"""Request body buffering within bounds (spec "Proxy"; product map P4, P9).
+"""Request body buffering within bounds (docs/architecture.md).
 
 A work request's body is buffered so the model name can be read. Each body must fit
 ``max_request_body_mib`` (413, before reading when Content-Length says so); all bodies a

@@ -1,4 +1,4 @@
-"""Header rules for forwarding (spec "Proxy"; product map P6–P8). Pure functions.
+"""Header rules for forwarding (docs/architecture.md). Pure functions.
 
 Dropped in both directions: hop-by-hop headers (RFC 9110 §7.6.1), every header named in
 ``Connection``, and ``Proxy-*``. Towards the upstream also ``Host`` (replaced by the

@@ -1,4 +1,4 @@
-"""A TCP site with a cap on open connections (spec "Proxy": listener protections, P9).
+"""A TCP site with a cap on open connections (docs/architecture.md: listener protections).
 
 aiohttp's own ``keepalive_timeout`` closes a connection whose handler is waiting for a
 request (a fresh connection that has not completed its headers, or an idle keep-alive one),

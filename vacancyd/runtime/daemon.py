@@ -572,7 +572,7 @@ class Daemon:
         )
 
     def _start_pressure(self) -> None:
-        """One pressure loop per GPU with pressure (R1–R5), and the calibration saver (R3)."""
+        """One pressure loop per GPU with pressure, and the calibration saver."""
         state = self.state
         targets = {}
         for up in self.settings.upstream:

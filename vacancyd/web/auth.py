@@ -1,4 +1,4 @@
-"""Scoped bearer authentication (spec "Proxy" and "API and metrics"; product map P11).
+"""Scoped bearer authentication (docs/architecture.md and "API and metrics").
 
 Scopes: ``borrow`` (proxy work and pass-through routes), ``read`` (/status, /metrics),
 ``admin`` (runtime switches; implies ``read``). With ``trust_loopback`` a client connecting
