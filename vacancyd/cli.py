@@ -59,7 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "vacancyd: no --config given; using the embedded default configuration", file=sys.stderr
         )
     logging.getLogger(__name__).info("event loop: %s", loop_name)
-    return eventloop.run(run_daemon(settings), choice)
+    return eventloop.run(run_daemon(settings, config_path=args.config), choice)
 
 
 def cmd_companion(args: argparse.Namespace) -> int:

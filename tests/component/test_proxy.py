@@ -222,11 +222,12 @@ async def test_body_budget_exhausted_is_a_retryable_refusal(
     release = asyncio.Event()
 
     async def slow_body() -> AsyncIterator[bytes]:
-        yield b'{"model": "m", "pad": "'
+        yield b'{"model": "m", "pad": "' + b"x" * (1024 * 1024 - 100)
         await release.wait()
         yield b'"}'
 
-    # two slow chunked bodies each reserve the 1 MiB limit: the budget is then full
+    # two slow chunked bodies that have each sent almost the 1 MiB limit hold it between
+    # them (a body holds what it sent, not what it may send): the budget is then full
     async def post() -> aiohttp.ClientResponse:
         return await http.post(url, data=slow_body(), headers=AUTH)
 
@@ -340,7 +341,9 @@ async def test_header_rules_and_credentials(http: aiohttp.ClientSession) -> None
         assert got["Authorization"] == "Bearer upstream-secret-key"
         for dropped in ("X-Hop", "Proxy-Authorization", "Origin", "TE"):
             assert dropped not in got
-        assert got["X-Forwarded-For"] == "keep-me"
+        # a borrower's own X-Forwarded-For is replaced by its real address (the default
+        # forwarded_headers = "replace"; a spoofed one used to pass through unchanged)
+        assert got["X-Forwarded-For"] == "127.0.0.1"
         assert got["Host"] == url.removeprefix("http://")
 
 

@@ -239,7 +239,8 @@ async def test_a_stalled_borrower_does_not_delay_closing_the_upstream_connection
         body = json.dumps({"model": "tiny", "stream": True, "messages": []}).encode()
         await loop.sock_sendall(
             sock,
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            + b"Content-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body,
         )

@@ -426,4 +426,5 @@ ADAPTER = Adapter(
     canonical_model=canonical_model,
     make_observer=make_observer,
     read_options=read_options,
+    body_fields=frozenset({"options", "shift"}),
 )

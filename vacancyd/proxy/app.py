@@ -32,6 +32,7 @@ from aiohttp import hdrs, web
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError, Waker
+from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES, run_cooperatively
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.control.work import Work
 from vacancyd.core import gate
@@ -41,10 +42,12 @@ from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal_bytes
+from vacancyd.core.snapshot import RequestFacts
 from vacancyd.proxy import bodies, headers, probe, tunnel
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.metrics import Metrics
+from vacancyd.web.site import SERVER_HEADER
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -139,6 +142,10 @@ class Proxy:
         self.session = session
         self.budget = bodies.BodyBudget(limits.buffered_budget_mib * MIB)
         self.max_body = limits.max_request_body_mib * MIB
+        self.max_passthrough_body = limits.max_passthrough_body_kib * 1024
+        settings = upstream.settings
+        self.allowed_origins = frozenset(o.rstrip("/").lower() for o in settings.allowed_origins)
+        self.pass_response = frozenset(h.lower() for h in settings.pass_response_headers)
         self.classify = Classifier(upstream.adapter.table)
         self._urls: dict[tuple[str, str], URL] = {}
 
@@ -150,13 +157,18 @@ class Proxy:
             denied = self.auth.check(request, probe.SCOPE)
             if denied is not None:
                 return denied
-        return probe.answer(
-            request,
-            self.work,
-            self.upstream.policy,
-            canonical_model=self.upstream.adapter.canonical_model,
-            refusal_status=self.upstream.settings.refusal_status,
-        )
+        # A pool is lendable when any member is; otherwise the first member's answer stands.
+        answers = [
+            probe.answer(
+                request,
+                self.work,
+                proxy.upstream.policy,
+                canonical_model=proxy.upstream.adapter.canonical_model,
+                refusal_status=proxy.upstream.settings.refusal_status,
+            )
+            for proxy in (list(self.members.values()) or [self])
+        ]
+        return next((a for a in answers if a.status == 200), answers[0])
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """The listener's only handler (an aiohttp low-level server: no router, no
@@ -234,15 +246,31 @@ class Proxy:
                 request,
                 self.session,
                 self._url(c, query),
-                headers.request_headers(
-                    request.headers,
-                    target=up.target,
-                    forward_authorization=up.settings.forward_authorization,
-                    credential=up.credential,
-                ),
+                self._request_headers(request),
                 up.name,
             )
-        return await self._forward(request, c, query)
+        limit = self.max_passthrough_body
+        if c.klass not in (RouteClass.PASSTHROUGH, RouteClass.RESULTS):
+            limit = self.max_body  # a management route the owner opened
+        try:
+            bodies.check_forwarded_body(request, limit)
+            body, reservation = await bodies.read_body(
+                request,
+                max_bytes=limit,
+                budget=self.budget,
+                read_timeout_s=self.limits.body_read_timeout_s,
+                idle_timeout_s=self.limits.body_idle_timeout_s,
+            )
+        except bodies.BodyError as exc:
+            response = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+            response.force_close()  # never leave an unread body on a kept-alive connection
+            return response
+        try:
+            return await self._forward(
+                request, c, query, body=body if request.body_exists else None
+            )
+        finally:
+            reservation.release()
 
     async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """``Expect: 100-continue`` (RFC 9110 §10.1.1): a work request that would be refused
@@ -328,6 +356,17 @@ class Proxy:
                 ErrorType.NOT_IMPLEMENTED,
                 ErrorCode.WEBSOCKET_WORK_UNSUPPORTED,
             )
+        origin = request.headers.get("Origin")
+        if origin is not None and origin.rstrip("/").lower() not in self.allowed_origins:
+            response = json_error(
+                403,
+                f"borrowed work from the web page {origin!r} is not allowed on {name!r} "
+                "(the upstream's allowed_origins)",
+                ErrorType.PERMISSION,
+                ErrorCode.ORIGIN_NOT_ALLOWED,
+            )
+            response.force_close()
+            return response
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
@@ -359,9 +398,7 @@ class Proxy:
 
         try:
             try:
-                facts = self.upstream.adapter.read_facts(
-                    c.route, body, request.headers.get("Content-Type", "")
-                )
+                facts = await self._read_facts(c, body, request.headers.get("Content-Type", ""))
             except BadRequest as exc:
                 return json_error(400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             runs = self
@@ -383,6 +420,15 @@ class Proxy:
             return await runs._run_job(request, c, query, job, body, key, reservation.release)
         finally:
             reservation.release()
+
+    async def _read_facts(self, c: Classification, body: bytes, ctype: str) -> RequestFacts:
+        """The body's facts; a large body is read in slices that hand the loop back, so a
+        borrower's body never holds the loop the owner's reclaim runs on."""
+        assert c.route is not None
+        adapter = self.upstream.adapter
+        if len(body) <= SMALL_JSON_BYTES:
+            return adapter.read_facts(c.route, body, ctype)
+        return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
 
     def _reclaim_refusal(self) -> Refuse | None:
         return self.work.refusal(self.upstream.name)
@@ -481,6 +527,18 @@ class Proxy:
 
     # -- forwarding ----------------------------------------------------------------------
 
+    def _request_headers(self, request: web.BaseRequest) -> Any:
+        up = self.upstream
+        return headers.request_headers(
+            request.headers,
+            target=up.target,
+            forward_authorization=up.settings.forward_authorization,
+            credential=up.credential,
+            peer=request.remote,
+            forwarded=up.settings.forwarded_headers,
+            scheme="https" if request.secure else "http",
+        )
+
     def _url(self, c: Classification, query: str) -> URL:
         """The upstream URL for a request (remembered for recent path/query pairs)."""
         key = (c.path, query)
@@ -538,17 +596,10 @@ class Proxy:
             failed = await self._wake(controller)
             if failed is not None:
                 return failed
-        out_headers = headers.request_headers(
-            request.headers,
-            target=up.target,
-            forward_authorization=up.settings.forward_authorization,
-            credential=up.credential,
-        )
+        out_headers = self._request_headers(request)
         data: Any = body
         if body is not None and len(body) > LARGE_BODY_BYTES:
             data = io.BytesIO(body)  # aiohttp sends large in-memory bodies in chunks this way
-        if body is None and request.body_exists:
-            data = request.content
         try:
             upstream_resp = await self.session.request(
                 request.method,
@@ -588,7 +639,9 @@ class Proxy:
                 edge = self.work.reply_arrived(exchange.job.id, upstream_resp.status)
                 if edge is not None:
                     return self._after_cut(request, exchange, edge)
-            out_headers = headers.response_headers(upstream_resp.headers, target=up.target)
+            out_headers = headers.response_headers(
+                upstream_resp.headers, target=up.target, allow=self.pass_response
+            )
             complete = _complete_body(request, upstream_resp)
             response: web.StreamResponse
             if complete is not None:
@@ -666,10 +719,27 @@ def _complete_body(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -
     return content.read_nowait()
 
 
+class _ProxyRequest(web.BaseRequest):
+    """The proxy listener's request: every reply it prepares names vacancyd as its
+    ``Server`` (never the Python or aiohttp version, nor the upstream's own), as the API
+    application's ``on_response_prepare`` does for its replies."""
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        response.headers["Server"] = SERVER_HEADER
+
+
 def make_server(proxy: Proxy, **handler_settings: Any) -> web.Server:
-    """The listener's aiohttp low-level server: every request goes to ``proxy.handle``.
+    """The listener's aiohttp low-level server: every request goes to ``proxy.handle``
+    (paths of any shape, an encoded newline included, get the proxy's JSON answers).
 
     ``handler_settings`` are aiohttp's per-connection settings (``keepalive_timeout``,
     ``access_log``, ``handler_cancellation``...), as ``web.AppRunner`` takes them.
     """
-    return web.Server(proxy.handle, **handler_settings)
+
+    def request_factory(
+        message: Any, payload: Any, protocol: Any, writer: Any, task: Any
+    ) -> web.BaseRequest:
+        loop = asyncio.get_running_loop()
+        return _ProxyRequest(message, payload, protocol, writer, task, loop)
+
+    return web.Server(proxy.handle, request_factory=request_factory, **handler_settings)
