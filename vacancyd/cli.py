@@ -239,8 +239,14 @@ def format_status(doc: dict[str, Any]) -> str:
                 + (f" error: {server['error']}" if server.get("error") else "")
             )
         work = u.get("active_work", [])
+        sharing = u.get("sharing") or {}
+        slots = ""
+        if sharing:
+            slots = f" of {sharing.get('max_concurrent')} slot(s), {sharing.get('waiting')} waiting"
+            if sharing.get("exclusive_of") or sharing.get("excluded_by"):
+                slots += f", card {sharing.get('card')}"
         lines.append(
-            f"    active work: {len(work)}"
+            f"    active work: {len(work)}{slots}"
             + "".join(
                 f"\n      job {w['job']} {w['phase']} model={w.get('model')} {w['age_s']:.0f}s"
                 for w in work
@@ -256,6 +262,17 @@ def format_status(doc: dict[str, Any]) -> str:
             )
         if u.get("unseen_gpu_work"):
             lines.append(f"    unseen GPU work: {u['unseen_gpu_work']}")
+    pools = doc.get("pools") or {}
+    if pools:
+        lines.append("pools:")
+    for name, p in pools.items():
+        listener = p.get("listener") or {}
+        lines.append(
+            f"  {name} on {listener.get('address', '?')} "
+            f"{'bound' if listener.get('bound') else 'NOT BOUND'} -> "
+            f"{', '.join(p.get('members') or [])}: "
+            f"{'lendable' if p.get('lendable') else 'no member lendable'}"
+        )
     return "\n".join(lines)
 
 

@@ -133,6 +133,10 @@ async def test_pause_cuts_borrowed_work_refuses_until_when_and_survives_a_restar
         assert 1700 <= int(headers["Retry-After"]) <= 1801
         doc = await status(d, client)
         assert [h["kind"] for h in doc["owner_controls"]["holds"]] == ["pause"]
+        async with client.get(d.api_url + "/metrics") as r:
+            metrics = await r.text()
+        assert 'vacancyd_owner_hold{kind="pause"} 1.0' in metrics
+        assert 'vacancyd_owner_hold{kind="schedule"} 0.0' in metrics
         assert doc["upstreams"]["llm"]["reclaim"]["trigger"] == "hold"
         assert doc["upstreams"]["llm"]["refusal"]["reason"] == "owner_active"
     saved = json.loads((tmp_path / "pause.json").read_text())
@@ -144,6 +148,12 @@ async def test_pause_cuts_borrowed_work_refuses_until_when_and_survives_a_restar
         code, answer = await api(d, client, "/admin/resume", {})
         assert (code, answer["resumed"]) == (200, True)
         assert not (tmp_path / "pause.json").exists()
+        # The stream the pause cut may still run on an OpenAI-compatible server: its hold
+        # survived the restart too (docs/footprints.md), until an administrator releases it.
+        (held,) = d.state.ledger.jobs()
+        assert held.phase.value == "held"
+        code, _ = await api(d, client, f"/admin/jobs/{held.id}/release", {})
+        assert code == 200
         code, _, _ = await borrow(d, client)
         assert code == 200
         code, answer = await api(d, client, "/admin/resume", {})

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from vacancyd.api.status import build_status
 from vacancyd.core import sharing
+from vacancyd.core.holds import HoldKind
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
 from vacancyd.core.status import PresenceStatus, StatusDocument
@@ -63,6 +64,16 @@ class StateCollector(Collector):
             value=1.0 if presence.veto.active else 0.0,
         )
         yield from _presence_families(presence)
+        holds = GaugeMetricFamily(
+            "vacancyd_owner_hold",
+            "1 for each of the owner's holds in force (schedule, pause, battery, "
+            "exclusive_app), 0 otherwise.",
+            labels=["kind"],
+        )
+        in_force = {h.kind.value for h in self._state.holds}
+        for kind in HoldKind:
+            holds.add_metric([kind.value], 1.0 if kind.value in in_force else 0.0)
+        yield holds
 
         enabled = GaugeMetricFamily(
             "vacancyd_resource_enabled", "Runtime switch per resource.", labels=["resource"]
