@@ -43,11 +43,11 @@ from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal_bytes
 from vacancyd.core.snapshot import RequestFacts
-from vacancyd.proxy import bodies, headers, probe, tunnel
+from vacancyd.proxy import bodies, headers, observe, probe, tunnel
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.metrics import Metrics
-from vacancyd.web.site import SERVER_HEADER, reset_connection
+from vacancyd.web.site import reset_connection
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -171,13 +171,7 @@ class Proxy:
         return next((a for a in answers if a.status == 200), answers[0])
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        """The listener's only handler (an aiohttp low-level server: no router, no
-        middlewares, so a refusal costs little more than aiohttp's own request parsing)."""
-        if hdrs.EXPECT in request.headers:
-            early = await self.expect(request)
-            await request.writer.drain()
-            if early is not None:
-                return early
+        """The listener's only route: every request, whatever its path."""
         path, _, query = origin_form(request.raw_path).partition("?")
         if path == probe.PATH:
             return self.probe(request)  # not a proxied request: no upstream, no counters
@@ -190,6 +184,7 @@ class Proxy:
                 return denied
             c = self.classify(request.method, path, query)
             klass = c.klass.value
+            request[observe.ROUTE_CLASS] = klass
             response = await self._dispatch(request, c, query)
             return response
         finally:
@@ -315,9 +310,11 @@ class Proxy:
     # -- work ----------------------------------------------------------------------------
 
     def _refusal_response(self, request: web.BaseRequest, refusal: Refuse) -> web.Response:
+        settings = self.upstream.settings
         rendered = render_refusal_bytes(
-            refusal, self.upstream.name, self.upstream.settings.refusal_status
+            refusal, self.upstream.name, settings.refusal_status, settings.retry_after_max_s
         )
+        request[observe.REFUSAL] = refusal
         self.metrics.decision(self.upstream.name, "refused", refusal.reason.value)
         if refusal.credit is not None:
             self.metrics.residency(self.upstream.name, refusal.credit)
@@ -412,6 +409,7 @@ class Proxy:
             if isinstance(decision, Refuse):
                 return await self._refuse(request, decision)
             job = decision
+            request[observe.JOB] = job
             self.metrics.decision(name, "admitted")
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
             key: str | None = None
@@ -521,7 +519,11 @@ class Proxy:
         refusal = Refuse.of(
             edge.reason, f"the lender reclaimed {name!r} ({edge.trigger}) before the reply"
         )
-        rendered = render_refusal_bytes(refusal, name, self.upstream.settings.refusal_status)
+        settings = self.upstream.settings
+        rendered = render_refusal_bytes(
+            refusal, name, settings.refusal_status, settings.retry_after_max_s
+        )
+        request[observe.REFUSAL] = refusal
         self.metrics.decision(name, "cancelled", refusal.reason.value)
         return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
 
@@ -597,6 +599,7 @@ class Proxy:
             if failed is not None:
                 return failed
         out_headers = self._request_headers(request)
+        observe.inject_trace_context(out_headers)
         data: Any = body
         if body is not None and len(body) > LARGE_BODY_BYTES:
             data = io.BytesIO(body)  # aiohttp sends large in-memory bodies in chunks this way
@@ -717,27 +720,9 @@ def _complete_body(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -
     return content.read_nowait()
 
 
-class _ProxyRequest(web.BaseRequest):
-    """The proxy listener's request: every reply it prepares names vacancyd as its
-    ``Server`` (never the Python or aiohttp version, nor the upstream's own), as the API
-    application's ``on_response_prepare`` does for its replies."""
-
-    async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        response.headers["Server"] = SERVER_HEADER
-
-
-def make_server(proxy: Proxy, **handler_settings: Any) -> web.Server:
-    """The listener's aiohttp low-level server: every request goes to ``proxy.handle``
-    (paths of any shape, an encoded newline included, get the proxy's JSON answers).
-
-    ``handler_settings`` are aiohttp's per-connection settings (``keepalive_timeout``,
-    ``access_log``, ``handler_cancellation``...), as ``web.AppRunner`` takes them.
-    """
-
-    def request_factory(
-        message: Any, payload: Any, protocol: Any, writer: Any, task: Any
-    ) -> web.BaseRequest:
-        loop = asyncio.get_running_loop()
-        return _ProxyRequest(message, payload, protocol, writer, task, loop)
-
-    return web.Server(proxy.handle, request_factory=request_factory, **handler_settings)
+def make_app(proxy: Proxy) -> web.Application:
+    app = web.Application(client_max_size=proxy.max_body)
+    # [\s\S], not ".": a path with an encoded newline must still reach the handler
+    # (and get its JSON answer), not aiohttp's plain-text 404.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", proxy.handle, expect_handler=proxy.expect)
+    return app
