@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -47,7 +48,7 @@ from vacancyd.collectors import logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError, load_config
-from vacancyd.config.model import ResourceSettings, Settings, split_listen
+from vacancyd.config.model import ResourceSettings, Settings, is_loopback, split_listen
 from vacancyd.config.policies import (
     pressure_policy,
     reclaim_policy,
@@ -64,7 +65,7 @@ from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.gpu import GpuSelector
-from vacancyd.core.lifecycle import JobRules, JobState
+from vacancyd.core.lifecycle import JobRules, JobState, ReleaseBy
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
@@ -85,6 +86,7 @@ from vacancyd.web.site import (
     GuardedTCPSite,
     Probe,
 )
+from vacancyd.web.tls import TlsError, TlsFiles, reload_context, server_context
 
 log = logging.getLogger(__name__)
 
@@ -223,21 +225,28 @@ class Daemon:
     bound: dict[str, str] = field(default_factory=dict)
     #: runner per listener name ("api" and each upstream's name)
     _runners: dict[str, web.AppRunner] = field(default_factory=dict)
+    #: the listeners' shared TLS context (None: plain HTTP) and the files it was loaded from
+    tls: ssl.SSLContext | None = None
+    _tls_files: TlsFiles | None = None
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
     saver: learned.LearnedSaver = field(init=False)
+    _saved_holds: list[learned.SavedHold] = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
+        self._saved_holds = learned.load_holds(self.state, self.settings.state_dir)
         self.metrics = Metrics()
         attach_state(self.metrics, self.state)
         self.supervisor = Supervisor()
         self.saver = learned.LearnedSaver(self.state, self.settings.state_dir)
         attach_saver(self.metrics, self.saver)
         self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
+        self.saver.holds = self.work.held
+        self.work.on_holds = lambda _held: self.saver.mark("holds", "")
         for up in self.settings.upstream:
             if up.busy == "wait":
                 self.work.enable_wait(
@@ -269,6 +278,14 @@ class Daemon:
         secrets = read_secrets(settings)
         tokens = read_tokens(secrets)
         server = settings.server
+        if server.tls_cert_file is not None and server.tls_key_file is not None:
+            self._tls_files = TlsFiles(
+                server.tls_cert_file, server.tls_key_file, server.tls_client_ca_file
+            )
+            try:
+                self.tls = server_context(self._tls_files)
+            except TlsError as exc:
+                raise StartupError(str(exc)) from exc
         auth = Authenticator(
             tokens,
             trust_loopback=server.trust_loopback,
@@ -296,6 +313,7 @@ class Daemon:
         state = self.state
         await self._serve("api", api, server.listen, probe=lambda path: health_probe(state, path))
 
+        self._restore_holds()
         proxies: dict[str, Proxy] = {}
         for up in settings.upstream:
             credential = secrets.credentials.get(up.name)
@@ -378,6 +396,7 @@ class Daemon:
             address = await self._serve(pool.name, make_app(pool_proxy), pool.listen)
             self.state.set_listener(pool.name, address, bound=True)
 
+        self.work.watch_restored()
         self._share_cards()
         self._start_collectors()
         self._check_state_dir()
@@ -386,6 +405,42 @@ class Daemon:
             lendability.watch(self.state), name="lendability watcher", essential=False
         )
         self._start_kubernetes(started_at)
+
+    def _restore_holds(self) -> None:
+        """Hold again what was held when vacancyd last stopped, before any proxy listens."""
+        for saved in self._saved_holds:
+            resources = tuple(r for r in saved.resources if r in self.state.resources)
+            if not resources:
+                log.warning(
+                    "a hold saved for job %d on %s names no resource declared now; dropped",
+                    saved.job,
+                    ", ".join(saved.resources),
+                )
+                continue
+            job = self.work.restore_hold(
+                saved.upstream,
+                resources,
+                model=saved.model,
+                charged_mib=saved.charged_mib,
+                reason=saved.reason,
+                release_by=saved.release_by,
+                detail=saved.detail,
+            )
+            log.warning(
+                "%s: job %d was held (%s) when vacancyd stopped; it is job %d now and holds %s "
+                "until %s",
+                saved.upstream,
+                saved.job,
+                saved.reason.value,
+                job.id,
+                ", ".join(resources),
+                "an observation shows the server idle"
+                if saved.release_by is ReleaseBy.SERVER_IDLE
+                else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
+            )
+        if self._saved_holds:
+            self.saver.mark("holds", "")  # the restored jobs have new ids
+        self._saved_holds = []
 
     def _check_state_dir(self) -> None:
         """Say at startup, not at the first save, when the state directory is unusable."""
@@ -481,7 +536,14 @@ class Daemon:
             on_refused=lambda why: metrics.connections_refused.labels(name, why).inc(),
             on_malformed=lambda: metrics.malformed_requests.labels(name).inc(),
         )
-        site = GuardedTCPSite(runner, host, port, guard=guard)
+        site = GuardedTCPSite(runner, host, port, guard=guard, ssl_context=self.tls)
+        if self.tls is None and not is_loopback(host):
+            log.warning(
+                "%s listens on %s without TLS: bearer tokens and prompts cross the network in "
+                "clear text; set [server] tls_cert_file and tls_key_file (THREAT_MODEL.md)",
+                name,
+                listen,
+            )
         try:
             await site.start()
         except OSError as exc:
@@ -490,7 +552,7 @@ class Daemon:
             ) from exc
         address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
         self.bound[name] = address
-        log.info("%s listening on http://%s", name, address)
+        log.info("%s listening on %s://%s", name, "https" if self.tls else "http", address)
         server = site.listening
         assert server is not None
         task_name = f"api@{address}" if name == "api" else f"listener {name}@{address}"
@@ -723,6 +785,19 @@ class Daemon:
         for session in self._sessions:
             await session.close()
 
+    async def reload_tls(self) -> bool:
+        """Load renewed TLS files into the running context (SIGHUP). Returns False, logging
+        why, when they cannot be loaded; the running certificate stays in use then."""
+        if self.tls is None or self._tls_files is None:
+            return True
+        try:
+            await asyncio.to_thread(reload_context, self.tls, self._tls_files)
+        except TlsError as exc:
+            log.error("SIGHUP: %s; the running certificate stays in use", exc)
+            return False
+        log.info("SIGHUP: TLS certificate reloaded from %s", self._tls_files.cert)
+        return True
+
 
 async def recheck_config(path: Path | None) -> bool:
     """SIGHUP: read and validate the configuration file again (secrets included) and log the
@@ -764,8 +839,12 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
         loop.add_signal_handler(sig, daemon.request_stop)
     rechecks: set[asyncio.Task[bool]] = set()
 
+    async def hangup() -> bool:
+        await daemon.reload_tls()
+        return await recheck_config(config_path)
+
     def on_hangup() -> None:
-        task = loop.create_task(recheck_config(config_path), name="SIGHUP config check")
+        task = loop.create_task(hangup(), name="SIGHUP config check")
         rechecks.add(task)
         task.add_done_callback(rechecks.discard)
 
