@@ -257,6 +257,8 @@ class LogindPresence:
         self._scan_future: asyncio.Future[rules.ProcessScan] | None = None
         self.step = "idle"
         self._problems: dict[str, str] = {}
+        #: user names of the sessions seen so far, for redaction (never published)
+        self.seen_users: set[str] = set()
 
     async def sample(self) -> PresenceReading:
         """One full sample. Raises :class:`LogindError` when logind cannot be read at all."""
@@ -269,6 +271,7 @@ class LogindPresence:
         )
         facts: list[rules.SessionFacts] = []
         failed: list[tuple[str, str]] = []
+        self.seen_users.update(entry[2] for entry in listed if entry[2])
         for (sid, uid, user, _seat, _path), result in zip(listed, results, strict=True):
             if isinstance(result, LogindError):
                 failed.append((sid, str(result)))
@@ -346,11 +349,10 @@ async def run_logind_loop(
     Each sample has ``timeout_s`` seconds; past it the connection is dropped (a late reply is
     discarded with it) and the attempt is a failure. Never returns; cancel to stop.
     """
-    loop = asyncio.get_running_loop()
     try:
         while True:
             wake.clear()  # a signal that arrives during the sample wakes the next one
-            started = loop.time()
+            started = time.monotonic()  # the state's clock (vacancyd.state)
             try:
                 async with asyncio.timeout(timeout_s):
                     reading = await presence.sample()
