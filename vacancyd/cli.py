@@ -1,5 +1,5 @@
-"""Command line: ``vacancyd run | check-config | status | pause | resume | init | companion |
---version``."""
+"""Command line: ``vacancyd run | check-config | status | pause | resume | measure |
+profiles export|import | init | companion | install-service | remove-service | --version``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ def _configure_logging(args: argparse.Namespace) -> bool:
     return True
 
 
+def _say(args: argparse.Namespace, level: str, message: str) -> None:
+    """One line on stderr in the chosen log format (JSON lines stay JSON)."""
+    if args.log_format == "json":
+        line = json.dumps({"level": level, "name": "vacancyd", "message": message})
+    else:
+        line = f"vacancyd: {message}"
+    print(line, file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from vacancyd.runtime.daemon import run_daemon
 
@@ -44,12 +53,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         settings = _load(args.config)
     except ConfigError as exc:
-        print(f"vacancyd: {exc}", file=sys.stderr)
+        _say(args, "ERROR", str(exc))
         return 2
     if args.config is None:
-        print(
-            "vacancyd: no --config given; using the embedded default configuration", file=sys.stderr
-        )
+        _say(args, "WARNING", "no --config given; using the embedded default configuration")
     return asyncio.run(run_daemon(settings, config_path=args.config))
 
 
@@ -69,17 +76,40 @@ def cmd_companion(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from vacancyd.config.secrets import read_secrets
+    """Validate a config file and the secret files it names.
 
+    When the only problems are secret files that do not exist yet, they are warnings (exit
+    0) unless ``--strict``: a config can be checked before its tokens are put in place. Any
+    other problem is an error (exit 1), and then every problem is listed, missing files too.
+    """
+    from vacancyd.config.secrets import missing_secret_files, read_secrets, without_missing_files
+
+    missing: list[tuple[str, Path]] = []
     try:
         settings = load_config(args.file)
-        read_secrets(settings, str(args.file))
+        try:
+            read_secrets(settings, str(args.file))
+        except ConfigError as everything:
+            missing = missing_secret_files(settings)
+            if args.strict or not missing:
+                raise
+            try:
+                read_secrets(without_missing_files(settings), str(args.file))
+            except ConfigError:
+                raise everything from None
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
+    for where, path in missing:
+        print(
+            f"{args.file}: warning: {where}: {path} does not exist yet; create it before "
+            "`vacancyd run` (which refuses to start without it)",
+            file=sys.stderr,
+        )
     print(
         f"{args.file}: OK ({len(settings.resource)} resource(s), "
         f"{len(settings.upstream)} upstream(s); API on {settings.server.listen})"
+        + (f"; {len(missing)} secret file(s) still to create" if missing else "")
     )
     return 0
 
@@ -223,6 +253,11 @@ def format_status(doc: dict[str, Any]) -> str:
             f"{'bound' if listener.get('bound') else 'NOT BOUND'} -> resource {u.get('resource')}"
             f"{' + ' + ', '.join(u['also_requires']) if u.get('also_requires') else ''}: {verdict}"
         )
+        if listener.get("state") == "listens_on_network":
+            lines.append(
+                f"    WARNING: its server can be reached without the gate: "
+                f"{listener.get('state_detail')}"
+            )
         server = u.get("server")
         if server:
             lines.append(
@@ -304,6 +339,44 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(format_status(doc))
+    return 0
+
+
+def _service(args: argparse.Namespace) -> Any:
+    from vacancyd.runtime.service import Service
+
+    return Service(root=args.root, config=args.config)
+
+
+def cmd_install_service(args: argparse.Namespace) -> int:
+    from vacancyd.runtime.service import ServiceError, command_warning
+
+    if args.root == Path("/") and os.geteuid() != 0:
+        print("vacancyd install-service: needs root (run it with sudo)", file=sys.stderr)
+        return 1
+    service = _service(args)
+    warning = command_warning(service.command)
+    if warning:
+        print(f"vacancyd install-service: warning: {warning}", file=sys.stderr)
+    try:
+        service.install(start=not args.no_start)
+    except ServiceError as exc:
+        print(f"vacancyd install-service: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_remove_service(args: argparse.Namespace) -> int:
+    from vacancyd.runtime.service import ServiceError
+
+    if args.root == Path("/") and os.geteuid() != 0:
+        print("vacancyd remove-service: needs root (run it with sudo)", file=sys.stderr)
+        return 1
+    try:
+        _service(args).remove()
+    except ServiceError as exc:
+        print(f"vacancyd remove-service: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -447,6 +520,148 @@ def _add_api_args(p: argparse.ArgumentParser, scope: str) -> None:
     p.add_argument("--config", type=Path, help="take the API address from this config")
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that it is either the old file or the whole new one."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _free_mib_probe(settings: Settings) -> Any:
+    """An async ``free_mib(resource)`` reading the GPU (NVML, nvidia-smi) as the daemon does."""
+    from vacancyd.runtime.daemon import _capacity_probe
+
+    probes: dict[str, Any] = {}
+    gpus: dict[str, Any] = {}
+
+    async def free_mib(resource: str) -> float:
+        res = next(r for r in settings.resource if r.name == resource)
+        probe = probes.setdefault(resource, _capacity_probe(res, settings, gpus))
+        reading = await asyncio.to_thread(probe)
+        if reading.free_mib is None:
+            from vacancyd.runtime.measure import MeasureError
+
+            raise MeasureError(f"resource {resource!r} reports no free memory")
+        return float(reading.free_mib)
+
+    return free_mib
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from vacancyd.runtime import measure, profiles
+
+    try:
+        settings = _load(args.config)
+    except ConfigError as exc:
+        print(f"vacancyd measure: {exc}", file=sys.stderr)
+        return 2
+    target = _api_target(args, "read")
+    if isinstance(target, int):
+        return target
+    url, token = target
+    try:
+        lender = _fetch_status(url or "http://" + settings.server.listen, token)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        print(
+            f"vacancyd measure: cannot read the daemon's /status ({exc}); it must run, so that "
+            "measuring never starts while the owner is here or borrowed work runs",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        results = asyncio.run(
+            measure.run_measure(
+                settings,
+                upstreams=args.upstream or [],
+                models=args.model or [],
+                num_ctx=args.num_ctx,
+                headroom_mib=args.headroom_mib,
+                lender_status=lender,
+                free_mib=_free_mib_probe(settings),
+            )
+        )
+    except KeyboardInterrupt:
+        print(
+            "vacancyd measure: interrupted; what it loaded was unloaded, nothing written",
+            file=sys.stderr,
+        )
+        return 130
+    except measure.MeasureError as exc:
+        print(f"vacancyd measure: {exc}", file=sys.stderr)
+        return 1
+    text = measure.render_toml(results, args.headroom_mib)
+    if args.output is not None:
+        _write_atomically(args.output, text)
+        print(f"vacancyd measure: wrote {args.output}", file=sys.stderr)
+    else:
+        print(text, end="")
+    if args.profile is not None:
+        adapters = {u.name: u.adapter for u in settings.upstream}
+        doc = profiles.to_json(profiles.from_measurements(results, adapters))
+        _write_atomically(args.profile, json.dumps(doc, indent=2) + "\n")
+        print(f"vacancyd measure: wrote profile {args.profile}", file=sys.stderr)
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from vacancyd.runtime import measure, profiles
+
+    try:
+        settings = _load(args.config)
+    except ConfigError as exc:
+        print(f"vacancyd profiles: {exc}", file=sys.stderr)
+        return 2
+    ups = [u for u in settings.upstream if not args.upstream or u.name in args.upstream]
+    if not ups:
+        print(f"vacancyd profiles: no upstream named {', '.join(args.upstream)}", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "export":
+            found: list[profiles.Profile] = []
+            for up in ups:
+                found += asyncio.run(profiles.export_profiles(up))
+            text = json.dumps(profiles.to_json(found), indent=2) + "\n"
+        else:
+            try:
+                entries = profiles.from_json(args.file.read_text(encoding="utf-8"), str(args.file))
+            except OSError as exc:
+                print(f"vacancyd profiles: cannot read {args.file}: {exc}", file=sys.stderr)
+                return 2
+            except ValueError as exc:
+                print(f"vacancyd profiles: {exc}", file=sys.stderr)
+                return 2
+            applied: list[measure.Measurement] = []
+            for up in ups:
+                done, skipped = asyncio.run(profiles.import_profiles(up, entries))
+                applied += done
+                for why in skipped:
+                    print(f"vacancyd profiles: {up.name}: skipped {why}", file=sys.stderr)
+            text = measure.render_toml(applied, 0).replace(
+                "measured footprint plus 0 MiB headroom", "imported footprints"
+            )
+    except measure.MeasureError as exc:
+        print(f"vacancyd profiles: {exc}", file=sys.stderr)
+        return 1
+    if args.output is not None:
+        _write_atomically(args.output, text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vacancyd", description="Lend an idle GPU without costing its owner."
@@ -471,7 +686,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", type=Path)
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="a token or credential file that is missing is an error",
+    )
     check.set_defaults(func=cmd_check_config)
+
+    for verb, helptext, func in (
+        (
+            "install-service",
+            "install, enable and start the systemd unit (converges)",
+            cmd_install_service,
+        ),
+        (
+            "remove-service",
+            "stop, disable and remove the systemd unit (keeps the config)",
+            cmd_remove_service,
+        ),
+    ):
+        svc = sub.add_parser(verb, help=helptext)
+        svc.add_argument(
+            "--config",
+            type=Path,
+            default=Path("/etc/vacancyd/vacancyd.toml"),
+            help="config file the service runs with (created from the default if missing)",
+        )
+        svc.add_argument(
+            "--root",
+            type=Path,
+            default=Path("/"),
+            help="install below this directory instead of / (images, tests); no root needed",
+        )
+        if verb == "install-service":
+            svc.add_argument(
+                "--no-start", action="store_true", help="on a first install, do not start it"
+            )
+        svc.set_defaults(func=func)
 
     status = sub.add_parser("status", help="show a running daemon's state")
     status.add_argument("--url", help=f"API base URL (default: from --config, else {DEFAULT_URL})")
@@ -534,6 +785,34 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="end a pause")
     _add_api_args(resume, "admin")
     resume.set_defaults(func=cmd_resume)
+
+    measure = sub.add_parser(
+        "measure",
+        help="load each configured model once, read what it takes, print the footprint table",
+    )
+    _add_api_args(measure, "read")
+    measure.add_argument("--upstream", action="append", help="only this upstream (repeatable)")
+    measure.add_argument("--model", action="append", help="only this model (repeatable)")
+    measure.add_argument(
+        "--num-ctx", type=int, default=4096, help="context to load Ollama models with (4096)"
+    )
+    measure.add_argument(
+        "--headroom-mib", type=int, default=500, help="MiB added to each footprint (500)"
+    )
+    measure.add_argument("--output", type=Path, help="write the TOML here instead of stdout")
+    measure.add_argument("--profile", type=Path, help="also write a JSON footprint profile")
+    measure.set_defaults(func=cmd_measure)
+
+    prof = sub.add_parser("profiles", help="export or import footprint profiles (JSON)")
+    prof_sub = prof.add_subparsers(dest="action", required=True)
+    export = prof_sub.add_parser("export", help="the configured footprints, with digests")
+    imp = prof_sub.add_parser("import", help="footprints from a profile, as config TOML")
+    imp.add_argument("file", type=Path)
+    for p in (export, imp):
+        p.add_argument("--config", type=Path, help="the lender's config")
+        p.add_argument("--upstream", action="append", help="only this upstream (repeatable)")
+        p.add_argument("--output", type=Path, help="write here instead of stdout")
+        p.set_defaults(func=cmd_profiles)
     return parser
 
 
