@@ -22,7 +22,7 @@ this module is its only executor and the only writer of the admission ledger. It
   (:mod:`vacancyd.control.sharing`).
 
 The proxy keeps only its own HTTP objects; a reclaim reads jobs and asks for cuts here.
-Times are the event loop's monotonic clock in seconds.
+Times are monotonic seconds from ``SharedState.clock``.
 """
 
 from __future__ import annotations
@@ -160,8 +160,10 @@ class Work:
         upstream says so, a wait for a slot and the exclusive job's unload.
 
         A refusal that says a fresher sample could change it (``extra["refresh"]``) waits up
-        to :data:`REFRESH_WAIT_S` seconds for a sample taken after the request arrived and
-        decides once more; the second decision stands. With ``busy = "wait"``, a
+        to :data:`REFRESH_WAIT_S` seconds for one and decides once more; the second decision
+        stands. The sample waited for is the one the refusal needs: after the last release
+        for the post-completion rule (asked for by that release, so usually under way or
+        done already), otherwise one taken after the request arrived. With ``busy = "wait"``, a
         ``resource_busy`` refusal (and any request arriving while others wait) joins the
         upstream's FIFO instead; only ``resource_busy`` ever waits. Raises CancelledError
         when the client goes away (nothing stays reserved for it).
@@ -246,7 +248,9 @@ class Work:
             if key is None or key in refreshed:
                 return decision
             refreshed.add(key)
-            if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+            view = snap.resources.get(key) if refresh == "capacity" else None
+            after = view.released_at if view is not None else None
+            if not await self.state.fresh_sample(key, REFRESH_WAIT_S, after=after):
                 return decision
 
     def _attempt(
