@@ -45,7 +45,7 @@ from vacancyd.core.holds import Hold
 from vacancyd.core.ledger import Job, Ledger
 from vacancyd.core.lifecycle import Hold as JobHold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
-from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
+from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import (
     Attribution,
     PressureEdge,
@@ -477,6 +477,9 @@ class SharedState:
         """
         if job.model is None or (job.credit is not None and job.credit.applied):
             return
+        policy = self.resources.get(job.resources[0])
+        if policy is None or policy.kind is not ResourceKind.GPU:
+            return  # system memory moves with every process on the host: a drop proves nothing
         if any(job.resources[0] in j.resources for j in self.ledger.jobs()):
             return
         drop = footprint.observed_drop(job.free_before_mib, after.free_mib)

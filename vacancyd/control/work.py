@@ -234,8 +234,12 @@ class Work:
         return Refuse.of(Reason.RESOURCE_BUSY, "other requests wait for this upstream")
 
     async def _admit_once(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
+        """Decide, taking a fresh sample of each input a refusal names at most once — or
+        again when another job was released on the upstream's resources since that sample
+        (concurrent jobs release often), within :data:`REFRESH_WAIT_S` × 2 in all."""
         policy = self.state.upstreams[upstream]
-        refreshed: set[str] = set()
+        refreshed: dict[str, float | None] = {}
+        started = self.state.clock()
         while True:
             snap = self.state.snapshot()
             decision = self._decide(facts, snap, policy)
@@ -245,9 +249,18 @@ class Work:
             if refresh is None:
                 return decision
             key = f"server:{upstream}" if refresh == "server" else decision.resource
-            if key is None or key in refreshed:
+            released = max(
+                (v.released_at or 0.0 for n in policy.resources if (v := snap.resources.get(n))),
+                default=None,
+            )
+            if key is None or (
+                key in refreshed
+                and (
+                    refreshed[key] == released or self.state.clock() - started > 2 * REFRESH_WAIT_S
+                )
+            ):
                 return decision
-            refreshed.add(key)
+            refreshed[key] = released
             view = snap.resources.get(key) if refresh == "capacity" else None
             after = view.released_at if view is not None else None
             if not await self.state.fresh_sample(key, REFRESH_WAIT_S, after=after):

@@ -83,7 +83,7 @@ from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, durable, learned, lendability, sdnotify
+from vacancyd.runtime import calibration, durable, learned, lendability, memory, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import PressureSample, SharedState
@@ -914,6 +914,7 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     SIGHUP re-reads and validates ``config_path`` and logs the verdict
     (:func:`recheck_config`); it never stops the daemon.
     """
+    memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
