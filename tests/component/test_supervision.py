@@ -1,15 +1,20 @@
-"""Supervision: every background task is named and declared essential or not, and a
-listener that dies (its socket stops accepting) stops the daemon with exit status 1."""
+"""Supervision: every background task is named and declared essential or not, a listener
+that dies (its socket stops accepting) stops the daemon with exit status 1, and the
+component suite fails a test in which daemon code blocks the event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import aiohttp
 import pytest
+from blockbuster import BlockingError
 
 from tests.support.daemon import RunningDaemon, openai_like_app, serve_app
 from vacancyd.config import parse_config
+from vacancyd.control import statefile
 from vacancyd.runtime.daemon import Daemon
 
 
@@ -93,3 +98,13 @@ async def test_a_clean_shutdown_is_not_a_listener_failure() -> None:
         assert await daemon.wait() == 0
         await daemon.shutdown()
         assert daemon.supervisor.failure is None
+
+
+async def test_blocking_the_loop_from_daemon_code_fails_the_test(tmp_path: Path) -> None:
+    """The component suite's blockbuster fixture is active: the state file writer, which the
+    daemon only ever runs in a worker thread, raises when called on the loop itself."""
+    with pytest.raises(BlockingError):
+        statefile.write_json(tmp_path / "on-loop.json", {"a": 1})
+    assert not (tmp_path / "on-loop.json").exists()
+    await asyncio.to_thread(statefile.write_json, tmp_path / "off-loop.json", {"a": 1})
+    assert json.loads((tmp_path / "off-loop.json").read_text()) == {"a": 1}

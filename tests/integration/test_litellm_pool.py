@@ -40,7 +40,7 @@ def router_for(lender: str, direct: str) -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the library's own deprecation noise at import
-        from litellm import Router
+        from litellm import Router  # type: ignore[attr-defined]
 
     def deployment(base: str) -> dict[str, Any]:
         return {

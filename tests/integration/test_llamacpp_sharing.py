@@ -69,7 +69,7 @@ def client(d: RunningDaemon) -> openai.AsyncOpenAI:
 async def start_streams(c: openai.AsyncOpenAI, n: int) -> list[Any]:
     """Open ``n`` streams and read the first chunk of each (all admitted and running)."""
     streams = [
-        await c.chat.completions.create(model="tiny", messages=MESSAGES, stream=True, **LONG)
+        await c.chat.completions.create(model="tiny", messages=MESSAGES, stream=True, **LONG)  # type: ignore[call-overload]
         for _ in range(n)
     ]
     iterators = [s.__aiter__() for s in streams]

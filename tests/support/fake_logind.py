@@ -37,8 +37,8 @@ from dbus_fast.annotations import (
     DBusUInt32,
     DBusUInt64,
 )
+from dbus_fast.constants import PropertyAccess
 from dbus_fast.service import (
-    PropertyAccess,
     ServiceInterface,
     dbus_method,
     dbus_property,
@@ -196,37 +196,37 @@ class FakeSession(ServiceInterface):
 
     # -- methods -----------------------------------------------------------------------
     @dbus_method()
-    def Lock(self):
+    def Lock(self) -> None:
         self.LockRequested()
 
     @dbus_method()
-    def Unlock(self):
+    def Unlock(self) -> None:
         self.UnlockRequested()
 
     @dbus_method()
-    def Activate(self):
+    def Activate(self) -> None:
         self.spec.active = True
         self.emit_properties_changed({"Active": True, "State": "active"})
 
     @dbus_method()
-    def Terminate(self):
+    def Terminate(self) -> None:
         return None
 
     @dbus_method()
-    def SetIdleHint(self, idle: DBusBool):
+    def SetIdleHint(self, idle: DBusBool) -> None:
         self.set_idle(idle)
 
     @dbus_method()
-    def SetLockedHint(self, locked: DBusBool):
+    def SetLockedHint(self, locked: DBusBool) -> None:
         self.set_locked(locked)
 
     # -- signals (dbus-fast names the signal after ``name=``) ---------------------------
     @dbus_signal(name="Lock")
-    def LockRequested(self):
+    def LockRequested(self) -> None:
         return None
 
     @dbus_signal(name="Unlock")
-    def UnlockRequested(self):
+    def UnlockRequested(self) -> None:
         return None
 
     # -- what a desktop would do -------------------------------------------------------
@@ -263,11 +263,11 @@ class FakeManager(ServiceInterface):
         return session_path(session_id)
 
     @dbus_method()
-    def LockSession(self, session_id: DBusStr):
+    def LockSession(self, session_id: DBusStr) -> None:
         self._logind.sessions[session_id].LockRequested()
 
     @dbus_method()
-    def UnlockSession(self, session_id: DBusStr):
+    def UnlockSession(self, session_id: DBusStr) -> None:
         self._logind.sessions[session_id].UnlockRequested()
 
     @dbus_signal()
@@ -367,4 +367,4 @@ class FakeLogind:
     async def stop(self) -> None:
         if self.bus.connected:
             self.bus.disconnect()
-            await self.bus.wait_for_disconnect()
+            await self.bus.wait_for_disconnect()  # type: ignore[no-untyped-call]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
 
@@ -66,7 +67,7 @@ class FakeOllama:
         return app
 
     @web.middleware
-    async def _host_guard(self, request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    async def _host_guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host", "")
         self.hosts_seen.append(host)
         name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"

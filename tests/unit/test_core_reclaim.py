@@ -112,7 +112,9 @@ def test_trigger_cleared_reuses_admissions_owner_and_pressure_checks() -> None:
         view = ResourceView(
             policy=ResourcePolicy("gpu0", ResourceKind.GPU),
             switch_on=True,
-            capacity=Observation().succeeded(CapacityReading(free_mib=8000, total_mib=8000), 9.0),
+            capacity=Observation[CapacityReading]().succeeded(
+                CapacityReading(free_mib=8000, total_mib=8000), 9.0
+            ),
             pressure=pressure,
         )
         return Snapshot(

@@ -32,7 +32,9 @@ def gpu(name: str, pressure: PressureView | None, *, free_mib: float = 8000) -> 
     return ResourceView(
         policy=ResourcePolicy(name, ResourceKind.GPU, min_free_mib=1000),
         switch_on=True,
-        capacity=Observation().succeeded(CapacityReading(free_mib=free_mib, total_mib=8000), 9.0),
+        capacity=Observation[CapacityReading]().succeeded(
+            CapacityReading(free_mib=free_mib, total_mib=8000), 9.0
+        ),
         pressure=pressure,
     )
 
