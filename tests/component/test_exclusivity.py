@@ -148,8 +148,12 @@ async def test_image_job_waits_for_llm_work_unloads_first_and_frees_after() -> N
 
     unload = index(calls, "ollama", "POST", "/api/generate")  # keep_alive 0, no prompt
     assert ollama.unload_requests == ["tiny:latest"]
+    # (the residency observer polls /api/ps too: the confirmation is the first empty one
+    # after the unload)
     confirmed = next(
-        i for i, c in enumerate(calls) if c[:3] == ("ollama", "GET", "/api/ps") and c[3] == []
+        i
+        for i, c in enumerate(calls)
+        if i > unload and c[:3] == ("ollama", "GET", "/api/ps") and c[3] == []
     )
     prompt = index(calls, "comfy", "POST", "/prompt")
     free = index(calls, "comfy", "POST", "/free", prompt)

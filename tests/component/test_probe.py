@@ -58,8 +58,13 @@ footprint_mib = {{ "tiny" = 1, "small" = 2, "Huge" = {HUGE_MIB} }}
 """
 
 
+#: What vacancyd's own Ollama residency observer reads on its cadence (not probe traffic).
+OBSERVER_READS = ("/api/ps", "/api/version")
+
+
 class Upstream:
-    """An Ollama-shaped /api/chat that holds each request until released; counts calls."""
+    """An Ollama-shaped /api/chat that holds each request until released; counts calls
+    other than the residency observer's own reads."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
@@ -81,7 +86,8 @@ class Upstream:
             )
 
         async def anything(request: web.Request) -> web.Response:
-            self.calls.append(request.path)
+            if request.path not in OBSERVER_READS:
+                self.calls.append(request.path)
             return web.json_response({"models": []})
 
         app = web.Application()

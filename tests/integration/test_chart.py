@@ -241,3 +241,47 @@ def test_chart_works_as_a_subchart(tmp_path: Path) -> None:
     docs = [d for d in yaml.safe_load_all(out) if d]
     kinds = {d["kind"] for d in docs}
     assert {"Service", "Deployment", "ConfigMap"} <= kinds
+
+
+def test_host_publishing_renders_its_own_least_privilege_rbac() -> None:
+    docs = render(CHART / "ci" / "host-publishing-values.yaml")
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        by_kind.setdefault(doc["kind"], []).append(doc)
+    assert "Deployment" not in by_kind  # no lenders: no companion, and none of its RBAC
+    (sa,) = by_kind["ServiceAccount"]
+    name = sa["metadata"]["name"]
+    assert name == "vacancyd-host-publisher"
+    (secret,) = by_kind["Secret"]
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == name
+    (role,) = by_kind["Role"]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "create", "patch", "delete"],
+        }
+    ]
+    (cr,) = by_kind["ClusterRole"]
+    nodes = ["gaming-pc", "office-pc"]
+    assert cr["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "resourceNames": nodes, "verbs": ["get"]},
+        {
+            "apiGroups": [""],
+            "resources": ["nodes/status"],
+            "resourceNames": nodes,
+            "verbs": ["patch"],
+        },
+    ]
+    for binding in (*by_kind["RoleBinding"], *by_kind["ClusterRoleBinding"]):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": name, "namespace": "vacancy"},
+            {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "vacancyd-gaming-pc"},
+        ]
+    # "auto": no PrometheusRule where the API is absent, one where it is served
+    assert "PrometheusRule" not in by_kind
+    with_operator = render(
+        CHART / "ci" / "host-publishing-values.yaml", "--api-versions", "monitoring.coreos.com/v1"
+    )
+    assert [d["kind"] for d in with_operator].count("PrometheusRule") == 1

@@ -21,6 +21,12 @@ Shapes and behaviour follow comfyanonymous/ComfyUI (../shared/docs/upstream-apis
   ``execution_interrupted`` when a prompt is stopped.
 
 One worker runs the lowest-numbered pending prompt for ``steps`` × ``step_s`` seconds.
+
+Memory (``comfy/model_management.py``): a prompt makes torch's caching allocator reserve
+``prompt_mib``, which it keeps after the prompt for the next one; ``/system_stats`` reports it
+as ``torch_vram_total`` (bytes) on the one CUDA device, and ``POST /free {"free_memory":
+true}`` releases it once no prompt is running. With ``scenario`` the reservation moves the
+fake NVML's used memory on that GPU.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import WSMsgType, web
+
+from tests.support.gpu import Scenario
+
+MIB = 1024 * 1024
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -55,6 +65,11 @@ class FakeComfy:
     #: (a submission whose reply is still in flight); ``queued`` fires once it is queued.
     reply_gate: asyncio.Event | None = None
     queued: asyncio.Event = field(default_factory=asyncio.Event)
+    scenario: Scenario | None = None
+    prompt_mib: int = 0
+    reserved_mib: int = 0
+    devices: int = 1
+    _free_pending: bool = False
     _number: int = 0
     _interrupt: bool = False
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -119,6 +134,8 @@ class FakeComfy:
             self.running = item
             self._interrupt = False
             pid = item[1]
+            if self.reserved_mib < self.prompt_mib:
+                self._reserve(self.prompt_mib)
             self.started.set()
             await self._broadcast({"type": "execution_start", "data": {"prompt_id": pid}})
             interrupted = False
@@ -140,6 +157,9 @@ class FakeComfy:
                 )
                 await self._broadcast(struct.pack(">II", 1, 2) + b"\x89PNG-preview")
             self.running = None
+            if self._free_pending:
+                self._free_pending = False
+                self._reserve(0)
             status = "error" if interrupted else "success"
             self.history[pid] = {
                 "prompt": item,
@@ -239,7 +259,20 @@ class FakeComfy:
     async def free(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.free_requests.append(body)
+        if body.get("free_memory"):
+            if self.running is None:
+                self._reserve(0)
+            else:
+                self._free_pending = True
         return web.Response()
+
+    def _reserve(self, mib: int) -> None:
+        """Set what torch's allocator holds, moving the fake GPU's used memory with it."""
+        if self.scenario is not None:
+            gpu = self.scenario.gpus[0]
+            gpu.used_mib += mib - self.reserved_mib
+            self.scenario.write()
+        self.reserved_mib = mib
 
     async def get_history(self, request: web.Request) -> web.Response:
         pid = request.match_info["id"]
@@ -249,7 +282,37 @@ class FakeComfy:
         return web.json_response({"KSampler": {"input": {}, "output": ["LATENT"]}})
 
     async def system_stats(self, _: web.Request) -> web.Response:
-        return web.json_response({"system": {"comfyui_version": "0.3.64"}, "devices": []})
+        total, used = 24_576, 1_024
+        if self.scenario is not None:
+            total, used = self.scenario.gpus[0].total_mib, self.scenario.gpus[0].used_mib
+        devices = [
+            {
+                "name": f"cuda:{i} NVIDIA GeForce RTX 4090 : cudaMallocAsync",
+                "type": "cuda",
+                "index": i,
+                "vram_total": total * MIB,
+                # cudaMemGetInfo free plus the reserved memory torch can reuse (all of it here)
+                "vram_free": (total - used) * MIB + self.reserved_mib * MIB,
+                "torch_vram_total": self.reserved_mib * MIB,
+                "torch_vram_free": self.reserved_mib * MIB,
+            }
+            for i in range(self.devices)
+        ]
+        return web.json_response(
+            {
+                "system": {
+                    "os": "posix",
+                    "ram_total": 64 * 1024 * MIB,
+                    "ram_free": 32 * 1024 * MIB,
+                    "comfyui_version": "0.3.64",
+                    "python_version": "3.12.3",
+                    "pytorch_version": "2.8.0+cu128",
+                    "embedded_python": False,
+                    "argv": ["main.py"],
+                },
+                "devices": devices,
+            }
+        )
 
     async def ws(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()

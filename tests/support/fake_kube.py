@@ -109,8 +109,9 @@ class FakeKube:
     ) -> dict[str, Mapping[str, Any]]:
         await self._enter("get_endpoint_slices")
         wanted = dict(part.split("=", 1) for part in label_selector.split(","))
+        # Like the API server's list: items without apiVersion and kind.
         return {
-            name: copy.deepcopy(body)
+            name: {k: copy.deepcopy(v) for k, v in body.items() if k not in ("apiVersion", "kind")}
             for (ns, name), body in self.slices.items()
             if ns == namespace
             and all(body["metadata"]["labels"].get(k) == v for k, v in wanted.items())

@@ -1,58 +1,163 @@
-"""A look-alike Ollama server (aiohttp) for reclaim and adapter tests.
+"""A look-alike Ollama server (aiohttp) for adapter, reclaim and residency tests.
 
-Shapes and behaviour follow ollama/ollama (see ../shared/docs/upstream-apis.md §1):
+Shapes and behaviour follow ollama/ollama (``server/routes.go``, ``server/sched.go``,
+``api/types.go``):
 
-* routes from ``server/routes.go`` ``GenerateRoutes``: ``GET``/``HEAD /``, ``/api/version``,
-  ``/api/tags``, ``POST /api/show``, ``GET /api/ps``, ``POST /api/generate``, ``/api/chat``,
-  ``/api/embed``; unknown routes 404;
-* ``allowedHostsMiddleware`` (routes.go): a non-local ``Host`` gets 403 with an empty body;
-* ``streamResponse`` (routes.go): streams are ``application/x-ndjson``, one JSON object per
-  line, the last one ``"done": true`` with ``done_reason`` and the ns-duration metrics;
-  ``stream`` absent means streaming;
-* ``api.ProcessModelResponse`` (api/types.go) for ``/api/ps`` entries, names in the
-  ``DisplayShortest`` form that always keeps the tag (``tiny`` -> ``tiny:latest``);
-* the scheduler (``server/sched.go``): a model stays loaded after the request ends, until its
-  ``keep_alive`` (default 5 m) expires; ``POST /api/generate {"model", "keep_alive": 0}`` with
-  no prompt answers at once with ``done_reason: "unload"`` and only marks the runner expired —
-  it is freed when the last in-flight request on it ends (``expireRunner``, refCount);
+* routes from ``GenerateRoutes``: ``GET``/``HEAD /``, ``/api/version``, ``/api/tags``,
+  ``POST /api/show``, ``GET /api/ps``, ``POST /api/generate``, ``/api/chat``, ``/api/embed``,
+  and the OpenAI shim ``POST /v1/chat/completions``; unknown routes 404;
+* ``allowedHostsMiddleware``: a non-local ``Host`` gets 403 with an empty body;
+* ``streamResponse``: streams are ``application/x-ndjson``, one JSON object per line, the last
+  one ``"done": true`` with ``done_reason`` and the ns-duration metrics; ``stream`` absent
+  means streaming;
+* the model table (``sched.go``): a request loads its model with the runner options it
+  resolves — ``num_ctx`` from the request (clamped to the training context), else the
+  Modelfile's ``PARAMETER num_ctx``, else the server default; a loaded model whose runner
+  options differ from the request's is reloaded (``needsReload``); ``num_parallel`` slots
+  allocate ``num_ctx × parallel`` tokens of cache, and ``context_length`` in ``/api/ps`` is
+  the per-slot context (current releases) or the whole (``report_total_context``, as
+  v0.10–v0.11.4 did);
+* keep-alive (``api.Duration``): absent means ``default_keep_alive_s``; a number is seconds,
+  negative forever (Go's largest duration, ``expires_at`` about 292 years on); a string is a
+  Go duration (``"5m"``, ``"1h30m"``); anything else 400. ``expires_at`` is set to
+  now + keep-alive when the model goes idle, keeps that (possibly past) value while a request
+  is in flight, reads now + keep-alive while the model is first loading, and the model is
+  unloaded when it passes; ``{"model", "keep_alive": 0}`` with no prompt answers at once with
+  ``done_reason: "unload"`` and unloads once in-flight requests end (``expireRunner``);
+* ``/api/ps`` (``api.ProcessModelResponse``): names in the ``DisplayShortest`` form that
+  keeps the tag, ``size``/``size_vram`` in bytes (``size_vram < size`` when the model did not
+  fit the GPU and spilled to system memory), ``expires_at`` as Go writes ``time.Time``
+  (RFC 3339, nanoseconds, the server's local offset), sorted by ``expires_at`` descending;
+* ``/api/show`` (``ShowHandler``): ``parameters`` one option per line, the name padded to 30
+  columns; ``modelfile`` with ``PARAMETER`` lines; ``model_info`` with the training context;
 * unknown model: 404 ``{"error": "model 'x' not found"}``.
 
-``token_interval_s`` spaces stream lines; ``tokens`` sets their count.
+When ``scenario`` is given, loading and unloading move the fake NVML's used memory on
+``scenario.gpus[gpu_index]``, so the GPU's free memory follows what is loaded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from tests.support.gpu import Scenario
+
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]"}
+MIB = 1024 * 1024
+#: Go's ``time.Duration(math.MaxInt64)`` in seconds: "forever".
+FOREVER_S = (2**63 - 1) / 1e9
+RUNNER_KEYS = ("num_batch", "num_gpu", "main_gpu", "use_mmap", "num_thread", "draft_num_predict")
 
 
 def canonical(name: str) -> str:
+    name = name.strip().lower()
+    for prefix in ("registry.ollama.ai/", "library/"):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model in the fake's store: MiB of weights, MiB of cache per 1024 tokens."""
+
+    weights_mib: int = 1
+    kv_mib_per_1k: int = 0
+    train_ctx: int = 131072
+    modelfile_num_ctx: int | None = None
+    digest: str = "ab" * 32
 
 
 @dataclass
 class Runner:
+    """One loaded model. ``expires_at`` None: still in its first load (not yet idle)."""
+
     refs: int = 0
     expired: bool = False
+    num_ctx: int = 4096
+    parallel: int = 1
+    options: dict[str, Any] = field(default_factory=dict)
+    session_s: float = 300.0
+    expires_at: datetime | None = None
+    size_mib: float = 1.0
+    size_vram_mib: float = 1.0
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(value: object, default_s: float) -> float:
+    """``api.Duration.UnmarshalJSON``; raises ValueError as Ollama answers 400."""
+    if value is None:
+        return default_s
+    if isinstance(value, bool):
+        raise ValueError(f"Unsupported type: '{type(value).__name__}'")
+    if isinstance(value, int | float):
+        return FOREVER_S if value < 0 else float(int(value))
+    if isinstance(value, str):
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        body = text.lstrip("+-")
+        if body == "0":
+            return 0.0
+        parts = _DURATION.findall(body)
+        if not parts or "".join(n + u for n, u in parts) != body:
+            raise ValueError(f'time: missing unit in duration "{value}"')
+        seconds = sign * sum(float(n) * _UNITS[u] for n, u in parts)
+        return FOREVER_S if seconds < 0 else seconds
+    raise ValueError(f"Unsupported type: '{type(value).__name__}'")
+
+
+def go_time(when: datetime, tz: timezone) -> str:
+    """Go's ``time.Time`` JSON form: RFC 3339, fraction to nanoseconds without trailing
+    zeros, ``Z`` for UTC or the ±hh:mm offset."""
+    local = when.astimezone(tz)
+    frac = f"{local.microsecond * 1000:09d}".rstrip("0")
+    offset = local.utcoffset() or timedelta(0)
+    if offset == timedelta(0):
+        zone = "Z"
+    else:
+        minutes = int(offset.total_seconds() // 60)
+        sign = "+" if minutes >= 0 else "-"
+        zone = f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+    return local.strftime("%Y-%m-%dT%H:%M:%S") + (f".{frac}" if frac else "") + zone
 
 
 @dataclass
 class FakeOllama:
     models: tuple[str, ...] = ("tiny:latest", "embedder:latest")
+    specs: dict[str, ModelSpec] = field(default_factory=dict)
     tokens: int = 5
     token_interval_s: float = 0.01
+    default_num_ctx: int = 4096
+    num_parallel: int = 1
+    report_total_context: bool = False
+    default_keep_alive_s: float = 300.0
+    version_string: str = "0.33.0"
+    tz: timezone = timezone(timedelta(hours=-7))
+    scenario: Scenario | None = None
+    gpu_index: int = 0
+    show_fails: bool = False
+    ps_override: Any = None
     loaded: dict[str, Runner] = field(default_factory=dict)
+    loads: list[tuple[str, int]] = field(default_factory=list)
     unload_requests: list[str] = field(default_factory=list)
+    show_requests: list[str] = field(default_factory=list)
     streaming: asyncio.Event = field(default_factory=asyncio.Event)
     stream_ends: list[str] = field(default_factory=list)
     hosts_seen: list[str] = field(default_factory=list)
+
+    def spec(self, name: str) -> ModelSpec:
+        return self.specs.get(name, ModelSpec())
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._host_guard])
@@ -64,7 +169,99 @@ class FakeOllama:
         app.router.add_post("/api/generate", self.generate)
         app.router.add_post("/api/chat", self.chat)
         app.router.add_post("/api/embed", self.embed)
+        app.router.add_post("/v1/chat/completions", self.openai_chat)
+        app.cleanup_ctx.append(self._sweeper)
         return app
+
+    async def _sweeper(self, _: web.Application) -> Any:
+        """The scheduler's expiry timers: unload idle models whose keep-alive has passed."""
+
+        async def sweep() -> None:
+            while True:
+                now = datetime.now(UTC)
+                for name, runner in list(self.loaded.items()):
+                    if runner.refs <= 0 and runner.expires_at is not None:
+                        if runner.expires_at <= now:
+                            self._unload(name)
+                await asyncio.sleep(0.02)
+
+        task = asyncio.get_running_loop().create_task(sweep())
+        yield
+        task.cancel()
+
+    # -- the GPU ------------------------------------------------------------------------
+
+    def _gpu_free_mib(self) -> float | None:
+        if self.scenario is None:
+            return None
+        gpu = self.scenario.gpus[self.gpu_index]
+        return float(gpu.total_mib - gpu.used_mib)
+
+    def _charge(self, mib: float) -> None:
+        if self.scenario is not None:
+            gpu = self.scenario.gpus[self.gpu_index]
+            gpu.used_mib = max(0, round(gpu.used_mib + mib))
+            self.scenario.write()
+
+    def _unload(self, name: str) -> None:
+        runner = self.loaded.pop(name, None)
+        if runner is not None:
+            self._charge(-runner.size_vram_mib)
+
+    def _load(self, name: str, num_ctx: int, options: dict[str, Any], session_s: float) -> Runner:
+        spec = self.spec(name)
+        size = spec.weights_mib + spec.kv_mib_per_1k * num_ctx * self.num_parallel / 1024
+        free = self._gpu_free_mib()
+        vram = size if free is None else max(0.0, min(size, free - 256))
+        runner = Runner(
+            num_ctx=num_ctx,
+            parallel=self.num_parallel,
+            options=dict(options),
+            session_s=session_s,
+            size_mib=size,
+            size_vram_mib=vram,
+        )
+        self.loaded[name] = runner
+        self.loads.append((name, num_ctx))
+        self._charge(vram)
+        return runner
+
+    def _resolve(self, name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The runner options a request loads with: (num_ctx per slot, other runner options)."""
+        spec = self.spec(name)
+        options = body.get("options") if isinstance(body.get("options"), dict) else {}
+        assert isinstance(options, dict)
+        num_ctx = options.get("num_ctx") or spec.modelfile_num_ctx or self.default_num_ctx
+        num_ctx = min(int(num_ctx), spec.train_ctx)
+        return num_ctx, {k: options[k] for k in RUNNER_KEYS if k in options}
+
+    def _acquire(self, name: str, body: dict[str, Any]) -> Runner:
+        session_s = parse_keep_alive(body.get("keep_alive"), self.default_keep_alive_s)
+        num_ctx, options = self._resolve(name, body)
+        runner = self.loaded.get(name)
+        if runner is not None and (runner.num_ctx != num_ctx or runner.options != options):
+            self._unload(name)  # needsReload
+            runner = None
+        if runner is None:
+            runner = self._load(name, num_ctx, options, session_s)
+        runner.session_s = session_s
+        runner.expired = False
+        runner.refs += 1
+        return runner
+
+    def _release(self, name: str) -> None:
+        runner = self.loaded.get(name)
+        if runner is None:
+            return
+        runner.refs -= 1
+        if runner.refs > 0:
+            return
+        if runner.expired or runner.session_s <= 0:
+            self._unload(name)
+            return
+        runner.expires_at = datetime.now(UTC) + timedelta(seconds=min(runner.session_s, FOREVER_S))
+
+    # -- routes -------------------------------------------------------------------------
 
     @web.middleware
     async def _host_guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -79,7 +276,7 @@ class FakeOllama:
         return web.Response(text="Ollama is running")
 
     async def version(self, _: web.Request) -> web.Response:
-        return web.json_response({"version": "0.33.0"})
+        return web.json_response({"version": self.version_string})
 
     async def tags(self, _: web.Request) -> web.Response:
         return web.json_response(
@@ -88,8 +285,8 @@ class FakeOllama:
                     {
                         "name": m,
                         "model": m,
-                        "size": 1000,
-                        "digest": "ab" * 32,
+                        "size": self.spec(m).weights_mib * MIB,
+                        "digest": self.spec(m).digest,
                         "details": {"format": "gguf", "family": "llama"},
                     }
                     for m in self.models
@@ -100,47 +297,64 @@ class FakeOllama:
     async def show(self, request: web.Request) -> web.Response:
         body = await request.json()
         name = canonical(str(body.get("model") or body.get("name") or ""))
+        self.show_requests.append(name)
+        if self.show_fails:
+            return web.json_response({"error": "failed to read manifest"}, status=500)
         if name not in self.models:
             return web.json_response({"error": f"model '{name}' not found"}, status=404)
+        spec = self.spec(name)
+        params = {"temperature": 0.7, "stop": '"<|end|>"'}
+        if spec.modelfile_num_ctx is not None:
+            params["num_ctx"] = spec.modelfile_num_ctx
+        parameters = "\n".join(f"{k:<30} {v}" for k, v in params.items())
+        modelfile = f'# Modelfile generated by "ollama show"\n# FROM {name}\nFROM /blobs/sha\n'
+        modelfile += "".join(f"PARAMETER {k} {v}\n" for k, v in params.items())
         return web.json_response(
             {
-                "modelfile": f"# FROM {name}",
-                "parameters": "",
-                "details": {"format": "gguf"},
-                "model_info": {},
+                "modelfile": modelfile,
+                "parameters": parameters,
+                "template": "{{ .Prompt }}",
+                "details": {"format": "gguf", "family": "llama"},
+                "model_info": {
+                    "general.architecture": "llama",
+                    "llama.context_length": spec.train_ctx,
+                },
                 "capabilities": ["completion"],
             }
         )
 
     async def ps(self, _: web.Request) -> web.Response:
+        if self.ps_override is not None:
+            if isinstance(self.ps_override, str | bytes):
+                return web.Response(body=self.ps_override, content_type="application/json")
+            return web.json_response(self.ps_override)
         now = datetime.now(UTC)
-        return web.json_response(
-            {
-                "models": [
+        entries = []
+        for name, runner in self.loaded.items():
+            if runner.expired:
+                expires = now
+            elif runner.expires_at is None:  # still loading: now + the session duration
+                expires = now + timedelta(seconds=min(runner.session_s, FOREVER_S))
+            else:  # idle, or busy with the value from its last idle transition
+                expires = runner.expires_at
+            context = runner.num_ctx * (runner.parallel if self.report_total_context else 1)
+            entries.append(
+                (
+                    expires,
                     {
-                        "name": m,
-                        "model": m,
-                        "size": 1000,
-                        "size_vram": 1000,
-                        "digest": "ab" * 32,
-                        "details": {"format": "gguf"},
-                        "context_length": 4096,
-                        "expires_at": (
-                            now if r.expired else now + timedelta(minutes=5)
-                        ).isoformat(),
-                    }
-                    for m, r in self.loaded.items()
-                ]
-            }
-        )
-
-    def _release(self, name: str) -> None:
-        runner = self.loaded.get(name)
-        if runner is None:
-            return
-        runner.refs -= 1
-        if runner.refs <= 0 and runner.expired:
-            del self.loaded[name]
+                        "name": name,
+                        "model": name,
+                        "size": int(runner.size_mib * MIB),
+                        "digest": self.spec(name).digest,
+                        "details": {"format": "gguf", "family": "llama", "families": None},
+                        "expires_at": go_time(expires, self.tz),
+                        "size_vram": int(runner.size_vram_mib * MIB),
+                        "context_length": context,
+                    },
+                )
+            )
+        entries.sort(key=lambda e: e[0], reverse=True)
+        return web.json_response({"models": [e for _, e in entries]})
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         return await self._infer(request, chat=False)
@@ -148,14 +362,21 @@ class FakeOllama:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._infer(request, chat=True)
 
-    async def _infer(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        body = await request.json()
+    def _model(self, body: dict[str, Any]) -> tuple[str | None, web.Response | None]:
         raw = body.get("model")
         if not raw:
-            return web.json_response({"error": "model is required"}, status=400)
+            return None, web.json_response({"error": "model is required"}, status=400)
         name = canonical(str(raw))
         if name not in self.models:
-            return web.json_response({"error": f"model '{raw}' not found"}, status=404)
+            return None, web.json_response({"error": f"model '{raw}' not found"}, status=404)
+        return name, None
+
+    async def _infer(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body = await request.json()
+        name, error = self._model(body)
+        if error is not None:
+            return error
+        assert name is not None
         empty = not body.get("messages") if chat else not body.get("prompt")
         if empty and body.get("keep_alive") == 0:
             self.unload_requests.append(name)
@@ -163,7 +384,7 @@ class FakeOllama:
             if runner is not None:
                 runner.expired = True
                 if runner.refs <= 0:
-                    del self.loaded[name]
+                    self._unload(name)
             done: dict[str, object] = {
                 "model": name,
                 "created_at": _now(),
@@ -174,9 +395,10 @@ class FakeOllama:
                 {"role": "assistant", "content": ""} if chat else ""
             )
             return web.json_response(done)
-        runner = self.loaded.setdefault(name, Runner())
-        runner.expired = False
-        runner.refs += 1
+        try:
+            self._acquire(name, body)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
         try:
             if empty:
                 return web.json_response(
@@ -207,6 +429,35 @@ class FakeOllama:
         finally:
             self._release(name)
 
+    async def openai_chat(self, request: web.Request) -> web.Response:
+        """``/v1/chat/completions`` (non-streaming): no options, so the Modelfile or default
+        context applies."""
+        body = await request.json()
+        name, error = self._model(body)
+        if error is not None:
+            return web.json_response(
+                {"error": {"message": "model not found", "type": "not_found_error"}}, status=404
+            )
+        assert name is not None
+        self._acquire(name, {"model": name})
+        try:
+            return web.json_response(
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "model": name,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "hello"},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                }
+            )
+        finally:
+            self._release(name)
+
     @staticmethod
     def _line(name: str, chat: bool, text: str, done: bool = False) -> dict[str, object]:
         line: dict[str, object] = {"model": name, "created_at": _now(), "done": done}
@@ -228,10 +479,15 @@ class FakeOllama:
 
     async def embed(self, request: web.Request) -> web.Response:
         body = await request.json()
-        name = canonical(str(body.get("model") or ""))
-        if name not in self.models:
-            return web.json_response({"error": f"model '{name}' not found"}, status=404)
-        self.loaded.setdefault(name, Runner())
+        name, error = self._model(body)
+        if error is not None:
+            return error
+        assert name is not None
+        try:
+            self._acquire(name, body)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self._release(name)
         return web.json_response(
             {
                 "model": name,

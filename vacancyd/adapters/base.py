@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import email.policy
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from email.parser import BytesParser
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 from yarl import URL
@@ -23,6 +23,15 @@ from vacancyd.core.reasons import ErrorCode
 from vacancyd.core.snapshot import RequestFacts, ServerState
 
 Observe = Callable[[aiohttp.ClientSession, URL], Awaitable[ServerState]]
+#: Builds a stateful observer for one upstream: (session, target, known Modelfile contexts
+#: per digest) -> a callable taking one observation. Raises ProbeError when it cannot.
+MakeObserver = Callable[
+    [aiohttp.ClientSession, URL, Callable[[], Mapping[str, int | None]]],
+    Callable[[], Awaitable[ServerState]],
+]
+#: Reads the runner facts of a work body: (route, payload) -> (num_ctx, runner options,
+#: dialect); see RequestFacts.
+ReadOptions = Callable[[Route, dict[str, Any] | None], tuple[int | None, tuple[str, ...], str]]
 
 
 class UpstreamError(Exception):
@@ -72,6 +81,17 @@ class Controller(Protocol):
 
         Exclusivity confirms an unload with it before forwarding an exclusive job.
         """
+        ...
+
+
+@runtime_checkable
+class Waker(Protocol):
+    """A controller whose reclaim can put the server to sleep (vLLM sleep mode): the proxy
+    wakes it before forwarding a borrowed request."""
+
+    async def ensure_awake(self) -> float | None:
+        """Wake the server if vacancyd put it to sleep; the seconds it took, or None when it
+        was awake. Raises :class:`UpstreamError` or TimeoutError."""
         ...
 
 
@@ -161,6 +181,16 @@ class Adapter:
     #: The server's own name rule, so a footprint listed as ``llama3.2`` matches a request
     #: for ``Llama3.2:latest`` when the server treats them as one model.
     canonical_model: Callable[[str], str] = str
+    #: A stateful observer, for servers whose observation needs memory between polls
+    #: (Ollama reads each model's Modelfile once per digest). Used instead of ``observe``.
+    make_observer: MakeObserver | None = None
+    #: Reads load-time options from a work body, for servers whose residency depends on them.
+    read_options: ReadOptions | None = None
+
+    @property
+    def observable(self) -> bool:
+        """True when the daemon runs an observer for this server."""
+        return self.observe is not None or self.make_observer is not None
 
     def read_facts(self, route: Route, body: bytes, content_type_header: str) -> RequestFacts:
         """Read the request facts from a buffered work body. Raises :class:`BadRequest`.
@@ -179,4 +209,10 @@ class Adapter:
                 ErrorCode.BACKGROUND_UNSUPPORTED,
             )
         model = model_from(payload, route)
-        return RequestFacts(model=None if model is None else self.canonical_model(model))
+        canonical = None if model is None else self.canonical_model(model)
+        if self.read_options is None:
+            return RequestFacts(model=canonical)
+        num_ctx, options, dialect = self.read_options(route, payload)
+        return RequestFacts(
+            model=canonical, num_ctx=num_ctx, runner_options=options, dialect=dialect
+        )

@@ -44,6 +44,8 @@ from yarl import URL
 
 from vacancyd.adapters.base import Adapter, UpstreamError
 from vacancyd.core.classify import Route, RouteClass, RouteTable, route
+from vacancyd.core.observations import ProbeError
+from vacancyd.core.snapshot import ServerState
 
 WORK, PASS, RES, MGMT = (
     RouteClass.WORK,
@@ -266,4 +268,63 @@ class ComfyController:
         return None  # ComfyUI lists no loaded models; /free is its whole unload
 
 
-ADAPTER = Adapter(name="comfyui", table=TABLE, make_controller=ComfyController)
+# -- residency observation -----------------------------------------------------------------
+
+
+def parse_system_stats(payload: Any) -> tuple[float | None, int]:
+    """(MiB torch's allocator holds on the GPU, number of GPU devices) from ``/system_stats``.
+
+    ``torch_vram_total`` is what PyTorch's caching allocator has reserved (bytes): ComfyUI
+    reuses it for its next prompt, so the gate adds it back to free memory on a route with
+    exactly one GPU. CPU devices are not counted. The allocator figure is None unless
+    exactly one GPU is listed. Raises :class:`ProbeError` for any other shape.
+    """
+    if not isinstance(payload, dict) or not isinstance(payload.get("devices"), list):
+        raise ProbeError("/system_stats did not return {'devices': [...]}")
+    gpus = []
+    for device in payload["devices"]:
+        if not isinstance(device, dict):
+            raise ProbeError("/system_stats lists a device that is not an object")
+        if device.get("type") == "cpu":
+            continue
+        gpus.append(device)
+    if len(gpus) != 1:
+        return None, len(gpus)
+    reserved = gpus[0].get("torch_vram_total")
+    if isinstance(reserved, bool) or not isinstance(reserved, int | float) or reserved < 0:
+        raise ProbeError(f"/system_stats torch_vram_total is not a byte count: {reserved!r}")
+    return reserved / (1024 * 1024), 1
+
+
+async def observe(session: aiohttp.ClientSession, target: URL) -> ServerState:
+    """``GET /system_stats`` and ``GET /queue``: the allocator's memory, and whether any
+    prompt is running or pending. Raises :class:`ProbeError` on any failure."""
+    payloads = []
+    for path in ("/system_stats", "/queue"):
+        try:
+            async with session.get(target.with_path(path), allow_redirects=False) as resp:
+                if resp.status != 200:
+                    raise ProbeError(f"GET {path} answered {resp.status}")
+                data = await resp.content.read(MAX_QUEUE_BYTES + 1)
+        except aiohttp.ClientError as exc:
+            raise ProbeError(f"GET {path} failed: {exc.__class__.__name__}: {exc}") from exc
+        if len(data) > MAX_QUEUE_BYTES:
+            raise ProbeError(f"GET {path} is larger than {MAX_QUEUE_BYTES} bytes")
+        try:
+            payloads.append(json.loads(data))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ProbeError(f"GET {path} returned invalid JSON: {exc}") from exc
+    allocator, devices = parse_system_stats(payloads[0])
+    try:
+        running, pending = queue_ids(payloads[1])
+    except UpstreamError as exc:
+        raise ProbeError(str(exc)) from exc
+    return ServerState(
+        resident_models=None,
+        idle=not running and not pending,
+        allocator_mib=allocator if allocator is not None else 0.0,
+        devices=devices,
+    )
+
+
+ADAPTER = Adapter(name="comfyui", table=TABLE, make_controller=ComfyController, observe=observe)

@@ -24,13 +24,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, UpstreamError
+from vacancyd.core import residency
 from vacancyd.core.classify import Route, RouteClass, RouteTable, route
+from vacancyd.core.observations import ProbeError
+from vacancyd.core.residency import ResidentModel
+from vacancyd.core.snapshot import ServerState
+
+log = logging.getLogger(__name__)
+MIB = 1024 * 1024
 
 WORK, PASS, MGMT = RouteClass.WORK, RouteClass.PASSTHROUGH, RouteClass.MANAGEMENT
 
@@ -193,6 +203,228 @@ def canonical_model(name: str) -> str:
     return "/".join(parts)
 
 
+# -- residency observation -----------------------------------------------------------------
+
+#: After a failed ``/api/show``, wait this long before asking about that digest again (s).
+SHOW_RETRY_S = 60.0
+
+
+def _size_mib(entry: Mapping[str, Any], key: str, name: str) -> float | None:
+    value = entry.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ProbeError(f"/api/ps entry {name!r} has a {key} that is not a byte count: {value!r}")
+    return value / MIB
+
+
+def parse_ps_models(payload: Any, wall_now: float) -> tuple[ResidentModel, ...]:
+    """Read ``GET /api/ps`` (``api.ProcessResponse``) into resident models.
+
+    ``wall_now``: wall-clock epoch seconds when the reply arrived, to turn ``expires_at``
+    into seconds left. Names are canonicalised the way Ollama matches them. An entry whose
+    ``expires_at`` cannot be parsed is kept with ``expires_in_s`` None (it earns no credit).
+    Raises :class:`ProbeError` for a reply that is not ``{"models": [...]}``, an entry
+    without a name, a field of the wrong type, or a model listed twice.
+    """
+    if not isinstance(payload, dict) or not isinstance(payload.get("models"), list | None):
+        raise ProbeError("/api/ps did not return {'models': [...]}")
+    models: list[ResidentModel] = []
+    seen: set[str] = set()
+    for entry in payload.get("models") or []:
+        if not isinstance(entry, dict):
+            raise ProbeError("/api/ps lists an entry that is not an object")
+        raw = entry.get("name") or entry.get("model")
+        if not isinstance(raw, str) or not raw.strip():
+            raise ProbeError("/api/ps lists a model without a name")
+        name = canonical_model(raw)
+        if name in seen:
+            raise ProbeError(f"/api/ps lists {name!r} twice; its residency is ambiguous")
+        seen.add(name)
+        digest = entry.get("digest")
+        if digest is not None and not isinstance(digest, str):
+            raise ProbeError(f"/api/ps entry {name!r} has a digest that is not a string")
+        context = entry.get("context_length")
+        if context is not None and (
+            isinstance(context, bool) or not isinstance(context, int) or context <= 0
+        ):
+            raise ProbeError(f"/api/ps entry {name!r} has an invalid context_length {context!r}")
+        expires_in: float | None = None
+        expires_error: str | None = None
+        raw_expiry = entry.get("expires_at")
+        if raw_expiry is None:
+            expires_error = "expires_at is missing"
+        else:
+            try:
+                expires_in = residency.parse_expires_at(raw_expiry) - wall_now
+            except ValueError as exc:
+                expires_error = str(exc)
+        models.append(
+            ResidentModel(
+                name=name,
+                digest=digest or None,
+                size_mib=_size_mib(entry, "size", name),
+                size_vram_mib=_size_mib(entry, "size_vram", name),
+                context_length=context,
+                expires_in_s=expires_in,
+                expires_error=expires_error,
+            )
+        )
+    return tuple(models)
+
+
+def parse_modelfile_num_ctx(payload: Any) -> int | None:
+    """The ``num_ctx`` a model's Modelfile sets, from ``POST /api/show``, or None.
+
+    ``parameters`` holds one option per line, the name padded to 30 columns and then the
+    value (in no fixed order), so each line is split on whitespace. Raises
+    :class:`ProbeError` when the reply is not an object or ``num_ctx`` is not an integer.
+    """
+    if not isinstance(payload, dict):
+        raise ProbeError("/api/show did not return an object")
+    text = payload.get("parameters") or ""
+    if not isinstance(text, str):
+        raise ProbeError("/api/show parameters is not a string")
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "num_ctx":
+            try:
+                value = int(parts[1])
+            except ValueError:
+                raise ProbeError(f"/api/show num_ctx {parts[1]!r} is not an integer") from None
+            if value <= 0:
+                raise ProbeError(f"/api/show num_ctx {value} is not positive")
+            return value
+    return None
+
+
+class OllamaObserver:
+    """Polls ``/api/ps`` (and ``/api/show`` once per new digest) for residency proofs.
+
+    ``known`` returns the Modelfile contexts already read (persisted across restarts), so a
+    digest is asked about once. Each call returns a :class:`ServerState` whose
+    ``modelfile_num_ctx`` holds what this observer read; raises :class:`ProbeError` when
+    ``/api/ps`` cannot be read. A failed ``/api/show`` is logged and retried after
+    :data:`SHOW_RETRY_S`; until then that model earns no Modelfile-based credit.
+    """
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        target: URL,
+        known: Callable[[], Mapping[str, int | None]],
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.session = session
+        self.target = target
+        self.known = known
+        self.clock = clock
+        self.wall = wall
+        self.version: str | None = None
+        self._read: dict[str, int | None] = {}
+        self._show_failed: dict[str, float] = {}
+
+    async def _get_json(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            async with self.session.request(
+                method, self.target.with_path(path), json=body, allow_redirects=False
+            ) as resp:
+                if resp.status != 200:
+                    text = (await resp.text(errors="replace"))[:200]
+                    raise ProbeError(f"{method} {path} answered {resp.status}: {text}")
+                return await resp.json(content_type=None)
+        except aiohttp.ClientError as exc:
+            raise ProbeError(f"{method} {path} failed: {exc.__class__.__name__}: {exc}") from exc
+        except ValueError as exc:
+            raise ProbeError(f"{method} {path} returned invalid JSON: {exc}") from exc
+
+    async def __call__(self) -> ServerState:
+        if self.version is None:
+            try:
+                payload = await self._get_json("GET", "/api/version")
+                version = payload.get("version") if isinstance(payload, dict) else None
+                self.version = version if isinstance(version, str) else "unknown"
+            except ProbeError:
+                self.version = None  # asked again next time; /api/ps decides the outcome
+        try:
+            payload = await self._get_json("GET", "/api/ps")
+            models = parse_ps_models(payload, self.wall())
+        except ProbeError:
+            self.version = None  # the server may have been replaced: read it again
+            raise
+        known = self.known()
+        for model in models:
+            digest = model.digest
+            if digest is None or digest in known or digest in self._read:
+                continue
+            failed = self._show_failed.get(digest)
+            if failed is not None and self.clock() - failed < SHOW_RETRY_S:
+                continue
+            try:
+                show = await self._get_json("POST", "/api/show", {"model": model.name})
+                self._read[digest] = parse_modelfile_num_ctx(show)
+                self._show_failed.pop(digest, None)
+            except ProbeError as exc:
+                self._show_failed[digest] = self.clock()
+                log.warning(
+                    "ollama at %s: cannot read the Modelfile of %s (%s); no Modelfile-based "
+                    "residency credit for it until a retry in %g s succeeds",
+                    self.target,
+                    model.name,
+                    exc,
+                    SHOW_RETRY_S,
+                )
+        return ServerState(
+            resident_models=frozenset(m.name for m in models),
+            idle=None,
+            models=models,
+            version=self.version,
+            modelfile_num_ctx=dict(self._read),
+        )
+
+
+def make_observer(
+    session: aiohttp.ClientSession, target: URL, known: Callable[[], Mapping[str, int | None]]
+) -> OllamaObserver:
+    return OllamaObserver(session, target, known)
+
+
+def read_options(
+    route_: Route, payload: dict[str, Any] | None
+) -> tuple[int | None, tuple[str, ...], str]:
+    """(explicit ``options.num_ctx``, other load-time options set, dialect) of a work body.
+
+    The OpenAI/Anthropic shims (``/v1/...``) take no options. A ``num_ctx`` that is not a
+    whole number, or a top-level ``shift``, counts as a load-time option (no credit).
+    """
+    dialect = residency.DIALECT_V1 if route_.pattern.startswith("/v1/") else residency.DIALECT_API
+    if payload is None or dialect == residency.DIALECT_V1:
+        return None, (), dialect
+    extra: list[str] = []
+    options = payload.get("options")
+    num_ctx: int | None = None
+    if isinstance(options, dict):
+        extra.extend(residency.runner_options_in(options))
+        raw = options.get("num_ctx")
+        if isinstance(raw, float) and raw.is_integer():
+            raw = int(raw)
+        if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
+            num_ctx = raw
+        elif raw is not None:
+            extra.append("num_ctx (not a positive integer)")
+    elif options is not None:
+        extra.append("options (not an object)")
+    if payload.get("shift") is not None:
+        extra.append("shift")
+    return num_ctx, tuple(sorted(extra)), dialect
+
+
 ADAPTER = Adapter(
-    name="ollama", table=TABLE, make_controller=OllamaController, canonical_model=canonical_model
+    name="ollama",
+    table=TABLE,
+    make_controller=OllamaController,
+    canonical_model=canonical_model,
+    make_observer=make_observer,
+    read_options=read_options,
 )

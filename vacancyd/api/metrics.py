@@ -10,10 +10,10 @@ series (not a collector failure).
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd.api.status import build_status
@@ -113,6 +113,7 @@ class StateCollector(Collector):
             lendable.add_metric([name], 1.0 if res.lendable else 0.0)
         yield from (enabled, quality, age_g, free, total, used, util, lendable)
         yield from _pressure_metrics(doc)
+        yield from _learned_metrics(doc)
 
         active = GaugeMetricFamily(
             "vacancyd_active_work",
@@ -312,9 +313,71 @@ def _pressure_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     yield from (quality, engaged, calibrated, threshold, owner, borrower, observed, unseen)
 
 
+def _learned_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
+    """Learned footprint priors, learned contexts, and resources refusing on unusable state."""
+    priors = GaugeMetricFamily(
+        "vacancyd_footprint_prior_bytes",
+        "Learned footprint prior per model: the most memory loading it was seen to take.",
+        labels=["upstream", "model"],
+    )
+    contexts = GaugeMetricFamily(
+        "vacancyd_learned_contexts",
+        "Entries in an upstream's learned context map (Ollama residency).",
+        labels=["upstream"],
+    )
+    for upstream, up in sorted(doc.upstreams.items()):
+        for model, mib in sorted((up.footprint_priors_mib or {}).items()):
+            priors.add_metric([upstream, model], mib * MIB)
+        if up.learned_contexts is not None:
+            contexts.add_metric([upstream], float(len(up.learned_contexts)))
+    broken = GaugeMetricFamily(
+        "vacancyd_resource_state_unusable",
+        "1 while a resource refuses because a durable state file it depends on is unusable.",
+        labels=["resource"],
+    )
+    for name, res in sorted(doc.resources.items()):
+        broken.add_metric([name], 1.0 if res.state_error is not None else 0.0)
+    yield from (priors, contexts, broken)
+
+
+class SaverHealth(Protocol):
+    """What the durable-state saver reports: failed writes so far, failing files -> why."""
+
+    @property
+    def failures(self) -> int: ...
+
+    @property
+    def errors(self) -> Mapping[str, str]: ...
+
+
+class SaverCollector(Collector):
+    """Durable-state write health."""
+
+    def __init__(self, saver: SaverHealth) -> None:
+        self._saver = saver
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        failures = CounterMetricFamily(
+            "vacancyd_state_write_failures",
+            "Durable state files that could not be written (read-only directory, full disk).",
+        )
+        failures.add_metric([], float(self._saver.failures))
+        yield failures
+        yield GaugeMetricFamily(
+            "vacancyd_state_unwritable_files",
+            "Durable state files whose newest write failed.",
+            value=float(len(self._saver.errors)),
+        )
+
+
 def attach_state(metrics: Metrics, state: SharedState) -> None:
     """Render the state's gauges on ``metrics``' registry at every scrape."""
     metrics.registry.register(StateCollector(state))
 
 
-__all__ = ["Metrics", "StateCollector", "attach_state"]
+def attach_saver(metrics: Metrics, saver: SaverHealth) -> None:
+    """Render durable-state write health on ``metrics``' registry at every scrape."""
+    metrics.registry.register(SaverCollector(saver))
+
+
+__all__ = ["Metrics", "StateCollector", "attach_saver", "attach_state"]

@@ -17,10 +17,12 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                 "remote", "active", "locked", "idle", "idle_for_s",
                                 "owner_processes"?}],
                   "session_counts": {KIND: int}},
+     "durable_state": {"write_errors": {PATH: str}},
      "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
                           "utilization_ratio", "used_mib", "lendable", "lendable_mib",
                           "why_not", "error",
                           "held_by": {"job", "upstream", "phase"} | null,
+                          "state_error": str | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
                                        "owner_load_ratio", "borrower_load_ratio",
                                        "calibration_observed_s", "calibration_needed_s",
@@ -32,9 +34,20 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "sharing": {"max_concurrent", "jobs", "waiting", "exclusive_of",
                                       "excluded_by", "card"},
                           "headroom": {"lendable_mib", "largest_model", "largest_model_mib"},
-                          "server": {"quality", "age_s", "idle", "error"} | null,
+                          "server": {"quality", "age_s", "idle", "error",
+                                     "version"?, "models"?: [{"name", "digest",
+                                     "context_length", "size_mib", "size_vram_mib",
+                                     "expires_in_s", "expires_error"}],
+                                     "allocator_mib"?, "devices"?} | null,
                           "unseen_gpu_work": str | null,
-                          "active_work": [{"job", "phase", "model", "age_s"}],
+                          "active_work": [{"job", "phase", "model", "age_s", "charged_mib",
+                                           "residency": {"applied", "why", "code",
+                                                         "added_mib"} | null}],
+                          "footprint_priors_mib": {MODEL: int},
+                          "learned_contexts": {"contexts": [{"digest", "num_ctx",
+                                               "dialect", "loads"}],
+                                               "modelfile_num_ctx": {DIGEST: int|null}}
+                                              | null,
                           "reclaim": {"phase", "policy", "trigger", "resource", "edges_age_s",
                                       "edge_triggers", "deadline_in_s", "outcome"} | null}},
      "pools": {NAME: {"members": [str], "listener": {...} | null, "lendable"}}}
@@ -63,13 +76,15 @@ from vacancyd.core import gate, sharing
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
-from vacancyd.core.reasons import Admit
+from vacancyd.core.reasons import Admit, Credit
 from vacancyd.core.reclaim import Reclaim
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.core.status import (
+    CreditStatus,
     HeadroomStatus,
     HolderStatus,
     JobStatus,
+    LearnedContextStatus,
     ListenerStatus,
     PoolStatus,
     PresenceStatus,
@@ -77,6 +92,7 @@ from vacancyd.core.status import (
     PressureStatus,
     ReclaimStatus,
     RefusalStatus,
+    ResidentModelStatus,
     ResourceStatus,
     ServerStatus,
     SharingStatus,
@@ -161,6 +177,8 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
         why_not = None
         if not view.switch_on:
             why_not = "switched off"
+        elif view.state_error is not None:
+            why_not = f"durable state unusable: {view.state_error}"
         elif q is not Quality.READY:
             why_not = f"capacity {q}"
         elif value is not None:
@@ -188,6 +206,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             pressure=_pressure(state, name, now),
             has_bytes=view.policy.has_bytes,
             lendable_mib=lendable_mib,
+            state_error=view.state_error,
         )
     upstreams: dict[str, UpstreamStatus] = {}
     holders = state.ledger.holders_by_upstream()
@@ -206,12 +225,32 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
                 if server is not None
                 else Quality.UNKNOWN
             )
+            sv = server.value if server else None
+            age = server.age_s(now) if server else None
             server_doc = ServerStatus(
                 quality=sq,
-                age_s=server.age_s(now) if server else None,
-                idle=server.value.idle if server and server.value else None,
+                age_s=age,
+                idle=sv.idle if sv else None,
                 error=server.error if server and sq is Quality.UNKNOWN else None,
+                version=sv.version if sv else None,
+                models=None
+                if sv is None or sv.models is None
+                else tuple(
+                    ResidentModelStatus(
+                        m.name,
+                        m.digest,
+                        m.context_length,
+                        m.size_mib,
+                        m.size_vram_mib,
+                        None if m.expires_in_s is None or age is None else m.expires_in_s - age,
+                        m.expires_error,
+                    )
+                    for m in sv.models
+                ),
+                allocator_mib=sv.allocator_mib if sv else None,
+                devices=sv.devices if sv else None,
             )
+        learned = state.learning.get(name)
         upstreams[name] = UpstreamStatus(
             adapter=policy.adapter,
             resource=policy.resource,
@@ -233,12 +272,32 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             server=server_doc,
             unseen_gpu_work=state.unseen_gpu_work.get(name),
             active_work=tuple(
-                JobStatus(job.id, job.phase.value, job.model, now - job.admitted_at)
+                JobStatus(
+                    job.id,
+                    job.phase.value,
+                    job.model,
+                    now - job.admitted_at,
+                    charged_mib=job.charged_mib,
+                    residency=_credit(job.credit),
+                )
                 for job in jobs
                 if job.upstream == name
             ),
             reclaim=_reclaim(state.reclaims.get(name), now),
             headroom=HeadroomStatus(room.lendable_mib, room.largest_model, room.largest_model_mib),
+            footprint_priors_mib=dict(sorted(state.priors.get(name, {}).items())),
+            learned_contexts=None
+            if learned is None
+            else tuple(
+                LearnedContextStatus(k.digest, k.num_ctx, k.dialect, v)
+                for k, v in sorted(
+                    learned.contexts.items(),
+                    key=lambda kv: (kv[0].digest, kv[0].num_ctx or 0, kv[0].dialect),
+                )
+            ),
+            modelfile_num_ctx=None
+            if learned is None
+            else dict(sorted(learned.modelfile_num_ctx.items())),
         )
     return StatusDocument(
         version=__version__,
@@ -260,7 +319,14 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             for name, members in state.pools.items()
         },
         stopping=snap.stopping,
+        write_errors=dict(state.write_errors),
     )
+
+
+def _credit(credit: Credit | None) -> CreditStatus | None:
+    if credit is None:
+        return None
+    return CreditStatus(credit.applied, credit.why, credit.code, credit.added_mib or None)
 
 
 def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
@@ -268,4 +334,7 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
     doc = build_status(state, started_at).to_json()
     # The owner's controls (vacancyd.control.owner) render their own part, in wall time.
     doc["owner_controls"] = None if state.owner_view is None else dict(state.owner_view())
+    for name, view in state.upstream_views.items():
+        if name in doc["upstreams"]:
+            doc["upstreams"][name]["sleep"] = dict(view())
     return doc

@@ -478,10 +478,11 @@ class UpstreamSettings(_Model):
             raise ValueError("also_requires repeats the primary resource")
         if len(set(self.also_requires)) != len(self.also_requires):
             raise ValueError("also_requires lists a resource twice")
-        if self.yield_on_veto and self.adapter in ("openai", "llamacpp", "vllm"):
+        if self.yield_on_veto and self.adapter in ("openai", "llamacpp"):
             raise ValueError(
-                f"yield_on_veto needs a server with an unload API (ollama, comfyui); the "
-                f"{self.adapter!r} adapter can only refuse new work (see docs/reclaim.md)"
+                f"yield_on_veto needs a server with an unload API (ollama, comfyui) or vLLM's "
+                f"sleep mode (vllm); the {self.adapter!r} adapter can only refuse new work "
+                "(see docs/reclaim.md)"
             )
         if self.warm_model is not None and self.adapter != "ollama":
             raise ValueError("warm_model applies only to adapter = 'ollama'")

@@ -265,6 +265,9 @@ class Reclaimer:
         except UpstreamError as exc:
             detail = str(exc)
         elapsed = loop.time() - started
+        if outcome != "skipped":
+            # Whatever the outcome, what was resident before may not be any more.
+            self.state.yielded(name, loop.time())
         self.m_unload.labels(name, outcome).observe(elapsed)
         if outcome == "unloaded":
             self._unloaded.add(name)

@@ -89,6 +89,7 @@ class Work:
     def __init__(self, state: SharedState, *, supervisor: Spawner, metrics: Metrics) -> None:
         self.state = state
         self.supervisor = supervisor
+        self.metrics = metrics
         self._upstreams: dict[str, _Upstream] = {}
         self._jobs: dict[int, JobState] = {}
         self._listeners: list[Callable[[str], None]] = []
@@ -224,18 +225,21 @@ class Work:
 
     async def _admit_once(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
         policy = self.state.upstreams[upstream]
-        for attempt in (1, 2):
+        refreshed: set[str] = set()
+        while True:
             snap = self.state.snapshot()
             decision = self._decide(facts, snap, policy)
             if isinstance(decision, Admit):
                 return self._reserve(upstream, decision, snap.now, facts)
             refresh = decision.extra.get("refresh")
-            if attempt == 2 or refresh is None:
+            if refresh is None:
                 return decision
             key = f"server:{upstream}" if refresh == "server" else decision.resource
-            if key is None or not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+            if key is None or key in refreshed:
                 return decision
-        raise AssertionError("unreachable")
+            refreshed.add(key)
+            if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+                return decision
 
     def _attempt(
         self, upstream: str, facts: RequestFacts, *, reserve: bool = True
@@ -298,15 +302,31 @@ class Work:
         reclaiming = self._reclaiming(upstream)
         if reclaiming is not None:
             return reclaiming
-        if admit.credit is not None and admit.credit.applied:
-            log.info(
-                "residency credit on %s for model %r: %s", upstream, facts.model, admit.credit.why
-            )
+        policy = self.state.upstreams[upstream]
         reserved = self.state.ledger.reserve(
-            upstream, admit.resources, now, facts.model, charged_mib=admit.charged_mib
+            upstream,
+            admit.resources,
+            now,
+            facts.model,
+            facts=facts,
+            charged_mib=admit.charged_mib,
+            credit=admit.credit,
+            free_before_mib=self.state.free_mib(policy.resource),
         )
         if isinstance(reserved, Refuse):
             return reserved
+        credit = admit.credit
+        if credit is not None:
+            self.metrics.residency(upstream, credit)
+            if credit.applied:
+                log.info(
+                    "residency credit on %s for model %r (job %d, charged %s MiB): %s",
+                    upstream,
+                    facts.model,
+                    reserved.id,
+                    admit.charged_mib,
+                    credit.why,
+                )
         job = JobState(reserved.id, upstream, reserved.resources, now, reserved.model)
         self._jobs[job.id] = job
         return job
@@ -463,10 +483,12 @@ class Work:
         )
 
     def _release_now(self, job_id: int) -> None:
-        released = self.state.ledger.release(job_id, self.state.clock())
+        now = self.state.clock()
+        released = self.state.ledger.release(job_id, now)
         if released is not None:
             for name in released.resources:
                 self.state.request_sample(name)
+            self.state.after_release(released, now)
         self.rooms.serve()
 
     def _changed(self, upstream: str) -> None:

@@ -635,7 +635,11 @@ OUR_ANNOTATIONS = (LARGEST_MODEL_ANNOTATION, LARGEST_MODEL_MIB_ANNOTATION, HEADR
 def slice_up_to_date(desired: Mapping[str, Any], current: Mapping[str, Any] | None) -> bool:
     """True when the server's copy ``current`` needs no write to become ``desired``: every
     field we set matches, and none of our annotations lingers that ``desired`` dropped."""
-    if current is None or not slice_matches(desired, current):
+    if current is None:
+        return False
+    # Items of a list carry no apiVersion/kind: compare everything else.
+    fields = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind")}
+    if not slice_matches(fields, current):
         return False
     want = desired.get("metadata", {}).get("annotations") or {}
     have = (current.get("metadata") or {}).get("annotations") or {}

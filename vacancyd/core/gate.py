@@ -10,6 +10,7 @@ The order of checks is the spec's "Gate" section, steps 1–6, with product-map 
 4. host policy veto (host scope)                 -> owner_active          120 s
 5. per resource (primary, then also_requires):
    switch off                                    -> resource_disabled     300 s
+   its durable state unreadable at startup       -> resource_unmeasured    30 s
    capacity unknown or stale                     -> resource_unmeasured    30 s
    no sample since the ledger's last release     -> resource_busy           2 s  (L3)
    probe policy not lendable                     -> insufficient_capacity  30 s
@@ -19,7 +20,10 @@ The order of checks is the spec's "Gate" section, steps 1–6, with product-map 
 6. owner present and the footprint over the upstream's present budget
                                                  -> owner_active          120 s
    per-model footprint vs live free memory       -> insufficient_capacity  30 s
-   with a residency credit charging resident_min_free_mib on proof.
+   with a residency credit on proof: resident_min_free_mib charged in place of the
+   footprint (a loaded model reused as loaded), or the server's reusable allocator memory
+   added back to free memory (ComfyUI). Without a credit the charge is the larger of the
+   configured footprint and the model's learned prior (vacancyd.core.footprint).
 
 It never raises and never reads a clock: ``snap.now`` is the time.
 """
@@ -28,11 +32,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vacancyd.core import footprint, residency
 from vacancyd.core.holds import decide_holds
 from vacancyd.core.observations import Quality
-from vacancyd.core.policy import OwnerScope, UpstreamPolicy
+from vacancyd.core.policy import OwnerScope, ResourceKind, UpstreamPolicy
 from vacancyd.core.reasons import Admit, Credit, Decision, Reason, Refuse
-from vacancyd.core.snapshot import RequestFacts, ResourceView, Snapshot
+from vacancyd.core.snapshot import RequestFacts, ResourceView, ServerState, Snapshot
 
 #: A residency proof must be at most this old (seconds; spec "Gate", product map M4).
 RESIDENCY_PROOF_MAX_AGE_S = 4.0
@@ -142,6 +147,13 @@ def _decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse
         return Refuse.of(
             Reason.RESOURCE_DISABLED, f"resource {name!r} is switched off", resource=name
         )
+    if view.state_error is not None:
+        return Refuse.of(
+            Reason.RESOURCE_UNMEASURED,
+            f"durable state for {name!r} is unusable, so what it holds is unknown: "
+            f"{view.state_error}",
+            resource=name,
+        )
     quality = view.quality(now)
     if quality is not Quality.READY:
         error = f": {view.capacity.error}" if view.capacity.error else ""
@@ -183,38 +195,48 @@ def _decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse
 
 
 def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy) -> Credit:
-    """Try to prove the requested model is resident on ``upstream`` (product map A7, M2, M4).
+    """Try to prove ``facts.model`` is resident on ``upstream`` as the request needs it.
 
-    The proof is the adapter's server observation: ready, at most 4 s old, taken after the
-    ledger's last release on every dependency, showing the model loaded and the server idle.
+    The proof is the adapter's server observation. It must be the newest attempt (not
+    failed), at most :data:`RESIDENCY_PROOF_MAX_AGE_S` old, and taken after the last job and
+    the last yield on every dependency (a model a yield unloaded is not still resident);
+    failing only that sets ``failed_only_for_age`` so the caller takes one fresh observation
+    and decides again. Then, by what the server reports: Ollama's model table
+    (:func:`vacancyd.core.residency.prove_ollama`), ComfyUI's allocator memory
+    (:func:`_comfy_credit`), or a single-model server idle (llama-server ``/slots``).
+    Pure; the same call serves every admission, whichever component makes it.
     """
     server = snap.servers.get(upstream.name)
     if server is None:
-        return Credit(False, f"adapter {upstream.adapter!r} has no residency proof")
+        return Credit(
+            False, f"adapter {upstream.adapter!r} has no residency proof", code="no_proof"
+        )
     state = server.value
     if state is None or server.observed_at is None:
-        return Credit(False, "the server has not been observed")
+        return Credit(False, "the server has not been observed", code="unobserved")
     if server.failed_at is not None and server.failed_at >= server.observed_at:
-        return Credit(False, f"the newest server observation failed: {server.error}")
-    if state.resident_models is not None and (
-        facts.model is None or facts.model not in state.resident_models
-    ):
-        return Credit(False, f"model {facts.model!r} is not resident")
-    if not state.idle and not snap.active_jobs.get(upstream.name):
-        # A busy server proves nothing about memory unless the work it runs is borrowed
-        # work this ledger already charged (concurrent jobs on one resident model).
-        return Credit(False, "the server is processing other work")
+        return Credit(
+            False,
+            f"the newest server observation failed: {server.error}",
+            code="observation_failed",
+        )
     for name in upstream.resources:
         view = snap.resources.get(name)
-        if (
-            view is not None
-            and view.released_at is not None
-            and server.observed_at <= view.released_at
-        ):
+        if view is None:
+            continue
+        if view.released_at is not None and server.observed_at <= view.released_at:
             return Credit(
                 False,
                 f"the server observation predates the last job on {name!r}",
                 failed_only_for_age=True,
+                code="stale",
+            )
+        if view.yielded_at is not None and server.observed_at <= view.yielded_at:
+            return Credit(
+                False,
+                f"the server observation predates the last yield on {name!r}",
+                failed_only_for_age=True,
+                code="stale",
             )
     age = snap.now - server.observed_at
     if age > RESIDENCY_PROOF_MAX_AGE_S:
@@ -223,8 +245,62 @@ def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolic
             f"the server observation is {age:.1f} s old (a proof must be at most "
             f"{RESIDENCY_PROOF_MAX_AGE_S:.0f} s old)",
             failed_only_for_age=True,
+            code="stale",
         )
-    return Credit(True, "the server reports the model loaded and idle")
+    if state.idle is False and not snap.active_jobs.get(upstream.name):
+        # A busy server proves nothing about memory unless the work it runs is borrowed
+        # work this ledger already charged (concurrent jobs on one resident model).
+        return Credit(False, "the server is processing other work", code="busy")
+    if state.models is not None:
+        model = None if facts.model is None else residency.find_model(state.models, facts.model)
+        return residency.prove_ollama(
+            model=model,
+            requested=facts.model,
+            num_ctx=facts.num_ctx,
+            runner_options=facts.runner_options,
+            dialect=facts.dialect,
+            learning=snap.learning.get(upstream.name, residency.ContextLearning()),
+            age_s=age,
+        )
+    if state.allocator_mib is not None:
+        return _comfy_credit(state, snap, upstream)
+    if state.resident_models is not None and (
+        facts.model is None or facts.model not in state.resident_models
+    ):
+        return Credit(False, f"model {facts.model!r} is not resident", code="not_loaded")
+    return Credit(True, "the server reports the model loaded and idle", code="resident")
+
+
+def _comfy_credit(state: ServerState, snap: Snapshot, upstream: UpstreamPolicy) -> Credit:
+    """ComfyUI: its allocator's reserved memory is reused by its next job, so on a route with
+    exactly one GPU (one GPU dependency, one device reported) it is added back to that GPU's
+    free memory; the job is still charged its whole footprint."""
+    gpus = [
+        name
+        for name in upstream.resources
+        if (view := snap.resources.get(name)) is not None and view.policy.kind is ResourceKind.GPU
+    ]
+    if len(gpus) != 1 or gpus[0] != upstream.resource:
+        return Credit(
+            False,
+            "the route does not have exactly one GPU, its primary resource",
+            code="not_one_gpu",
+        )
+    if state.devices != 1:
+        return Credit(
+            False,
+            f"the server reports {state.devices} devices, not exactly one GPU",
+            code="not_one_gpu",
+        )
+    held = state.allocator_mib or 0.0
+    if held <= 0:
+        return Credit(False, "the server's allocator holds no memory", code="allocator_empty")
+    return Credit(
+        True,
+        f"the server's allocator holds {held:.0f} MiB it reuses for the next job",
+        added_mib=held,
+        code="allocator",
+    )
 
 
 def _decide_present_budget(
@@ -254,23 +330,36 @@ def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy)
     if not primary.policy.has_bytes:
         return Admit(resources=upstream.resources)
     need, source = upstream.footprint_for(facts.model)
+    if facts.model is not None:
+        prior = snap.priors.get(upstream.name, {}).get(facts.model)
+        need, learned = footprint.charge_for(need, prior)
+        if learned:
+            source = "learned"
     credit = prove_residency(facts, snap, upstream)
-    charge = min(upstream.resident_min_free_mib, need) if credit.applied else need
+    added = credit.added_mib if credit.applied else 0.0
+    resident = credit.applied and not added
+    charge = min(upstream.resident_min_free_mib, need) if resident else need
     reading = primary.capacity.value
     assert reading is not None and reading.free_mib is not None  # checked in step 5
-    available = reading.free_mib - primary.policy.min_free_mib - primary.charged_mib
+    available = reading.free_mib + added - primary.policy.min_free_mib - primary.charged_mib
     if available < charge:
         beside = (
             f" beside {primary.charged_mib} MiB charged to running jobs"
             if primary.charged_mib
             else ""
         )
-        what = (
-            f"{charge} MiB (resident_min_free_mib; {credit.why})"
-            if credit.applied
-            else f"{charge} MiB ({source} footprint for model {facts.model!r}; no residency "
-            f"credit: {credit.why})"
-        )
+        if resident:
+            what = f"{charge} MiB (resident_min_free_mib; residency credit: {credit.why})"
+        elif added:
+            what = (
+                f"{charge} MiB ({source} footprint; a credit of {added:.0f} MiB applied: "
+                f"{credit.why})"
+            )
+        else:
+            what = (
+                f"{charge} MiB ({source} footprint for model {facts.model!r}; no residency "
+                f"credit: {credit.why})"
+            )
         return Refuse.of(
             Reason.INSUFFICIENT_CAPACITY,
             f"{primary.name!r} has {available:.0f} MiB to lend{beside}, the request needs {what}",

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from vacancyd.core.policy import UpstreamPolicy
-from vacancyd.core.reasons import Refuse
+from vacancyd.core.reasons import Credit, Refuse
 from vacancyd.core.sharing import slot_refusal
+from vacancyd.core.snapshot import RequestFacts
 
 
 class Phase(StrEnum):
@@ -41,7 +42,8 @@ class Job:
     """One admitted borrowed request. ``admitted_at`` is monotonic seconds.
 
     ``charged_mib``: MiB the gate's per-model step charged against the primary resource
-    (None without byte capacity).
+    (None without byte capacity). ``facts``: what the gate decided on; ``credit``: the
+    residency proof's outcome, for /status.
     """
 
     id: int
@@ -51,6 +53,10 @@ class Job:
     admitted_at: float
     model: str | None = None
     charged_mib: int | None = None
+    facts: RequestFacts | None = None
+    credit: Credit | None = None
+    #: Free MiB of the primary resource when it was admitted (for the learned prior).
+    free_before_mib: float | None = None
 
 
 @dataclass
@@ -95,13 +101,27 @@ class Ledger:
         *,
         charged_mib: int | None = None,
         waiting: Mapping[str, int] | None = None,
+        facts: RequestFacts | None = None,
+        credit: Credit | None = None,
+        free_before_mib: float | None = None,
     ) -> Job | Refuse:
         """Reserve every resource in ``resources`` for a new job, or refuse ``resource_busy``
         when the sharing rule says it does not fit (see :meth:`fits`)."""
         refusal = self.fits(upstream, resources, waiting)
         if refusal is not None:
             return refusal
-        job = Job(next(self._ids), upstream, resources, Phase.FORWARDING, now, model, charged_mib)
+        job = Job(
+            next(self._ids),
+            upstream,
+            resources,
+            Phase.FORWARDING,
+            now,
+            model,
+            charged_mib,
+            facts=facts,
+            credit=credit,
+            free_before_mib=free_before_mib,
+        )
         self._jobs[job.id] = job
         for name in resources:
             self._holders.setdefault(name, []).append(job.id)

@@ -97,12 +97,17 @@ class Credit:
     ``applied`` is True when the model was proved resident and the smaller
     ``resident_min_free_mib`` was charged. ``why`` says why a credit did or did not apply;
     ``failed_only_for_age`` marks a proof that would have passed with a fresher observation,
-    which lets the proxy take one fresh observation and decide again (product map A8).
+    which lets the proxy take one fresh observation and decide again.
+    ``added_mib``: for servers whose credit is memory they hold and reuse (ComfyUI's
+    allocator), the MiB added back to free memory instead of shrinking the charge.
     """
 
     applied: bool
     why: str
     failed_only_for_age: bool = False
+    added_mib: float = 0.0
+    #: A short stable code for metrics labels (``resident``, ``not_loaded``, ``stale``...).
+    code: str = ""
 
 
 @dataclass(frozen=True, slots=True)

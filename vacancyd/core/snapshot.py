@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from vacancyd.core.holds import Hold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy
+from vacancyd.core.residency import ContextLearning, ResidentModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,9 @@ class ResourceView:
 
     ``released_at``: when the ledger last released a job on it (monotonic s); the gate admits
     into it again only on a capacity sample taken after that (product map L3).
+    ``yielded_at``: when a reclaim last unloaded an upstream that depends on it (monotonic
+    s); no residency is credited from a server observation older than that.
+    ``state_error``: why a durable state file it depends on is unusable, if one is.
     ``charged_mib``: MiB the gate charged the jobs still running on it; a new admission must
     fit beside them, so concurrent jobs together never take more than the resource can lend.
     """
@@ -83,6 +87,10 @@ class ResourceView:
     capacity: Observation[CapacityReading]
     released_at: float | None = None
     pressure: PressureView | None = None
+    yielded_at: float | None = None
+    #: Set when durable state this resource depends on could not be read at startup: the
+    #: resource refuses borrowed work rather than lend on a guess.
+    state_error: str | None = None
     charged_mib: int = 0
 
     @property
@@ -98,11 +106,23 @@ class ServerState:
     """What an adapter observed of its upstream server (llama.cpp /slots and the like).
 
     ``resident_models``: models proved loaded; None means "the one model a single-model server
-    holds", which serves any model name. ``idle``: no slot is processing.
+    holds", which serves any model name. ``idle``: no slot is processing; None when the
+    server does not report it (Ollama's /api/ps does not).
+    ``models``: per loaded model, what the server reports of it (Ollama), else None.
+    ``allocator_mib``: memory the server's own allocator holds and reuses for its next job
+    (ComfyUI ``torch_vram_total``, MiB), with ``devices`` the number of GPUs it reports.
+    ``version``: the server's version string, when the adapter reads it.
+    ``modelfile_num_ctx``: per model digest, the ``num_ctx`` its Modelfile sets (None: none),
+    for the digests this observer read (Ollama ``/api/show``).
     """
 
     resident_models: frozenset[str] | None
-    idle: bool
+    idle: bool | None
+    models: tuple[ResidentModel, ...] | None = None
+    allocator_mib: float | None = None
+    devices: int | None = None
+    version: str | None = None
+    modelfile_num_ctx: Mapping[str, int | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +136,10 @@ class Snapshot:
     servers: Mapping[str, Observation[ServerState]] = field(default_factory=dict)
     #: The daemon is shutting down: no new borrowed work, whatever else holds.
     stopping: bool = False
+    #: Per upstream, what it learned about its models' contexts (Ollama residency).
+    learning: Mapping[str, ContextLearning] = field(default_factory=dict)
+    #: Per upstream, per model: the learned footprint prior in MiB (vacancyd.core.footprint).
+    priors: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     #: The owner's holds in force now (schedule, pause, battery, exclusive apps).
     holds: tuple[Hold, ...] = ()
     #: Borrowed jobs running per upstream (the ledger's), for residency proofs under concurrency.
@@ -124,6 +148,15 @@ class Snapshot:
 
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
-    """What the proxy read from a work request: the model name, if the route carries one."""
+    """What the proxy read from a work request.
+
+    ``model``: the canonical model name, if the route carries one. ``num_ctx``: the context
+    length the request asks for explicitly (Ollama ``options.num_ctx``), else None.
+    ``runner_options``: other load-time options it sets (names, sorted). ``dialect``: which
+    family of routes it came by (Ollama: ``"api"`` or ``"v1"``), None where it does not matter.
+    """
 
     model: str | None = None
+    num_ctx: int | None = None
+    runner_options: tuple[str, ...] = ()
+    dialect: str | None = None

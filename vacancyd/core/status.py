@@ -139,6 +139,8 @@ class ResourceStatus:
     #: MiB it could lend now: free minus ``min_free_mib``, 0 while not lendable, None
     #: without byte capacity or a reading.
     lendable_mib: float | None = None
+    #: Why a durable state file it depends on is unusable (it refuses until repaired).
+    state_error: str | None = None
 
     @property
     def lendable(self) -> bool:
@@ -163,6 +165,7 @@ class ResourceStatus:
             if held is None
             else {"job": held.job, "upstream": held.upstream, "phase": held.phase},
             "pressure": None if self.pressure is None else self.pressure.to_json(),
+            "state_error": self.state_error,
         }
 
 
@@ -181,11 +184,75 @@ class RefusalStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ResidentModelStatus:
+    """A model the server reports loaded (Ollama ``/api/ps``); sizes MiB, seconds."""
+
+    name: str
+    digest: str | None
+    context_length: int | None
+    size_mib: float | None
+    size_vram_mib: float | None
+    expires_in_s: float | None
+    expires_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ServerStatus:
+    """The adapter's observation of its server. ``models``: what Ollama reports loaded;
+    ``allocator_mib`` / ``devices``: ComfyUI's reusable allocator memory and GPU count."""
+
     quality: Quality
     age_s: float | None
     idle: bool | None
     error: str | None
+    version: str | None = None
+    models: tuple[ResidentModelStatus, ...] | None = None
+    allocator_mib: float | None = None
+    devices: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "quality": self.quality.value,
+            "age_s": _round(self.age_s),
+            "idle": self.idle,
+            "error": self.error,
+        }
+        if self.models is not None:
+            out["version"] = self.version
+            out["models"] = [
+                {
+                    "name": m.name,
+                    "digest": m.digest,
+                    "context_length": m.context_length,
+                    "size_mib": _round(m.size_mib),
+                    "size_vram_mib": _round(m.size_vram_mib),
+                    "expires_in_s": _round(m.expires_in_s),
+                    "expires_error": m.expires_error,
+                }
+                for m in self.models
+            ]
+        if self.allocator_mib is not None:
+            out["allocator_mib"] = _round(self.allocator_mib)
+            out["devices"] = self.devices
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CreditStatus:
+    """A residency proof's outcome for one admission; ``added_mib``: memory added back."""
+
+    applied: bool
+    why: str
+    code: str
+    added_mib: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedContextStatus:
+    digest: str
+    num_ctx: int | None
+    dialect: str
+    loads: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +263,9 @@ class JobStatus:
     phase: str
     model: str | None
     age_s: float
+    #: MiB the per-model step charged (None without byte capacity).
+    charged_mib: int | None = None
+    residency: CreditStatus | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +351,11 @@ class UpstreamStatus:
     reclaim: ReclaimStatus | None
     sharing: SharingStatus | None = None
     headroom: HeadroomStatus | None = None
+    #: Learned footprint priors per model, MiB.
+    footprint_priors_mib: Mapping[str, int] | None = None
+    #: The learned context map (Ollama) and the Modelfile contexts read per digest.
+    learned_contexts: tuple[LearnedContextStatus, ...] | None = None
+    modelfile_num_ctx: Mapping[str, int | None] | None = None
 
     @property
     def lendable(self) -> bool:
@@ -308,14 +383,7 @@ class UpstreamStatus:
                 "retry_after_s": refusal.retry_after_s,
                 "detail": refusal.detail,
             },
-            "server": None
-            if server is None
-            else {
-                "quality": server.quality.value,
-                "age_s": _round(server.age_s),
-                "idle": server.idle,
-                "error": server.error,
-            },
+            "server": None if server is None else server.to_json(),
             "headroom": None
             if self.headroom is None
             else {
@@ -325,9 +393,38 @@ class UpstreamStatus:
             },
             "unseen_gpu_work": self.unseen_gpu_work,
             "active_work": [
-                {"job": j.job, "phase": j.phase, "model": j.model, "age_s": _round(j.age_s)}
+                {
+                    "job": j.job,
+                    "phase": j.phase,
+                    "model": j.model,
+                    "age_s": _round(j.age_s),
+                    "charged_mib": j.charged_mib,
+                    "residency": None
+                    if j.residency is None
+                    else {
+                        "applied": j.residency.applied,
+                        "why": j.residency.why,
+                        "code": j.residency.code,
+                        "added_mib": _round(j.residency.added_mib),
+                    },
+                }
                 for j in self.active_work
             ],
+            "footprint_priors_mib": dict(self.footprint_priors_mib or {}),
+            "learned_contexts": None
+            if self.learned_contexts is None
+            else {
+                "contexts": [
+                    {
+                        "digest": c.digest,
+                        "num_ctx": c.num_ctx,
+                        "dialect": c.dialect,
+                        "loads": c.loads,
+                    }
+                    for c in self.learned_contexts
+                ],
+                "modelfile_num_ctx": dict(self.modelfile_num_ctx or {}),
+            },
             "reclaim": None
             if r is None
             else {
@@ -358,6 +455,8 @@ class StatusDocument:
     pools: Mapping[str, PoolStatus] = field(default_factory=dict)
     #: True from the moment the daemon starts shutting down.
     stopping: bool = False
+    #: Durable state files (or the directory) whose newest write failed -> why.
+    write_errors: Mapping[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``/status`` JSON object (rounded); ``pools`` only where pools are configured."""
@@ -371,6 +470,7 @@ class StatusDocument:
             "presence": self.presence.to_json(),
             "resources": {name: r.to_json() for name, r in self.resources.items()},
             "upstreams": {name: u.to_json() for name, u in self.upstreams.items()},
+            "durable_state": {"write_errors": dict(sorted((self.write_errors or {}).items()))},
         }
         if self.pools:
             doc["pools"] = {name: p.to_json() for name, p in self.pools.items()}

@@ -32,7 +32,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 from yarl import URL
 
-from vacancyd.adapters.base import Adapter, BadRequest, Controller
+from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError, Waker
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.control.work import Work
 from vacancyd.core import gate
@@ -274,6 +274,8 @@ class Proxy:
             refusal, self.upstream.name, self.upstream.settings.refusal_status
         )
         self.metrics.decision(self.upstream.name, "refused", refusal.reason.value)
+        if refusal.credit is not None:
+            self.metrics.residency(self.upstream.name, refusal.credit)
         log.debug(
             "refused %s %s on %s: %s (%s)",
             request.method,
@@ -452,6 +454,28 @@ class Proxy:
             encoded=True,
         )
 
+    async def _wake(self, waker: Waker) -> web.Response | None:
+        """Wake a server a reclaim put to sleep before forwarding borrowed work to it; a 502
+        when it cannot be woken."""
+        name = self.upstream.name
+        try:
+            took = await waker.ensure_awake()
+        except (UpstreamError, TimeoutError) as exc:
+            why = str(exc) or "timed out"
+            self.metrics.wake_seconds.labels(name, "failed").observe(0)
+            log.warning("upstream %s could not be woken: %s", name, why)
+            return json_error(
+                502,
+                f"the upstream server of {name!r} is asleep and could not be woken ({why})",
+                ErrorType.UPSTREAM,
+                ErrorCode.UPSTREAM_UNREACHABLE,
+                upstream=name,
+            )
+        if took is not None:
+            self.metrics.wake_seconds.labels(name, "woken").observe(took)
+            log.info("upstream %s woken in %.2f s for a borrowed request", name, took)
+        return None
+
     async def _forward(
         self,
         request: web.Request,
@@ -464,6 +488,11 @@ class Proxy:
         tracked: str | None = None,
     ) -> web.StreamResponse:
         up = self.upstream
+        controller: object = self.controller
+        if exchange is not None and isinstance(controller, Waker):
+            failed = await self._wake(controller)
+            if failed is not None:
+                return failed
         out_headers = headers.request_headers(
             request.headers,
             target=up.target,

@@ -1,8 +1,8 @@
 """The calibration cache: each GPU's learned pressure threshold, kept across restarts (R3).
 
 One JSON file per GPU resource, ``STATE_DIR/calibration/RESOURCE.json``, written atomically
-(a temporary file in the same directory, flushed and fsynced, then renamed over the old one)
-so a crash mid-write leaves the previous calibration intact. A file that cannot be read or
+by :mod:`vacancyd.runtime.durable` (like every durable state file) so a crash mid-write
+leaves the previous calibration intact. A file that cannot be read or
 parsed is logged and ignored: the GPU calibrates again from nothing rather than trust it.
 The file names its GPU by UUID; :meth:`vacancyd.core.pressure.ThresholdLearner.load_cache`
 ignores a cache written for another card. See docs/calibration.md.
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from vacancyd.runtime import durable
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,12 @@ def cache_path(state_dir: Path, resource: str) -> Path:
 
 
 def load_calibrations(state_dir: Path, resources: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """Read every resource's saved calibration that exists and parses; never raises."""
+    """Read every resource's saved calibration that exists and parses; never raises.
+
+    A file that cannot be used is logged and skipped: that GPU calibrates again from nothing
+    and refuses borrowed work until it is calibrated, so nothing is lent on a guess. A file
+    in another format version is passed on and rejected by the learner with its reason.
+    """
     out: dict[str, dict[str, Any]] = {}
     for name in resources:
         path = cache_path(state_dir, name)
@@ -51,28 +56,4 @@ def load_calibrations(state_dir: Path, resources: Iterable[str]) -> dict[str, di
 
 def save_calibration(state_dir: Path, resource: str, data: Mapping[str, Any]) -> None:
     """Write one resource's calibration atomically. Raises OSError when it cannot."""
-    path = cache_path(state_dir, resource)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{resource}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+    durable.write_state(cache_path(state_dir, resource), data)

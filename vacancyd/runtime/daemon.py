@@ -7,6 +7,8 @@ Task tree (names as they appear in logs):
 * ``collector RESOURCE`` — one capacity loop per enabled resource (essential)
 * ``pressure RESOURCE`` — one GPU pressure loop per enabled GPU with pressure (essential)
 * ``calibration saver`` — writes learned thresholds to the state directory (not essential)
+* ``state saver`` — writes learned contexts and footprint priors as they change (not
+  essential; see vacancyd.runtime.learned)
 * ``collector presence`` — the presence loop (headless or logind), when one is configured
   (essential); logind's signals wake it through ``state.sample_wanted("presence")``
 * ``observer NAME`` — server observation for adapters that need it (essential)
@@ -28,7 +30,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import aiohttp
@@ -37,7 +39,7 @@ from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import make_api
-from vacancyd.api.metrics import attach_state
+from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.api.status import render_status
 from vacancyd.collectors import logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
@@ -64,12 +66,13 @@ from vacancyd.core.lifecycle import JobRules, JobState
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
+from vacancyd.core.snapshot import ServerState
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, lendability, sdnotify
+from vacancyd.runtime import calibration, learned, lendability, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.state import PressureSample, SharedState
 from vacancyd.web.auth import Authenticator, Token
@@ -133,6 +136,7 @@ def build_state(settings: Settings) -> SharedState:
     saved = calibration.load_calibrations(settings.state_dir, pressure)
     for name, data in saved.items():
         state.pressure[name].pending_cache = data
+    learned.load_learned(state, settings.state_dir)
     return state
 
 
@@ -187,12 +191,15 @@ class Daemon:
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
+    saver: learned.LearnedSaver = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
         self.metrics = Metrics()
         attach_state(self.metrics, self.state)
         self.supervisor = Supervisor()
+        self.saver = learned.LearnedSaver(self.state, self.settings.state_dir)
+        attach_saver(self.metrics, self.saver)
         self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
         for up in self.settings.upstream:
             if up.busy == "wait":
@@ -270,12 +277,15 @@ class Daemon:
                     self._control_session(credential), upstream.target
                 )
                 self.reclaimer.controllers[up.name] = controller
+                view = getattr(controller, "view", None)
+                if callable(view):
+                    self.state.upstream_views[up.name] = view
             self.work.add_upstream(
                 up.name,
                 JobRules(
                     tracked=controller is not None,
                     cut_is_uncertain=adapter.cut_is_uncertain,
-                    idle_evidence=adapter.observe is not None,
+                    idle_evidence=adapter.observable,
                 ),
                 controller,
             )
@@ -294,7 +304,7 @@ class Daemon:
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(up.name, make_app(proxy), up.listen, limits.max_connections)
             self.state.set_listener(up.name, address, bound=True)
-            if adapter.observe is not None:
+            if adapter.observable:
                 self._start_observer(upstream, credential)
             proxies[up.name] = proxy
 
@@ -323,10 +333,29 @@ class Daemon:
 
         self._share_cards()
         self._start_collectors()
+        self._check_state_dir()
+        self.supervisor.spawn(self.saver.run(), name="state saver", essential=False)
         self.supervisor.spawn(
             lendability.watch(self.state), name="lendability watcher", essential=False
         )
         self._start_kubernetes(started_at)
+
+    def _check_state_dir(self) -> None:
+        """Say at startup, not at the first save, when the state directory is unusable."""
+        path = self.settings.state_dir
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe = path / ".vacancyd-write-check"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            log.error(
+                "state directory %s is not writable (%s): learned calibration, contexts, "
+                "footprint priors and held jobs will not survive a restart",
+                path,
+                exc.strerror or exc,
+            )
+            self.saver.errors[str(path)] = f"not writable: {exc.strerror or exc}"
 
     @property
     def waiting(self) -> WaitRooms[JobState]:
@@ -419,8 +448,6 @@ class Daemon:
 
     def _start_observer(self, upstream: Upstream, credential: str | None) -> None:
         adapter = upstream.adapter
-        assert adapter.observe is not None
-        observe = adapter.observe
         session = aiohttp.ClientSession(
             trust_env=False,
             timeout=aiohttp.ClientTimeout(total=self.settings.collectors.probe_timeout_s),
@@ -430,11 +457,23 @@ class Daemon:
         name = upstream.name
         state = self.state
         poll = min(self.settings.collectors.poll_s, 2.0)
+        probe: Callable[[], Awaitable[ServerState]]
+        if adapter.make_observer is not None:
+
+            def known() -> Mapping[str, int | None]:
+                learned = state.learning.get(name)
+                return {} if learned is None else learned.modelfile_num_ctx
+
+            probe = adapter.make_observer(session, upstream.target, known)
+        else:
+            observe = adapter.observe
+            assert observe is not None
+            probe = lambda: observe(session, upstream.target)  # noqa: E731
 
         self.supervisor.spawn(
             run_async_probe_loop(
                 f"observer {name}",
-                lambda: observe(session, upstream.target),
+                probe,
                 interval_s=poll,
                 timeout_s=self.settings.collectors.probe_timeout_s,
                 on_sample=lambda s, t: state.record_server(name, s, t),
@@ -617,6 +656,7 @@ class Daemon:
             await api.cleanup()
         await self.supervisor.stop()
         await self.save_calibrations()
+        await self.saver.flush()
         for session in self._sessions:
             await session.close()
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 
+from vacancyd.core.reasons import Credit
+
 
 class Metrics:
     """The daemon's private registry and its counters."""
@@ -40,6 +42,14 @@ class Metrics:
             ["upstream", "stage"],
             registry=self.registry,
         )
+        self.wake_seconds = Histogram(
+            "vacancyd_wake_duration_seconds",
+            "Time a sleeping upstream (vLLM sleep mode) took to wake before a borrowed request "
+            "was forwarded, by outcome (woken, failed).",
+            ["upstream", "outcome"],
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=self.registry,
+        )
         self.wait_seconds = Histogram(
             "vacancyd_wait_seconds",
             "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
@@ -48,9 +58,21 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
+        self.residency_credits = Counter(
+            "vacancyd_residency_credits",
+            "Residency proofs at the per-model step, by outcome (applied, denied) and reason "
+            "code (resident, allocator, not_loaded, stale, expiring, context_unknown, ...).",
+            ["upstream", "outcome", "reason"],
+            registry=self.registry,
+        )
 
     def auth(self, scope: str, outcome: str) -> None:
         self.auth_decisions.labels(scope, outcome).inc()
 
     def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
         self.decisions.labels(upstream, outcome, reason).inc()
+
+    def residency(self, upstream: str, credit: Credit) -> None:
+        """Count one residency proof's outcome (admitted or refused at the per-model step)."""
+        outcome = "applied" if credit.applied else "denied"
+        self.residency_credits.labels(upstream, outcome, credit.code or "unknown").inc()

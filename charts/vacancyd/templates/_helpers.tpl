@@ -55,3 +55,20 @@ app.kubernetes.io/component: companion
 {{- define "vacancyd.podSecurityContext" -}}
 {{- toYaml .Values.podSecurityContext -}}
 {{- end -}}
+
+{{- /* Who host-side publishing is bound to: the chart's ServiceAccount, plus users/groups. */ -}}
+{{- define "vacancyd.hostPublisherSubjects" -}}
+- kind: ServiceAccount
+  name: {{ .name }}
+  namespace: {{ .root.Release.Namespace }}
+{{- range .root.Values.hostPublishing.users }}
+- kind: User
+  apiGroup: rbac.authorization.k8s.io
+  name: {{ . | quote }}
+{{- end }}
+{{- range .root.Values.hostPublishing.groups }}
+- kind: Group
+  apiGroup: rbac.authorization.k8s.io
+  name: {{ . | quote }}
+{{- end }}
+{{- end -}}

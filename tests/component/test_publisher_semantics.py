@@ -3,7 +3,7 @@ no update lost to a write in flight, discovery/v1 endpoint conditions, terminati
 a damped return to lendable, writes compared with what the server holds, retired Node
 conditions removed, headroom annotations, and convergence after a storm of API failures.
 
-The same rules against a real kube-apiserver are in test_kube_routing.py (marker ``kube``).
+The same rules against a real kube-apiserver: tests/integration/test_kube_routing.py.
 """
 
 from __future__ import annotations

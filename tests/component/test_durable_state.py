@@ -1,0 +1,136 @@
+"""Durable state in a running daemon: the Ollama learned context map and the learned
+footprint priors survive a restart; an unusable state file is a startup error naming it and
+its upstream's resources refuse; an unwritable state directory is logged and lending goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import ollama
+import pytest
+
+from tests.component.test_ollama_residency import (
+    BIG,
+    config,
+    free_mib,
+    refusal,
+    status,
+)
+from tests.support.daemon import running_daemon, serve_app
+from tests.support.fake_ollama import FakeOllama
+from tests.support.gpu import Gpu, Scenario
+
+
+def gpu(nvml: Scenario) -> None:
+    nvml.gpus = [Gpu(total_mib=16_384, used_mib=512)]
+    nvml.write()
+
+
+async def test_learned_contexts_and_priors_survive_a_restart(
+    nvml: Scenario, tmp_path: Path
+) -> None:
+    gpu(nvml)
+    state_dir = tmp_path / "state"
+    fake = FakeOllama(models=("big:latest",), specs={"big:latest": BIG}, scenario=nvml, tokens=1)
+    # The configured footprint (10,000 MiB) is too small: loading takes about 14,300 MiB.
+    small = '[upstream.models.footprint_mib]\n"big" = 10000'
+    async with serve_app(fake.app()) as target:
+        toml = config(target, state_dir, "").replace(
+            "[upstream.models]\ndefault_mib = 14500",
+            "[upstream.models]\ndefault_mib = 14500\n" + small,
+        )
+        async with running_daemon(toml) as d:
+            await d.wait_ready()
+            async with ollama.AsyncClient(host=d.proxy_url("up")) as borrower:
+                await borrower.generate(model="big", prompt="hi")
+            await d.wait_until(lambda: bool(d.state.learning.get("up")))
+            await d.wait_until(lambda: "big:latest" in d.state.priors.get("up", {}))
+            prior = d.state.priors["up"]["big:latest"]
+            assert 14_000 <= prior <= 14_400
+            doc = await status(d)
+            assert doc["upstreams"]["up"]["footprint_priors_mib"] == {"big:latest": prior}
+        saved = json.loads((state_dir / "residency" / "up.json").read_text())
+        assert saved["version"] == 1 and saved["contexts"][0]["loads"] == 4096
+        saved = json.loads((state_dir / "footprints" / "up.json").read_text())
+        assert saved["priors"] == {"big:latest": prior}
+
+        # Restarted: the model is still loaded by Ollama; the follow-up is credited at once
+        # from the restored map, without a new load through vacancyd.
+        async with running_daemon(toml) as d:
+            await d.wait_ready()
+            assert d.state.priors["up"]["big:latest"] == prior
+            async with ollama.AsyncClient(host=d.proxy_url("up")) as borrower:
+                ok = await borrower.generate(model="big", prompt="again")
+            assert ok.done and len(fake.loads) == 1
+            # Once Ollama unloads it, the learned prior, not the configured 10,000 MiB, is
+            # what a load is charged: with 12,000 MiB free it is refused.
+            async with ollama.AsyncClient(host=d.proxy_url("up")) as borrower:
+                await borrower.generate(model="big", prompt="", keep_alive=0)
+            await d.wait_until(lambda: free_mib(d) > 15_000)
+            nvml.gpus[0].used_mib = 4_384
+            nvml.write()
+            await d.wait_until(lambda: free_mib(d) < 12_500)
+            error = await refusal(d, {"model": "big", "prompt": "x"})
+            assert f"{prior} MiB (learned footprint" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ('{"version": 1, "upstream": "up", "contexts": [', "corrupt or truncated"),
+        ('{"version": 2, "upstream": "up", "contexts": []}', "newer vacancyd"),
+        ('{"version": 1, "contexts": [{"digest": 5}]}', "malformed"),
+    ],
+    ids=["truncated", "newer-version", "malformed"],
+)
+async def test_an_unusable_state_file_refuses_its_resources_and_is_not_overwritten(
+    nvml: Scenario, tmp_path: Path, caplog: pytest.LogCaptureFixture, content: str, why: str
+) -> None:
+    gpu(nvml)
+    state_dir = tmp_path / "state"
+    path = state_dir / "residency" / "up.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(content, encoding="utf-8")
+    caplog.set_level(logging.ERROR, "vacancyd.runtime.learned")
+    fake = FakeOllama(models=("big:latest",), specs={"big:latest": BIG}, scenario=nvml)
+    async with serve_app(fake.app()) as target, running_daemon(config(target, state_dir)) as d:
+        errors = [r.getMessage() for r in caplog.records]
+        assert any(str(path) in e and why in e for e in errors), errors
+        await d.wait_until(lambda: d.state.capacity["gpu0"].value is not None)
+        error = await refusal(d, {"model": "big", "prompt": "x"})
+        assert error["code"] == "resource_unmeasured"
+        assert str(path) in error["message"] and why in error["message"]
+        doc = await status(d)
+        assert doc["resources"]["gpu0"]["state_error"].startswith(str(path))
+        d.state.on_learning("up")  # type: ignore[misc]
+        await d.daemon.saver.flush()
+    assert path.read_text(encoding="utf-8") == content
+
+
+async def test_an_unwritable_state_directory_is_logged_and_lending_goes_on(
+    nvml: Scenario, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gpu(nvml)
+    # /proc takes no new directories, for root neither: a state directory nobody can create.
+    state_dir = Path(f"/proc/vacancyd-state-{os.getpid()}")
+    caplog.set_level(logging.ERROR)
+    fake = FakeOllama(models=("big:latest",), specs={"big:latest": BIG}, scenario=nvml, tokens=1)
+    async with serve_app(fake.app()) as target, running_daemon(config(target, state_dir)) as d:
+        await d.wait_ready()
+        assert any("is not writable" in r.getMessage() for r in caplog.records)
+        async with ollama.AsyncClient(host=d.proxy_url("up")) as borrower:
+            await borrower.generate(model="big", prompt="hi")
+        await d.wait_until(lambda: bool(d.state.learning.get("up")))
+        await d.wait_until(lambda: str(state_dir / "residency" / "up.json") in d.state.write_errors)
+        doc = await status(d)
+        assert str(state_dir) in doc["durable_state"]["write_errors"]
+        assert any("cannot write durable state" in r.getMessage() for r in caplog.records)
+        # What was learned still works from memory.
+        async with ollama.AsyncClient(host=d.proxy_url("up")) as borrower:
+            ok = await borrower.generate(model="big", prompt="again")
+        assert ok.done and len(fake.loads) == 1
+        assert d.daemon.supervisor.failure is None

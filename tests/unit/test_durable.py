@@ -1,0 +1,99 @@
+"""Durable state files: atomic, versioned, and clear about what is wrong with a bad one."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from vacancyd.core.residency import ContextKey, ContextLearning
+from vacancyd.runtime import durable, learned
+
+V1 = frozenset({1})
+
+
+def test_round_trip_and_absent(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "x.json"
+    assert durable.read_state(path, V1) is None
+    durable.write_state(path, {"version": 1, "a": [1, 2]})
+    assert durable.read_state(path, V1) == {"version": 1, "a": [1, 2]}
+    assert [p.name for p in path.parent.iterdir()] == ["x.json"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ('{"version": 1, "a": [1, 2', "corrupt or truncated"),
+        ("", "corrupt or truncated"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"version": 7}', "newer vacancyd (format version 7; this one reads up to 1)"),
+        ('{"version": "one"}', "unknown format version 'one'"),
+        ('{"a": 1}', "unknown format version None"),
+    ],
+)
+def test_unusable_files_name_the_file_and_say_why(tmp_path: Path, content: str, why: str) -> None:
+    path = tmp_path / "x.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(durable.StateFileError) as caught:
+        durable.read_state(path, V1)
+    assert caught.value.path == path
+    assert why in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_unreadable_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.mkdir()  # a directory where the file should be: reading fails
+    with pytest.raises(durable.StateFileError, match="cannot be read"):
+        durable.read_state(path, V1)
+    path.rmdir()
+    path.write_bytes(b"\xff\xfe{")
+    with pytest.raises(durable.StateFileError, match="cannot be read"):
+        durable.read_state(path, V1)
+
+
+def test_a_full_disk_leaves_the_old_file_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "x.json"
+    durable.write_state(path, {"version": 1, "old": True})
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(durable.os, "fsync", full)
+    with pytest.raises(OSError) as caught:
+        durable.write_state(path, {"version": 1, "old": False})
+    assert caught.value.errno == errno.ENOSPC
+    assert json.loads(path.read_text()) == {"version": 1, "old": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_a_read_only_directory_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def read_only(*args: object, **kw: object) -> tuple[int, str]:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(durable.tempfile, "mkstemp", read_only)
+    with pytest.raises(OSError, match="Read-only"):
+        durable.write_state(tmp_path / "x.json", {"version": 1})
+
+
+def test_learning_serialisation_and_malformed_entries() -> None:
+    learning = ContextLearning(
+        contexts={ContextKey("d" * 64, None, "api"): 4096, ContextKey("d" * 64, 2048, "v1"): 8192},
+        modelfile_num_ctx={"d" * 64: None, "e" * 64: 8192},
+    )
+    data = learned.learning_to_json("up", learning)
+    assert learned.learning_from_json(json.loads(json.dumps(data))) == learning
+    bad = dict(data, contexts=[{"digest": "d", "num_ctx": None, "dialect": "grpc", "loads": 1}])
+    with pytest.raises(ValueError, match=r"contexts\[0\].dialect"):
+        learned.learning_from_json(bad)
+    with pytest.raises(ValueError, match="loads"):
+        learned.learning_from_json(
+            dict(data, contexts=[{"digest": "d", "num_ctx": 1, "dialect": "api", "loads": -1}])
+        )
+    with pytest.raises(ValueError, match="priors"):
+        learned.priors_from_json({"version": 1, "priors": {"m": "lots"}})
+    assert learned.priors_from_json(learned.priors_to_json("up", {"m": 12})) == {"m": 12}

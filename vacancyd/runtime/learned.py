@@ -1,0 +1,219 @@
+"""What the daemon learns and keeps across restarts: each Ollama upstream's learned context
+map and Modelfile contexts, and each upstream's learned footprint priors.
+
+Files (see :mod:`vacancyd.runtime.durable` for the atomic, versioned format):
+
+* ``residency/UPSTREAM.json``::
+
+    {"version": 1, "upstream": NAME,
+     "contexts": [{"digest": str, "num_ctx": int | null, "dialect": "api" | "v1",
+                   "loads": int}],
+     "modelfile_num_ctx": {DIGEST: int | null}}
+
+* ``footprints/UPSTREAM.json``: ``{"version": 1, "upstream": NAME, "priors": {MODEL: MiB}}``
+
+:func:`load_learned` reads them at startup; a file that cannot be used is logged as an error
+naming it, and every resource of that upstream refuses borrowed work (``resource_unmeasured``)
+until the file is repaired or removed and vacancyd restarted: a half-remembered context map
+or prior could lend what does not fit. :class:`LearnedSaver` writes changes as they happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vacancyd.core.residency import ContextKey, ContextLearning
+from vacancyd.runtime import durable
+from vacancyd.state import SharedState
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+VERSIONS = frozenset({VERSION})
+
+
+def residency_path(state_dir: Path, upstream: str) -> Path:
+    return state_dir / "residency" / f"{upstream}.json"
+
+
+def priors_path(state_dir: Path, upstream: str) -> Path:
+    return state_dir / "footprints" / f"{upstream}.json"
+
+
+def learning_to_json(upstream: str, learning: ContextLearning) -> dict[str, Any]:
+    return {
+        "version": VERSION,
+        "upstream": upstream,
+        "contexts": [
+            {"digest": k.digest, "num_ctx": k.num_ctx, "dialect": k.dialect, "loads": v}
+            for k, v in learning.contexts.items()
+        ],
+        "modelfile_num_ctx": dict(learning.modelfile_num_ctx),
+    }
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def learning_from_json(data: Mapping[str, Any]) -> ContextLearning:
+    """Raises ValueError naming the first malformed entry."""
+    contexts: dict[ContextKey, int] = {}
+    raw = data.get("contexts")
+    if not isinstance(raw, list):
+        raise ValueError("'contexts' is not a list")
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise ValueError(f"contexts[{i}] is not an object")
+        digest, num_ctx, dialect, loads = (
+            entry.get("digest"),
+            entry.get("num_ctx"),
+            entry.get("dialect"),
+            entry.get("loads"),
+        )
+        if not isinstance(digest, str) or not digest:
+            raise ValueError(f"contexts[{i}].digest is not a string")
+        if num_ctx is not None and not _positive_int(num_ctx):
+            raise ValueError(f"contexts[{i}].num_ctx is not a positive integer or null")
+        if dialect not in ("api", "v1"):
+            raise ValueError(f"contexts[{i}].dialect is not 'api' or 'v1'")
+        if not isinstance(loads, int) or not _positive_int(loads):
+            raise ValueError(f"contexts[{i}].loads is not a positive integer")
+        contexts[ContextKey(digest, num_ctx, str(dialect))] = loads
+    modelfile: dict[str, int | None] = {}
+    raw_mf = data.get("modelfile_num_ctx", {})
+    if not isinstance(raw_mf, dict):
+        raise ValueError("'modelfile_num_ctx' is not an object")
+    for digest, value in raw_mf.items():
+        if value is not None and not _positive_int(value):
+            raise ValueError(f"modelfile_num_ctx[{digest!r}] is not a positive integer or null")
+        modelfile[digest] = value
+    return ContextLearning(contexts, modelfile)
+
+
+def priors_to_json(upstream: str, priors: Mapping[str, int]) -> dict[str, Any]:
+    return {"version": VERSION, "upstream": upstream, "priors": dict(priors)}
+
+
+def priors_from_json(data: Mapping[str, Any]) -> dict[str, int]:
+    """Raises ValueError naming the first malformed entry."""
+    raw = data.get("priors")
+    if not isinstance(raw, dict):
+        raise ValueError("'priors' is not an object")
+    out: dict[str, int] = {}
+    for model, mib in raw.items():
+        if not _positive_int(mib):
+            raise ValueError(f"priors[{model!r}] is not a positive whole number of MiB")
+        out[model] = mib
+    return out
+
+
+def _refuse(state: SharedState, upstream: str, path: Path, why: str) -> None:
+    policy = state.upstreams[upstream]
+    log.error(
+        "durable state %s %s; upstream %s refuses borrowed work on %s until the file is "
+        "repaired or removed and vacancyd is restarted",
+        path,
+        why,
+        upstream,
+        ", ".join(policy.resources),
+    )
+    for name in policy.resources:
+        state.state_errors[name] = f"{path} {why}"
+
+
+def load_learned(state: SharedState, state_dir: Path) -> None:
+    """Read every upstream's learned files into ``state``; never raises."""
+    for upstream in state.upstreams:
+        path = residency_path(state_dir, upstream)
+        try:
+            data = durable.read_state(path, VERSIONS)
+            if data is not None:
+                state.learning[upstream] = learning_from_json(data)
+                log.info("upstream %s: learned contexts restored from %s", upstream, path)
+        except durable.StateFileError as exc:
+            _refuse(state, upstream, path, exc.why)
+        except ValueError as exc:
+            _refuse(state, upstream, path, f"is malformed: {exc}")
+        path = priors_path(state_dir, upstream)
+        try:
+            data = durable.read_state(path, VERSIONS)
+            if data is not None:
+                state.priors[upstream] = priors_from_json(data)
+                log.info("upstream %s: footprint priors restored from %s", upstream, path)
+        except durable.StateFileError as exc:
+            _refuse(state, upstream, path, exc.why)
+        except ValueError as exc:
+            _refuse(state, upstream, path, f"is malformed: {exc}")
+
+
+class LearnedSaver:
+    """Writes learned state when it changes, off the event loop, one write at a time.
+
+    A write that fails (read-only directory, full disk) is logged once per distinct error
+    and retried at the next change; the daemon keeps serving from what it holds in memory.
+    ``errors`` maps each failing file to its error, for /status.
+    """
+
+    def __init__(self, state: SharedState, state_dir: Path) -> None:
+        self.state = state
+        self.state_dir = state_dir
+        self.errors = state.write_errors
+        self.failures = 0
+        self._dirty: set[tuple[str, str]] = set()
+        self._wake = asyncio.Event()
+        #: Files whose on-disk copy could not be read at startup are never overwritten.
+        self._frozen = {
+            u
+            for u in state.upstreams
+            if state.state_errors.keys() & set(state.upstreams[u].resources)
+        }
+        state.on_learning = lambda u: self.mark("residency", u)
+        state.on_priors = lambda u: self.mark("footprints", u)
+
+    def mark(self, kind: str, upstream: str) -> None:
+        if upstream in self._frozen:
+            return
+        self._dirty.add((kind, upstream))
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Save forever; cancel to stop (call :meth:`flush` afterwards)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        for item in sorted(self._dirty):
+            kind, upstream = item
+            if kind == "residency":
+                path = residency_path(self.state_dir, upstream)
+                data = learning_to_json(
+                    upstream, self.state.learning.get(upstream, ContextLearning())
+                )
+            else:
+                path = priors_path(self.state_dir, upstream)
+                data = priors_to_json(upstream, self.state.priors.get(upstream, {}))
+            try:
+                await asyncio.to_thread(durable.write_state, path, data)
+                self._dirty.discard(item)  # only once written: a cancelled save is redone
+            except OSError as exc:
+                self._dirty.discard(item)  # retried at the next change
+                self.failures += 1
+                message = f"{exc.strerror or exc}"
+                if self.errors.get(str(path)) != message:
+                    log.error(
+                        "cannot write durable state %s: %s; what was learned is kept in memory "
+                        "and lost on restart until the state directory is writable",
+                        path,
+                        message,
+                    )
+                self.errors[str(path)] = message
+            else:
+                if self.errors.pop(str(path), None) is not None:
+                    log.info("durable state %s written again", path)
