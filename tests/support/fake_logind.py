@@ -196,37 +196,37 @@ class FakeSession(ServiceInterface):
 
     # -- methods -----------------------------------------------------------------------
     @dbus_method()
-    def Lock(self) -> None:
+    def Lock(self):
         self.LockRequested()
 
     @dbus_method()
-    def Unlock(self) -> None:
+    def Unlock(self):
         self.UnlockRequested()
 
     @dbus_method()
-    def Activate(self) -> None:
+    def Activate(self):
         self.spec.active = True
         self.emit_properties_changed({"Active": True, "State": "active"})
 
     @dbus_method()
-    def Terminate(self) -> None:
+    def Terminate(self):
         return None
 
     @dbus_method()
-    def SetIdleHint(self, idle: DBusBool) -> None:
+    def SetIdleHint(self, idle: DBusBool):
         self.set_idle(idle)
 
     @dbus_method()
-    def SetLockedHint(self, locked: DBusBool) -> None:
+    def SetLockedHint(self, locked: DBusBool):
         self.set_locked(locked)
 
     # -- signals (dbus-fast names the signal after ``name=``) ---------------------------
     @dbus_signal(name="Lock")
-    def LockRequested(self) -> None:
+    def LockRequested(self):
         return None
 
     @dbus_signal(name="Unlock")
-    def UnlockRequested(self) -> None:
+    def UnlockRequested(self):
         return None
 
     # -- what a desktop would do -------------------------------------------------------
@@ -263,11 +263,11 @@ class FakeManager(ServiceInterface):
         return session_path(session_id)
 
     @dbus_method()
-    def LockSession(self, session_id: DBusStr) -> None:
+    def LockSession(self, session_id: DBusStr):
         self._logind.sessions[session_id].LockRequested()
 
     @dbus_method()
-    def UnlockSession(self, session_id: DBusStr) -> None:
+    def UnlockSession(self, session_id: DBusStr):
         self._logind.sessions[session_id].UnlockRequested()
 
     @dbus_signal()
