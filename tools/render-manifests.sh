@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Render manifests/ from charts/vacancyd with manifests/values.yaml (product map K6), so the
+# Render manifests/ from charts/vacancyd with manifests/values.yaml, so the
 # plain YAML and the chart never drift; tests/integration/test_chart.py fails when they differ.
 #   HELM   helm binary (default: the tool cache's, else helm on PATH)
 set -euo pipefail

@@ -50,7 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             "vacancyd: no --config given; using the embedded default configuration", file=sys.stderr
         )
-    return asyncio.run(run_daemon(settings))
+    return asyncio.run(run_daemon(settings, config_path=args.config))
 
 
 def cmd_companion(args: argparse.Namespace) -> int:
@@ -230,8 +230,14 @@ def format_status(doc: dict[str, Any]) -> str:
                 + (f" error: {server['error']}" if server.get("error") else "")
             )
         work = u.get("active_work", [])
+        sharing = u.get("sharing") or {}
+        slots = ""
+        if sharing:
+            slots = f" of {sharing.get('max_concurrent')} slot(s), {sharing.get('waiting')} waiting"
+            if sharing.get("exclusive_of") or sharing.get("excluded_by"):
+                slots += f", card {sharing.get('card')}"
         lines.append(
-            f"    active work: {len(work)}"
+            f"    active work: {len(work)}{slots}"
             + "".join(
                 f"\n      job {w['job']} {w['phase']} model={w.get('model')} {w['age_s']:.0f}s"
                 for w in work
@@ -247,6 +253,17 @@ def format_status(doc: dict[str, Any]) -> str:
             )
         if u.get("unseen_gpu_work"):
             lines.append(f"    unseen GPU work: {u['unseen_gpu_work']}")
+    pools = doc.get("pools") or {}
+    if pools:
+        lines.append("pools:")
+    for name, p in pools.items():
+        listener = p.get("listener") or {}
+        lines.append(
+            f"  {name} on {listener.get('address', '?')} "
+            f"{'bound' if listener.get('bound') else 'NOT BOUND'} -> "
+            f"{', '.join(p.get('members') or [])}: "
+            f"{'lendable' if p.get('lendable') else 'no member lendable'}"
+        )
     return "\n".join(lines)
 
 
@@ -381,6 +398,38 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from vacancyd.runtime.init import DEFAULT_CANDIDATES, InitError, run_init
+
+    candidates = list(args.server or DEFAULT_CANDIDATES)
+    for address in candidates:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            print(f"vacancyd init: --server {address!r} is not HOST:PORT", file=sys.stderr)
+            return 2
+    if not 0 < args.probe_timeout <= 60:
+        print("vacancyd init: --probe-timeout must be between 0 and 60 s", file=sys.stderr)
+        return 2
+    try:
+        text, report = run_init(
+            args.config,
+            candidates=candidates,
+            timeout_s=args.probe_timeout,
+            state_dir=args.state_dir,
+            force=args.force,
+            to_stdout=args.print,
+            gpus=not args.no_gpus,
+        )
+    except InitError as exc:
+        print(f"vacancyd init: {exc}", file=sys.stderr)
+        return 1
+    for line in report:
+        print(f"vacancyd init: {line}", file=sys.stderr)
+    if args.print:
+        print(text)
+    return 0
+
+
 def _add_api_args(p: argparse.ArgumentParser, scope: str) -> None:
     p.add_argument("--url", help=f"API base URL (default: from --config, else {DEFAULT_URL})")
     p.add_argument(
@@ -444,6 +493,37 @@ def build_parser() -> argparse.ArgumentParser:
     pause.add_argument("--reason", help="a note shown in /status")
     _add_api_args(pause, "admin")
     pause.set_defaults(func=cmd_pause)
+
+    init = sub.add_parser(
+        "init",
+        help="find the local inference servers and GPUs and write a starting config",
+    )
+    init.add_argument(
+        "--config",
+        type=Path,
+        default=Path("/etc/vacancyd/vacancyd.toml"),
+        help="where to write it (default /etc/vacancyd/vacancyd.toml; tokens go in tokens/ "
+        "beside it)",
+    )
+    init.add_argument("--force", action="store_true", help="replace an existing config")
+    init.add_argument(
+        "--print", action="store_true", help="write the config to stdout; create nothing"
+    )
+    init.add_argument(
+        "--server",
+        action="append",
+        metavar="HOST:PORT",
+        help="probe this address (repeatable; default: the usual local ports of Ollama, "
+        "llama-server, ComfyUI, vLLM and LM Studio)",
+    )
+    init.add_argument(
+        "--probe-timeout", type=float, default=2.0, help="seconds per probe request (default 2)"
+    )
+    init.add_argument(
+        "--state-dir", type=Path, default=Path("/var/lib/vacancyd"), help="state_dir to write"
+    )
+    init.add_argument("--no-gpus", action="store_true", help="do not look for GPUs")
+    init.set_defaults(func=cmd_init)
 
     resume = sub.add_parser("resume", help="end a pause")
     _add_api_args(resume, "admin")

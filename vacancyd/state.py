@@ -1,4 +1,4 @@
-"""SharedState: the daemon's only mutable store (spec "Shared state").
+"""SharedState: the daemon's only mutable store (docs/architecture.md).
 
 Collectors write timestamped observations; the admin API flips switches; the proxy and the
 gate read a frozen :class:`~vacancyd.core.snapshot.Snapshot`; borrowed work
@@ -101,7 +101,7 @@ class PressureSample:
 
 @dataclass
 class PressureState:
-    """One GPU's pressure guard (spec "Shared state"): reading, learner and hysteresis.
+    """One GPU's pressure guard (docs/architecture.md): reading, learner and hysteresis.
 
     ``pending_cache``: a saved calibration read at start, applied once the first sample says
     which GPU (UUID) this is. ``last_edge``: the newest rising edge, for /status.
@@ -178,7 +178,7 @@ class SharedState:
             for name, p in (pressure or {}).items()
         }
         self.unseen = UnseenGpuWork()
-        #: Each upstream's latest reclaim as published by vacancyd.control.reclaim (Y5).
+        #: Each upstream's latest reclaim as published by vacancyd.control.reclaim.
         self.reclaims: dict[str, Reclaim] = {}
         #: Per resource, when a reclaim last unloaded an upstream depending on it (monotonic).
         self.yielded_at: dict[str, float] = {}
@@ -296,10 +296,10 @@ class SharedState:
             self._emit(CapacityChanged(name, Quality.UNKNOWN, error))
 
     def record_pressure(self, name: str, sample: PressureSample, now: float) -> None:
-        """A valid pressure poll of GPU ``name`` (spec "Shared state", "Yield"; R1–R6).
+        """A valid pressure poll of GPU ``name`` (docs/architecture.md, "Yield").
 
-        Feeds the learner (paused while a presence source is configured but stale, spec
-        "Gate" step 2) and the hysteresis; emits ``pressure`` events on a rising edge
+        Feeds the learner (paused while a presence source is configured but stale: the
+        gate's step 2) and the hysteresis; emits ``pressure`` events on a rising edge
         (``edge=True``, consumed by reclaim) and on release (``edge=False``).
         """
         ps = self.pressure[name]
@@ -361,7 +361,7 @@ class SharedState:
                 name, ps.tracker.engaged, edge.cause, edge.at, edge.unknown_for_s, load, threshold
             )
         )
-        # The same edge starts a reclaim of the affected upstreams (spec "Yield", Y4).
+        # The same edge starts a reclaim of the affected upstreams (docs/reclaim.md).
         self.raise_edge(
             Trigger.PRESSURE,
             edge.at,
@@ -513,7 +513,8 @@ class SharedState:
 
         The gate refuses host-scoped work at once (evidence incomplete). Once the last good
         reading is older than the freshness bound and nothing replaced it, the failure also
-        engages the owner veto (spec "Gate" step 2), so release needs ``release_after_s`` of
+        engages the owner veto (docs/architecture.md step 2), so release needs ``release_after_s``
+        of
         fresh clear readings after presence is readable again.
         """
         previous = self.presence.reading
@@ -533,7 +534,7 @@ class SharedState:
     def raise_edge(
         self, trigger: Trigger | str, now: float, *, resource: str | None = None, detail: str = ""
     ) -> None:
-        """Raise a reclaim edge (spec "Yield"): ``trigger`` owner, pressure or admin.
+        """Raise a reclaim edge (docs/reclaim.md): ``trigger`` owner, pressure or admin.
 
         The host policy veto raises owner edges by itself (``record_presence``); this is the
         internal event the admin API (POST /admin/reclaim), tests and the pressure tracker use.

@@ -1,4 +1,4 @@
-"""API listener (product map O1, O2, O3, O6, P11): health, readiness, status, metrics,
+"""API listener: health, readiness, status, metrics,
 admin switches and their scopes, and the ``vacancyd status`` CLI against a live daemon."""
 
 from __future__ import annotations

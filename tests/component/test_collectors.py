@@ -1,4 +1,4 @@
-"""Probe loops (product map C1, C2, O5): deadlines, failures as unknown quality, a stuck
+"""Probe loops: deadlines, failures as unknown quality, a stuck
 probe not stalling its neighbours, on-demand samples, NVML absent, and task supervision."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The comfyui adapter (P2), its prompt tracking and reclaim (Y6, Y7) and the /ws tunnel
-(P10), against a look-alike ComfyUI whose queue keeps prompts after answering /prompt."""
+"""The comfyui adapter, its prompt tracking and reclaim, and the /ws tunnel, against a look-alike
+ComfyUI whose queue keeps prompts after answering /prompt."""
 
 from __future__ import annotations
 

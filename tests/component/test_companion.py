@@ -1,4 +1,4 @@
-"""The companion following real in-process lenders, and host-side publishing (K1–K4, O8).
+"""The companion following real in-process lenders, and host-side publishing.
 
 Kubernetes is the in-memory fake here; test_kube_e2e.py repeats the main scenarios against a
 real kube-apiserver.

@@ -1,4 +1,4 @@
-"""GET /events on the lender's API listener: read scope, SSE framing, transitions (O8)."""
+"""GET /events on the lender's API listener: read scope, SSE framing, transitions."""
 
 from __future__ import annotations
 

@@ -198,3 +198,25 @@ async def test_an_unload_that_does_not_complete_in_time_is_the_configured_choice
         )
         resp = await owner
         resp.close()
+
+
+async def test_a_reclaim_during_the_unload_refuses_the_image_job() -> None:
+    extra = 'unload_timeout_s = 1.5\non_unload_timeout = "forward"\non_owner_return = "cancel"'
+    async with card(extra, tokens=200, token_interval_s=0.02) as (d, ollama, _, calls, client):
+        owner = asyncio.create_task(
+            client.post(
+                str(d.daemon.settings.upstream[0].target).rstrip("/") + "/api/chat",
+                json={"model": "tiny", "messages": [{"role": "user", "content": "mine"}]},
+            )
+        )
+        await d.wait_until(lambda: sum(r.refs for r in ollama.loaded.values()) == 1)
+        img = asyncio.create_task(image(d, client))
+        await d.wait_until(lambda: bool(ollama.unload_requests))  # the unload has begun
+        async with client.post(d.api_url + "/admin/reclaim", json={}) as r:
+            assert r.status in (200, 202)
+        status, reply = await img
+        assert status == 503 and "before the job was forwarded" in reply["error"]["message"]
+        assert not any(c[:3] == ("comfy", "POST", "/prompt") for c in calls)
+        await d.wait_until(lambda: not d.state.ledger.jobs())
+        resp = await owner
+        resp.close()

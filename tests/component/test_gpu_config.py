@@ -1,6 +1,6 @@
 """GPU configuration keys (docs/configuration.md "[[resource]] (GPU keys)"), the calibration
-cache's atomic writes and corrupt-file handling (R3), and several GPUs as separate resources
-(S2) in a running daemon."""
+cache's atomic writes and corrupt-file handling, and several GPUs as separate resources
+ in a running daemon."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_corrupt_cache_is_ignored(tmp_path: Path, content: str) -> None:
 
 
 async def test_two_gpus_are_two_resources(nvml: Scenario, tmp_path: Path) -> None:
-    """S2: pressure on one GPU refuses only the upstream that names it."""
+    """Several GPUs: pressure on one GPU refuses only the upstream that names it."""
     nvml.gpus = [
         Gpu(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "00000000:01:00.0"),
         Gpu(1, "GPU-bbbbbbbb-0000-0000-0000-000000000000", "00000000:02:00.0", 8192, 100),

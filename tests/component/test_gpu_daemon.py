@@ -1,8 +1,8 @@
 """GPU pressure end to end in a real daemon over the fake NVML, and the state rules behind it.
 
-Gate A5 (pressure engaged → resource_pressured; unknown/uncalibrated → resource_unmeasured),
-the ``pressure`` state event, metrics, /status and ``vacancyd status`` (R1–R6), and the
-calibration cache surviving a restart (R3).
+Gate step 5 (pressure engaged → resource_pressured; unknown/uncalibrated → resource_unmeasured),
+the ``pressure`` state event, metrics, /status and ``vacancyd status``, and the
+calibration cache surviving a restart.
 """
 
 from __future__ import annotations
@@ -271,7 +271,8 @@ def test_status_line_while_calibrating() -> None:
 
 
 async def test_pressure_edge_reclaims_borrowed_work(nvml: Scenario, tmp_path: Path) -> None:
-    """Y4 across both halves: a GPU pressure edge from the NVML collector starts a reclaim,
+    """Pressure reclaim across both halves: a GPU pressure edge from the NVML collector starts a
+    reclaim,
     and a ``cancel`` upstream's in-flight stream is cut (never a clean end)."""
     from tests.support.slow_openai import SlowOpenAI
 

@@ -1,4 +1,4 @@
-"""Kubernetes wiring: config models, the CLI, the upstream gauge, and import boundaries (K3, K7)."""
+"""Kubernetes wiring: config models, the CLI, the upstream gauge, and import boundaries."""
 
 from __future__ import annotations
 

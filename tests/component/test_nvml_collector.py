@@ -1,7 +1,7 @@
 """GPU collectors against the fake libnvidia-ml (pynvml's real code) and real processes.
 
-Product map C1 (capacity by index, UUID, PCI bus id; errors → unknown, never a number),
-S2 (several GPUs), R1 (process utilization samples), R2 (local upstream trees subtracted by
+Capacity (by index, UUID, PCI bus id; errors → unknown, never a number),
+several GPUs, process utilization samples, and local upstream trees subtracted by
 (pid, start time); non-local targets select nothing) and the issue's bad-input list.
 """
 

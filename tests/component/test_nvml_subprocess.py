@@ -1,7 +1,7 @@
 """``vacancyd run`` as a real process finding the fake libnvidia-ml.so.1 through the dynamic
 linker's normal search (LD_LIBRARY_PATH, read at process start), with an nvidia-smi on PATH
 that would report different numbers: capacity must come from NVML, and owner GPU work must
-refuse borrowed work (C1, R1, gate A5)."""
+refuse borrowed work (gate step 5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ollama adapter (P2) and its reclaim (Y2, Y3, Y7, T2) against a look-alike Ollama,
+"""The ollama adapter and its reclaim against a look-alike Ollama,
 with the real ``ollama`` Python package as the borrower's client."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.slow_openai import SlowOpenAI
-from vacancyd.cli import main
+from vacancyd.cli import format_status, main
 from vacancyd.core.power import PowerReading
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
@@ -133,6 +133,10 @@ async def test_pause_cuts_borrowed_work_refuses_until_when_and_survives_a_restar
         assert 1700 <= int(headers["Retry-After"]) <= 1801
         doc = await status(d, client)
         assert [h["kind"] for h in doc["owner_controls"]["holds"]] == ["pause"]
+        async with client.get(d.api_url + "/metrics") as r:
+            metrics = await r.text()
+        assert 'vacancyd_owner_hold{kind="pause"} 1.0' in metrics
+        assert 'vacancyd_owner_hold{kind="schedule"} 0.0' in metrics
         assert doc["upstreams"]["llm"]["reclaim"]["trigger"] == "hold"
         assert doc["upstreams"]["llm"]["refusal"]["reason"] == "owner_active"
     saved = json.loads((tmp_path / "pause.json").read_text())
@@ -274,6 +278,10 @@ async def test_the_window_closing_hands_borrowed_work_back_by_policy(
                 doc = await status(d, client)
                 assert doc["owner_controls"]["schedule"]["open"] is True
                 assert doc["owner_controls"]["schedule"]["next_change"] == BERLIN_0659 + 1
+                assert (
+                    "schedule (Europe/Berlin): open, closes at 2026-12-01 07:00:00 +0100"
+                    in format_status(doc)
+                )
                 resp = await start_stream(d, client)
                 await fake.started.wait()
                 clock.now = BERLIN_0659 + 2  # 07:00:01: the window has closed
@@ -281,6 +289,9 @@ async def test_the_window_closing_hands_borrowed_work_back_by_policy(
                 await d.wait_until(lambda: bool(d.state.holds), 5)
                 code, body, _ = await borrow(d, client)
                 assert code == 503 and body["error"]["hold"] == "schedule"
+                printed = format_status(await status(d, client))
+                assert "HELD (schedule): outside the owner's lending schedule" in printed
+                assert "schedule (Europe/Berlin): closed, opens at 2026-12-02 01:00" in printed
                 assert "next window opens 2026-12-02 01:00:00 +0100" in body["error"]["message"]
                 data, error = await asyncio.wait_for(read_all(resp), 10)
                 if policy == "finish":

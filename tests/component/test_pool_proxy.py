@@ -13,6 +13,7 @@ import pytest
 
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.held_openai import HeldOpenAI
+from vacancyd.cli import format_status
 from vacancyd.config import ConfigError, parse_config
 
 
@@ -85,10 +86,21 @@ async def test_requests_go_to_the_member_with_room_and_are_refused_only_when_non
         status, body = await chat(d, client, "r3")
         assert status == 503 and body["error"]["code"] == "resource_busy"
         assert body["error"]["upstream"] == "both"
+        probe = d.proxy_url("both") + "/.well-known/vacancyd/lendable"
+        async with client.get(probe) as r:
+            assert r.status == 503  # no member would admit now
         fa.release("r1")
         fb.release("r2")
         assert (await first)[0] == 200 and (await second)[0] == 200
         assert fa.arrived == ["r1"] and fb.arrived == ["r2"]
+        await d.wait_until(lambda: not d.state.ledger.jobs())
+        async with asyncio.timeout(5):  # once a sample after the releases has landed
+            while True:
+                async with client.get(probe) as r:
+                    if r.status == 200:
+                        assert (await r.json())["lendable"] is True
+                        break
+                await asyncio.sleep(0.05)
         # non-work reads go to the first member
         async with client.get(d.proxy_url("both") + "/v1/models") as r:
             assert (await r.json())["data"][0]["id"] == "from-a"
@@ -97,6 +109,9 @@ async def test_requests_go_to_the_member_with_room_and_are_refused_only_when_non
         assert doc["pools"]["both"]["members"] == ["a", "b"]
         assert doc["pools"]["both"]["listener"]["bound"] is True
         assert doc["upstreams"]["a"]["sharing"]["max_concurrent"] == 1
+        text = format_status(doc)
+        assert "pools:\n  both on 127.0.0.1:" in text and "-> a, b: lendable" in text
+        assert "active work: 0 of 1 slot(s), 0 waiting" in text
 
 
 async def test_a_pool_is_refused_like_its_members_when_lending_is_off() -> None:

@@ -1,4 +1,4 @@
-"""[owner] configuration for presence, the unsupported-platform reading (product map C7), the
+"""[owner] configuration for presence, the unsupported-platform reading, the
 owner-process scan's user checks, and how ``vacancyd status`` prints sessions."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The gated proxy against a fake OpenAI-shaped upstream on loopback (product map P1–P9,
-P11, P12, L1–L3, A8): forwarding, streaming, refusals, limits, auth, header rules, redirects,
+"""The gated proxy against a fake OpenAI-shaped upstream on loopback: forwarding, streaming,
+refusals, limits, auth, header rules, redirects,
 disconnects and the ledger."""
 
 from __future__ import annotations
@@ -223,11 +223,12 @@ async def test_body_budget_exhausted_is_a_retryable_refusal(
     release = asyncio.Event()
 
     async def slow_body() -> AsyncIterator[bytes]:
-        yield b'{"model": "m", "pad": "'
+        yield b'{"model": "m", "pad": "' + b"x" * (1024 * 1024 - 100)
         await release.wait()
         yield b'"}'
 
-    # two slow chunked bodies each reserve the 1 MiB limit: the budget is then full
+    # two slow chunked bodies that have each sent almost the 1 MiB limit hold it between
+    # them (a body holds what it sent, not what it may send): the budget is then full
     async def post() -> aiohttp.ClientResponse:
         return await http.post(url, data=slow_body(), headers=AUTH)
 
@@ -341,7 +342,9 @@ async def test_header_rules_and_credentials(http: aiohttp.ClientSession) -> None
         assert got["Authorization"] == "Bearer upstream-secret-key"
         for dropped in ("X-Hop", "Proxy-Authorization", "Origin", "TE"):
             assert dropped not in got
-        assert got["X-Forwarded-For"] == "keep-me"
+        # a borrower's own X-Forwarded-For is replaced by its real address (the default
+        # forwarded_headers = "replace"; a spoofed one used to pass through unchanged)
+        assert got["X-Forwarded-For"] == "127.0.0.1"
         assert got["Host"] == url.removeprefix("http://")
 
 
@@ -419,7 +422,7 @@ async def test_ledger_serializes_and_client_disconnect_cancels_upstream(
         return resp
 
     app, _ = openai_like_app(extra={("POST", "/v1/completions"): slow_stream})
-    # a slow poll: the only capacity sample after the release is the one asked for (L3)
+    # a slow poll: the only capacity sample after the release is the one asked for
     async with serve_app(app) as url, running_daemon(config(url, poll_s=30)) as d:
         await d.wait_ready()
         base = d.proxy_url("up")

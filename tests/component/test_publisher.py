@@ -1,4 +1,4 @@
-"""vacancyd.k8s.publisher against the in-memory fake API (K1–K4 write rules, K3 backoff).
+"""vacancyd.k8s.publisher against the in-memory fake API (write rules and backoff).
 
 The same behaviour against a real kube-apiserver is in test_kube_e2e.py (marker ``kube``).
 """

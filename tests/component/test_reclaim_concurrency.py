@@ -1,4 +1,4 @@
-"""Unloads run per upstream, concurrently, each under its own deadline (spec "Yield"; Y7):
+"""Unloads run per upstream, concurrently, each under its own deadline (docs/reclaim.md):
 a hung Ollama neither delays ComfyUI's /free nor the presence loop."""
 
 from __future__ import annotations

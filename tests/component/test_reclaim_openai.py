@@ -1,4 +1,4 @@
-"""Reclaim on the OpenAI-compatible proxy path (spec "Yield"; product map Y1–Y5, Y8).
+"""Reclaim on the OpenAI-compatible proxy path (docs/reclaim.md).
 
 A real in-process daemon in front of a slow OpenAI-shaped fake; owner-return edges are raised
 through the host policy veto (SharedState.record_presence with an owner signal) and operator
@@ -109,7 +109,7 @@ async def test_cancel_cuts_a_long_stream_at_once_and_refuses_new_work() -> None:
         assert b"[DONE]" not in data
         await asyncio.wait_for(fake.ended_event.wait(), 5)
         assert fake.ended == ["disconnected"]
-        # Y1: new work is refused at once, with the owner's reason.
+        # new work is refused at once, with the owner's reason.
         async with client.post(
             d.proxy_url("llm") + "/v1/chat/completions", json={"model": "tiny", "messages": []}
         ) as r:
@@ -239,7 +239,8 @@ async def test_a_stalled_borrower_does_not_delay_closing_the_upstream_connection
         body = json.dumps({"model": "tiny", "stream": True, "messages": []}).encode()
         await loop.sock_sendall(
             sock,
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            + b"Content-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body,
         )

@@ -1,4 +1,4 @@
-"""nvidia-smi fallback (product map C1): a stand-in executable printing the real CSV format,
+"""nvidia-smi fallback: a stand-in executable printing the real CSV format,
 one that hangs (killed at the deadline), one printing garbage; and a daemon on a host where
 the NVML library cannot be loaded at all, which measures capacity through nvidia-smi and
 refuses on pressure it cannot measure.

@@ -155,3 +155,32 @@ async def test_without_yield_on_veto_the_server_is_never_put_to_sleep(tmp_path: 
         await reclaim_by_pause(d, http)
         assert not any(path.startswith("/sleep") for _, path in fake.calls)
         assert (await sleep_view(d, http))["state"] == "awake"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"is_sleeping": "yes"}, {"sleeping": True}, ["is_sleeping"]],
+    ids=["not-a-bool", "wrong-key", "not-an-object"],
+)
+async def test_a_malformed_is_sleeping_answer_is_an_upstream_error(answer: object) -> None:
+    from aiohttp import web
+
+    from vacancyd.adapters.base import UpstreamError
+    from vacancyd.adapters.vllm import VllmController
+
+    async def sleep(_: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def is_sleeping(_: web.Request) -> web.Response:
+        return web.json_response(answer)
+
+    app = web.Application()
+    app.router.add_post("/sleep", sleep)
+    app.router.add_get("/is_sleeping", is_sleeping)
+    async with serve_app(app) as target, aiohttp.ClientSession() as session:
+        from yarl import URL
+
+        controller = VllmController(session, URL(target))
+        with pytest.raises(UpstreamError, match="is_sleeping"):
+            await controller.unload(frozenset())
+        assert controller.state == "awake"  # never claimed asleep without proof

@@ -68,6 +68,8 @@ async def test_waiters_are_admitted_in_arrival_order_as_slots_free() -> None:
     card.release("w1")
     late = asyncio.create_task(r.wait("up", card.attempt("late"), card.release))
     await settle()
+    assert not late.done() and r.waiting("up") == 2
+    r.serve()
     assert await tasks[2] == "w2" and not late.done()
     card.release("w2")
     r.serve()

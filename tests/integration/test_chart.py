@@ -1,4 +1,4 @@
-"""The Helm chart, the plain manifests and the alert rules (K5, K6, K7).
+"""The Helm chart, the plain manifests and the alert rules.
 
 Needs helm and promtool from tools/build-kube-tools.sh (skipped without them, failed with
 VACANCYD_REQUIRE_TOOLS=1). Validation against the API server's own schemas, and applying the

@@ -1,4 +1,4 @@
-"""Publishing against a real kube-apiserver with the real kubernetes_asyncio client (K1–K8).
+"""Publishing against a real kube-apiserver with the real kubernetes_asyncio client.
 
 Needs kube-apiserver, etcd, kubectl, helm and kubeconform (tools/build-kube-tools.sh); the
 tests skip without them and fail with VACANCYD_REQUIRE_TOOLS=1. Outcomes are read the way an
@@ -69,7 +69,7 @@ def helm_template(values: Path) -> str:
 
 @pytest.fixture(scope="module")
 def installed(apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The chart's objects applied to the server (K5): Services, RBAC, companion and all."""
+    """The chart's objects applied to the server: Services, RBAC, companion and all."""
     values = chart_values(
         tmp_path_factory.mktemp("chart"),
         [{"name": "pc", "url": "http://192.0.2.10:9470", "address": "192.0.2.10", "node": NODE}],
@@ -542,7 +542,7 @@ def test_chart_renders_valid_objects_and_applies(apiserver: Any, tmp_path: Path)
 
 
 async def test_two_lenders_behind_one_service(installed: Any) -> None:
-    """K4: one companion, two lenders, one EndpointSlice each in the same Services."""
+    """Scale-out: one companion, two lenders, one EndpointSlice each in the same Services."""
     api = installed
     app, _ = openai_like_app()
     async with serve_app(app) as target:
@@ -632,7 +632,8 @@ async def test_companion_process_publishes_and_stops_cleanly(
 async def test_in_cluster_auth_with_the_service_account(
     installed: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """K3: in a Pod (KUBERNETES_SERVICE_HOST set, no kubeconfig) the mounted ServiceAccount
+    """In-cluster auth: in a Pod (KUBERNETES_SERVICE_HOST set, no kubeconfig) the mounted
+    ServiceAccount
     token is used, and the chart's Role is all it may do."""
     from vacancyd.k8s.api import K8sApiError
 

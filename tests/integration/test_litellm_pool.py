@@ -40,7 +40,12 @@ def router_for(lender: str, direct: str) -> Any:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download at import
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the library's own deprecation noise at import
+        import litellm
         from litellm import Router  # type: ignore[attr-defined]
+
+    # httpx's own transport: LiteLLM's aiohttp one leaves sessions for the garbage collector,
+    # which would then warn inside whichever test runs next.
+    litellm.disable_aiohttp_transport = True
 
     def deployment(base: str) -> dict[str, Any]:
         return {
@@ -53,6 +58,18 @@ def router_for(lender: str, direct: str) -> Any:
         num_retries=0,  # a refusal would surface as a lost request, not hide in a retry
         timeout=60,
     )
+
+
+async def close_clients() -> None:
+    """Close the HTTP clients LiteLLM caches, so none outlives this test."""
+    import gc
+
+    from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+
+    await close_litellm_async_clients()  # type: ignore[no-untyped-call]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gc.collect()
 
 
 async def test_router_loses_no_request_with_slots_matching_the_server(llama: LlamaServer) -> None:
@@ -99,6 +116,7 @@ max_concurrent = 4
                     outcomes.append("ok" if reply.choices else "empty")
 
         await asyncio.gather(*(worker() for _ in range(4)))
+        await close_clients()
         assert outcomes == ["ok"] * 20, outcomes
         text = d.daemon.metrics.registry.get_sample_value(
             "vacancyd_admission_decisions_total",

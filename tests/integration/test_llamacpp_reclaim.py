@@ -1,6 +1,6 @@
 """Owner return against a real llama-server stream, in each ``on_owner_return`` policy
 (reclaim issue: "the llama-server from the foundation issue serves the drain/cancel tests
-for OpenAI-compatible streams"; spec "Yield", Y1–Y3, Y8).
+for OpenAI-compatible streams"; docs/reclaim.md).
 
 The tiny model streams about 3000 tokens over several seconds (``ignore_eos`` and context
 shift), long enough for an owner to come back in the middle of it."""

@@ -1,5 +1,5 @@
-"""Owner presence against a real dbus-daemon and a systemd-logind look-alike (product map
-C3, C4, C5, C8, A2–A4, O1): the daemon runs in-process with ``presence = "logind"`` and only
+"""Owner presence against a real dbus-daemon and a systemd-logind look-alike: the
+daemon runs in-process with ``presence = "logind"`` and only
 ``bus_address`` pointing it at the private bus, and borrowed requests go through its proxy.
 
 Scenarios: a local graphical session unlocks; a session locks; the user goes idle and comes

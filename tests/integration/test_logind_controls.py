@@ -190,3 +190,44 @@ async def test_a_gpu_exclusive_app_holds_only_gpu_upstreams(
             assert "GPU-exclusive application running" in error["message"]
             assert (await borrow(d, http, "llm"))[0] == 200
         await d.wait_until(lambda: not d.state.holds, 5)
+
+
+async def test_pause_until_idle_ends_when_the_owner_has_come_and_gone(
+    bus: PrivateBus, tmp_path: Path
+) -> None:
+    """Paused from the desktop: lending stays paused while the owner works and resumes by
+    itself once they lock the screen (the veto releases); a restart in between keeps it."""
+    async with lender(bus, tmp_path, [SessionSpec("1")], chunks=1) as (d, fake, http, _):
+        await d.wait_until(lambda: d.state.veto.engaged, 5)  # the owner is at the desktop
+        async with http.post(f"{d.api_url}/admin/pause", json={"until_idle": True}) as r:
+            assert r.status == 200
+            pause = (await r.json())["pause"]
+        assert pause["kind"] == "until_idle" and pause["seen_owner"] is True
+        fake.session("1").set_locked(True)  # the owner leaves
+        await d.wait_until(lambda: not d.state.veto.engaged, 5)
+        await d.wait_until(lambda: not d.state.holds, 5)
+        await d.wait_ready()
+        assert (await borrow(d, http))[0] == 200
+        await d.wait_until(lambda: not (tmp_path / "pause.json").exists(), 5)
+
+
+async def test_pause_until_idle_set_while_away_waits_for_the_owner_first(
+    bus: PrivateBus, tmp_path: Path
+) -> None:
+    async with lender(bus, tmp_path, [SessionSpec("1", locked=True)], chunks=1) as (
+        d,
+        fake,
+        http,
+        _,
+    ):
+        await d.wait_ready()
+        async with http.post(f"{d.api_url}/admin/pause", json={"until_idle": True}) as r:
+            assert (await r.json())["pause"]["seen_owner"] is False
+        await asyncio.sleep(0.5)  # several evaluations with the owner away
+        assert d.state.holds and (await borrow(d, http))[0] == 503
+        fake.session("1").set_locked(False)  # back at the desktop...
+        await d.wait_until(
+            lambda: d.daemon.owner.pause is not None and d.daemon.owner.pause.seen_owner, 5
+        )
+        fake.session("1").set_locked(True)  # ...and away again
+        await d.wait_until(lambda: not d.state.holds, 5)

@@ -1,6 +1,6 @@
 """A look-alike ComfyUI server (aiohttp) for reclaim, adapter and WebSocket tests.
 
-Shapes and behaviour follow comfyanonymous/ComfyUI (../shared/docs/upstream-apis.md §3):
+Shapes and behaviour follow comfyanonymous/ComfyUI (``server.py``, ``execution.py``):
 
 * ``server.py``: every route also answers under ``/api``; ``POST /prompt`` queues and answers
   ``{"prompt_id", "number", "node_errors": {}}`` at once, before the prompt runs (the quirk

@@ -1,6 +1,6 @@
 """An OpenAI-compatible upstream whose streams are long, for drain/cancel/finish tests.
 
-Wire format as the OpenAI API reference and ../shared/docs/upstream-apis.md §4 give it:
+Wire format as the OpenAI API reference gives it:
 ``POST /v1/chat/completions`` with ``"stream": true`` answers ``text/event-stream`` chunks
 ``data: {chat.completion.chunk}\\n\\n`` and ends with ``data: [DONE]\\n\\n``. Each stream sends
 ``chunks`` chunks ``interval_s`` apart; ``started`` is set when the first chunk is written and

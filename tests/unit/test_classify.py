@@ -1,4 +1,4 @@
-"""Request classification (spec "Proxy"; product map P1, P3): exact, fail-closed matching."""
+"""Request classification (docs/architecture.md): exact, fail-closed matching."""
 
 from __future__ import annotations
 

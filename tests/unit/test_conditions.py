@@ -1,4 +1,4 @@
-"""vacancyd.core.conditions: /status -> LenderState -> Node conditions, EndpointSlices (K1, K2)."""
+"""vacancyd.core.conditions: /status -> LenderState -> Node conditions, EndpointSlices."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pure reclaim planner (vacancyd.core.reclaim; spec "Yield", Y2, Y4, Y5)."""
+"""The pure reclaim planner (vacancyd.core.reclaim; docs/reclaim.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Gate steps A1–A6 and A8 (spec "Gate"), each step and the order between steps."""
+"""The gate's steps 1–6 and its refusal detail (docs/architecture.md), each step and the order
+between steps."""
 
 from __future__ import annotations
 
@@ -87,14 +88,14 @@ def test_admits_when_everything_is_fine() -> None:
     assert decision.charged_mib == 4000
 
 
-# -- A1 -----------------------------------------------------------------------------------
+# -- step 1: lending switch ------------------------------------------------------------------------
 
 
 def test_a1_lending_switch_off() -> None:
     assert refused(decide(snapshot(lending_enabled=False))) == (Reason.LENDING_DISABLED, 300)
 
 
-# -- A2–A4 --------------------------------------------------------------------------------
+# -- steps 2–4: presence ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -138,7 +139,7 @@ def test_c7_presence_that_does_not_refuse_skips_owner_steps() -> None:
     assert isinstance(decide(snap), Admit)
 
 
-# -- A5 -----------------------------------------------------------------------------------
+# -- step 5: resources -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -236,7 +237,7 @@ def test_a5_checks_also_requires_after_the_primary_in_order() -> None:
     assert decision.resources == ("gpu0", "ram", "cpu")
 
 
-# -- A6 -----------------------------------------------------------------------------------
+# -- step 6: footprint -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -277,7 +278,7 @@ def test_a6_cpu_primary_has_no_footprint_step() -> None:
     assert decision.charged_mib is None
 
 
-# -- A7/A8: residency credit on proof -----------------------------------------------------
+# -- residency credit on proof, refusal detail -------------------------------------------------
 
 LLAMA = replace(
     UP,

@@ -1,4 +1,4 @@
-"""Admission ledger (product map L1–L3): one job per resource, release times, phases."""
+"""Admission ledger: one job per resource, release times, phases."""
 
 from __future__ import annotations
 

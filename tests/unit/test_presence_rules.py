@@ -1,6 +1,6 @@
 """Pure presence rules (vacancyd.core.presence): session parsing and classification, the
 owner-signal decision, idle timing, which users' processes are scanned, the stale rule,
-owner-process name validation and source resolution (product map C3–C5, C7, C12)."""
+owner-process name validation and source resolution."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Presence in shared state and the gate (spec "Gate" steps 2–4; product map A2–A4, C5, C7):
+"""Presence in shared state and the gate (docs/architecture.md steps 2–4):
 the veto's hysteresis fed by readings, stale unreadable presence engaging the veto, the
 owner steps of the gate for host- and resource-scoped upstreams, and readiness."""
 
@@ -68,10 +68,10 @@ def test_veto_engages_on_one_sample_and_releases_after_clear_run() -> None:
 @pytest.mark.parametrize(
     ("reading", "host", "res"),
     [
-        (None, (Reason.OWNER_ACTIVE, 5), (Reason.OWNER_ACTIVE, 5)),  # never sampled (A2)
+        (None, (Reason.OWNER_ACTIVE, 5), (Reason.OWNER_ACTIVE, 5)),  # never sampled
         (CLEAR, None, None),
-        (UNREADABLE, (Reason.OWNER_ACTIVE, 30), None),  # incomplete evidence first (A3)
-        (OWNER, (Reason.OWNER_ACTIVE, 120), None),  # the veto (A4); resource scope exempt
+        (UNREADABLE, (Reason.OWNER_ACTIVE, 30), None),  # incomplete evidence first
+        (OWNER, (Reason.OWNER_ACTIVE, 120), None),  # the veto; resource scope exempt
     ],
 )
 def test_gate_owner_steps(

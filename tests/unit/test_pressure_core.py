@@ -1,6 +1,6 @@
 """Pure GPU pressure math (core/pressure.py): attribution, threshold learning, hysteresis.
 
-Product map R1–R5; spec "Shared state", "Yield" and the calibration paragraph.
+See docs/calibration.md and docs/reclaim.md.
 """
 
 from __future__ import annotations

@@ -101,3 +101,29 @@ def test_exclusivity_policies_point_both_ways() -> None:
 def test_bad_sharing_input(kw: dict[str, str], needle: str) -> None:
     ps = problems(**kw)
     assert any(needle in p for p in ps), ps
+
+
+def test_the_worked_one_card_example_is_valid() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "sharing-one-card.md").read_text()
+    toml = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    settings = parse_config(toml, "docs/sharing-one-card.md")
+    ollama, comfy = settings.upstream
+    assert (ollama.max_concurrent, ollama.busy, comfy.exclusive_of) == (4, "wait", ["ollama"])
+    policy = upstream_policy(settings, ollama, needs_model_observation=False)
+    assert policy.excluded_by == {"comfy"}
+
+
+def test_the_configuration_doc_examples_are_valid() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    section = doc.split("### Sharing keys", 1)[1].split("## [kubernetes]", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in section.split("```toml\n")[1:]]
+    resources = '[[resource]]\nname = "gpu0"\nkind = "gpu"\n'
+    resources += '[[resource]]\nname = "gpu1"\nkind = "gpu"\ndevice = 1\n'
+    tokens = '[[server.tokens]]\ntoken = "0123456789abcdef"\nscopes = ["borrow"]\n'
+    for block in blocks:
+        parse_config(tokens + resources + block, "docs/configuration.md")
+    assert len(blocks) == 2

@@ -1,4 +1,4 @@
-"""Veto hysteresis (C5), observation quality, probe policy and refusal rendering (P12)."""
+"""Veto hysteresis, observation quality, probe policy and refusal rendering."""
 
 from __future__ import annotations
 

@@ -8,19 +8,20 @@ adding one module and registering it in ``vacancyd.adapters.ADAPTERS``.
 
 from __future__ import annotations
 
-import email.policy
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from email.parser import BytesParser
 from typing import Any, Protocol, runtime_checkable
 
 import aiohttp
 from yarl import URL
 
+from vacancyd.adapters import bodyparse
 from vacancyd.core.classify import Route, RouteTable
 from vacancyd.core.reasons import ErrorCode
 from vacancyd.core.snapshot import RequestFacts, ServerState
+
+#: Body fields every adapter reads besides the route's model key.
+_WANTED = frozenset({"background"})
 
 Observe = Callable[[aiohttp.ClientSession, URL], Awaitable[ServerState]]
 #: Builds a stateful observer for one upstream: (session, target, known Modelfile contexts
@@ -41,7 +42,7 @@ class UpstreamError(Exception):
 class Controller(Protocol):
     """What reclaim can do on one upstream server beyond refusing and cutting streams.
 
-    Spec "Yield" (Y6, Y7, T2). Built per upstream by ``Adapter.make_controller``. Every method
+    See docs/reclaim.md. Built per upstream by ``Adapter.make_controller``. Every method
     that does I/O raises :class:`UpstreamError` on failure; callers bound it with a deadline.
     """
 
@@ -66,14 +67,14 @@ class Controller(Protocol):
         ...
 
     async def unload(self, admitted: frozenset[str]) -> tuple[str, str]:
-        """Hand the server's memory back (Y7); ``admitted``: job keys vacancyd admitted.
+        """Hand the server's memory back; ``admitted``: job keys vacancyd admitted.
 
         Returns (outcome, detail): outcome ``unloaded`` or ``skipped`` (a metric label).
         """
         ...
 
     async def warm(self, model: str) -> str:
-        """Load ``model`` again once lending resumes (T2)."""
+        """Load ``model`` again once lending resumes."""
         ...
 
     async def resident(self) -> list[str] | None:
@@ -109,46 +110,41 @@ class BadRequest(Exception):
         self.code = code
 
 
-def parse_form_fields(body: bytes, content_type_header: str) -> dict[str, Any]:
-    """The text fields of a ``multipart/form-data`` body (OpenAI's audio routes send the
-    model as a form field). Raises :class:`BadRequest` when the body is not valid multipart.
-    """
-    head = f"Content-Type: {content_type_header}\r\nMIME-Version: 1.0\r\n\r\n".encode()
-    message = BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    if not message.is_multipart():
-        raise BadRequest("multipart/form-data body could not be parsed")
-    fields: dict[str, Any] = {}
-    for part in message.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if isinstance(name, str) and part.get_filename() is None:
-            payload = part.get_payload(decode=True)
-            if isinstance(payload, bytes):
-                fields[name] = payload.decode("utf-8", "replace")
-    return fields
+def parse_json_body(
+    body: bytes,
+    content_type_header: str,
+    keys: frozenset[str],
+    whole: frozenset[str] = frozenset(),
+) -> dict[str, Any] | None:
+    """The top-level fields ``keys`` of a work body (see :func:`parse_json_body_steps`)."""
+    return bodyparse.run(parse_json_body_steps(body, content_type_header, keys, whole))
 
 
-def parse_json_body(body: bytes, content_type_header: str) -> dict[str, Any] | None:
-    """Read a work body the way inference servers do, or None when it is empty.
+def parse_json_body_steps(
+    body: bytes,
+    content_type_header: str,
+    keys: frozenset[str],
+    whole: frozenset[str] = frozenset(),
+) -> bodyparse.Steps[dict[str, Any] | None]:
+    """The top-level fields ``keys`` of a work body, or None when the body is empty;
+    objects and arrays are built only for the keys in ``whole``.
 
     Servers parse the body as JSON whatever its Content-Type says (llama-server, Ollama and
     vLLM do), so the proxy must too: a body is JSON unless it is ``multipart/form-data``,
-    whose text fields are returned instead. Raises :class:`BadRequest` for anything that is
-    not a JSON object (including JSON nested too deeply to parse safely).
+    whose text fields are read instead. Only the wanted fields are built, at bounded cost
+    and in pauseable steps (:mod:`vacancyd.adapters.bodyparse`). Raises :class:`BadRequest`
+    for anything that is not a JSON object (including JSON nested too deeply to parse
+    safely) or not valid multipart.
     """
-    if not body.strip():
+    if not body or body.isspace():  # (isspace stops at the first other byte: no copy)
         return None
     mime = content_type_header.split(";", 1)[0].strip().lower()
-    if mime == "multipart/form-data":
-        return parse_form_fields(body, content_type_header)
     try:
-        payload = json.loads(body)
-    except RecursionError as exc:
-        raise BadRequest("request body nests JSON too deeply to read") from exc
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise BadRequest("request body must be a JSON object")
-    return payload
+        if mime == "multipart/form-data":
+            return dict((yield from bodyparse.form_fields_steps(body, content_type_header, keys)))
+        return (yield from bodyparse.json_fields_steps(body, keys, whole))
+    except bodyparse.BodyParseError as exc:
+        raise BadRequest(str(exc)) from exc
 
 
 def model_from(payload: dict[str, Any] | None, route: Route) -> str | None:
@@ -172,11 +168,11 @@ class Adapter:
     observe: Observe | None = None
     needs_model_observation: bool = False
     #: Builds the reclaim controller (unload, cancel) for servers that have one; None for
-    #: servers that can only be refused (openai, llamacpp: spec "Yield", Y8).
+    #: servers that can only be refused (openai, llamacpp: docs/reclaim.md).
     make_controller: MakeController | None = None
     #: True when a closed connection does not prove the server stopped the work (an
     #: OpenAI-compatible server or llama-server may keep generating): a job a reclaim cut
-    #: is then held in the ledger until evidence or an administrator releases it (L2, L5).
+    #: is then held in the ledger until evidence or an administrator releases it.
     cut_is_uncertain: bool = False
     #: The server's own name rule, so a footprint listed as ``llama3.2`` matches a request
     #: for ``Llama3.2:latest`` when the server treats them as one model.
@@ -186,6 +182,9 @@ class Adapter:
     make_observer: MakeObserver | None = None
     #: Reads load-time options from a work body, for servers whose residency depends on them.
     read_options: ReadOptions | None = None
+    #: Top-level body fields ``read_options`` reads, built in full (every other field is
+    #: skipped unbuilt; see vacancyd.adapters.bodyparse).
+    body_fields: frozenset[str] = frozenset()
 
     @property
     def observable(self) -> bool:
@@ -197,7 +196,19 @@ class Adapter:
 
         ``content_type_header`` is the request's whole Content-Type header ("" if absent).
         """
-        payload = parse_json_body(body, content_type_header)
+        return bodyparse.run(self.read_facts_steps(route, body, content_type_header))
+
+    def read_facts_steps(
+        self, route: Route, body: bytes, content_type_header: str
+    ) -> bodyparse.Steps[RequestFacts]:
+        """:meth:`read_facts` in pauseable steps, for a large body read on the event loop
+        (``bodyparse.run_cooperatively``). Raises :class:`BadRequest`."""
+        keys = _WANTED | self.body_fields
+        if route.model_key is not None:
+            keys |= {route.model_key}
+        payload = yield from parse_json_body_steps(
+            body, content_type_header, keys, self.body_fields
+        )
         if (
             payload is not None
             and payload.get("background") is True

@@ -1,5 +1,4 @@
-"""ComfyUI (comfyanonymous/ComfyUI ``server.py``, ``execution.py``, ``comfy_execution/jobs.py``;
-../shared/docs/upstream-apis.md §3).
+"""ComfyUI (comfyanonymous/ComfyUI ``server.py``, ``execution.py``, ``comfy_execution/jobs.py``).
 
 Routes. ComfyUI registers every route twice, as ``/x`` and ``/api/x`` (server.py: "Prefix
 every route with /api for easier matching for delegation"), and its own frontend uses the
@@ -11,7 +10,7 @@ borrower cannot read the owner's prompts), ``GET /view``, the ``GET /ws`` progre
 and the node and model catalogue. The queue, interrupt, free, everyone's history and job
 list, uploads and ``/system_stats`` (which shows the owner's memory use) are management.
 
-Reclaim (spec "Yield", Y6, Y7). ComfyUI answers ``/prompt`` as soon as the prompt is queued
+Reclaim (docs/reclaim.md). ComfyUI answers ``/prompt`` as soon as the prompt is queued
 (``post_prompt`` -> ``prompt_queue.put``), so closing the connection cancels nothing. Instead
 vacancyd sets each borrowed prompt's ``prompt_id`` itself (a canonical lowercase UUID4, the
 only form newer servers accept: ``jobs.py validate_job_id``; a borrower's own value is always
@@ -34,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections import OrderedDict
 from typing import Any
@@ -43,6 +43,7 @@ import aiohttp
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, UpstreamError
+from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES
 from vacancyd.core.classify import Route, RouteClass, RouteTable, route
 from vacancyd.core.observations import ProbeError
 from vacancyd.core.snapshot import ServerState
@@ -88,7 +89,7 @@ TABLE = RouteTable(
     ),
 )
 
-#: A queue read stops at this many bytes (spec "Yield": the read for foreign prompts).
+#: A queue read stops at this many bytes (docs/reclaim.md: the read for foreign prompts).
 MAX_QUEUE_BYTES = 16 * 1024 * 1024
 #: How often a tracked prompt's queue membership is polled (seconds).
 TRACK_INTERVAL_S = 0.25
@@ -96,6 +97,7 @@ TRACK_INTERVAL_S = 0.25
 TRACK_MAX_FAILURES = 40
 #: How many borrowed prompt IDs are remembered for the foreign-prompt check.
 REMEMBER_IDS = 10_000
+_EMPTY_OBJECT = re.compile(rb"\s*\{\s*\}")
 
 
 def new_prompt_id() -> str:
@@ -141,20 +143,41 @@ class ComfyController:
     # -- submission ----------------------------------------------------------------------
 
     def prepare(self, route: Route, body: bytes) -> tuple[bytes, str | None]:
+        """Give a ``/prompt`` body a ``prompt_id`` vacancyd chose, at the cost of a copy.
+
+        The key is appended after the body's own keys rather than the document re-encoded:
+        ComfyUI reads the body with ``json.loads``, where the last of two equal keys wins, so
+        a borrower's own ``prompt_id`` is overridden. A body that is not a JSON object is
+        forwarded unchanged (ComfyUI answers its own error; nothing is queued). The proxy has
+        already checked a large body is one valid JSON object, so only a small one is parsed.
+        """
         if not route.pattern.endswith("/prompt"):
             return body, None
-        try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return body, None  # ComfyUI answers its own error; nothing is queued
-        if not isinstance(payload, dict):
-            return body, None
+        end = len(body)
+        while end and body[end - 1] in b" \t\r\n":  # rstrip without copying a large body
+            end -= 1
+        text = body if end == len(body) else body[:end]
+        if len(body) <= SMALL_JSON_BYTES:
+            try:
+                payload = json.loads(body)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                return body, None
+            if not isinstance(payload, dict):
+                return body, None
+            empty = not payload
+        else:
+            start = 0
+            while start < end and body[start] in b" \t\r\n":
+                start += 1
+            if not text.endswith(b"}") or body[start : start + 1] != b"{":
+                return body, None
+            empty = _EMPTY_OBJECT.fullmatch(text) is not None
         prompt_id = new_prompt_id()
-        payload["prompt_id"] = prompt_id
         self.borrowed[prompt_id] = None
         while len(self.borrowed) > REMEMBER_IDS:
             self.borrowed.popitem(last=False)
-        return json.dumps(payload).encode(), prompt_id
+        field = b'"prompt_id": ' + json.dumps(prompt_id).encode()
+        return text[:-1] + (field if empty else b", " + field) + b"}", prompt_id
 
     def allows_result(self, route: Route, path: str) -> bool:
         """``/history/{id}`` and ``/api/jobs/{id}`` only for prompt IDs vacancyd assigned.

@@ -1,9 +1,9 @@
-"""llama.cpp ``llama-server`` (tools/server/README.md; ../shared/docs/upstream-apis.md §2).
+"""llama.cpp ``llama-server`` (its ``tools/server/README.md``).
 
 The OpenAI table plus llama-server's native work routes. ``/slots``, ``/metrics`` and
 ``/props`` reveal the owner's activity and the server's settings, so they are management.
 Admission needs a fresh ``GET /slots`` observation: an idle, answering server holding its one
-model is what proves residency (spec "Gate" step 6, product map M2).
+model is what proves residency (docs/architecture.md, the gate's step 6).
 """
 
 from __future__ import annotations

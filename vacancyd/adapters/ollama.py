@@ -1,5 +1,4 @@
-"""Ollama (ollama/ollama ``server/routes.go`` ``GenerateRoutes``, ``api/types.go``;
-../shared/docs/upstream-apis.md §1).
+"""Ollama (ollama/ollama ``server/routes.go`` ``GenerateRoutes``, ``api/types.go``).
 
 Routes: inference (native NDJSON and the OpenAI/Anthropic shims) is work; ``/``,
 ``/api/version``, ``/api/tags``, ``/api/show`` and the ``/v1/models`` reads pass through so a
@@ -9,7 +8,7 @@ model store, account and cloud routes. Every work route reads the model from the
 ``model`` field, as the handlers' request structs do (``GenerateRequest.Model``,
 ``ChatRequest.Model``, ``EmbedRequest.Model``).
 
-Reclaim (spec "Yield", Y7): Ollama cannot cancel a request other than by its connection
+Reclaim (docs/reclaim.md): Ollama cannot cancel a request other than by its connection
 closing, and keeps a model resident after the request that loaded it ends (for its
 ``keep_alive``, default 5 minutes). With ``yield_on_veto`` the controller lists
 ``GET /api/ps`` and sends ``POST /api/generate {"model": M, "keep_alive": 0}`` (no prompt) for
@@ -103,7 +102,7 @@ def parse_ps(payload: Any) -> list[str]:
 
 
 class OllamaController:
-    """Unload and warm reload for one Ollama server (Y7, T2). Cancels nothing itself."""
+    """Unload and warm reload for one Ollama server. Cancels nothing itself."""
 
     can_cancel = False
 
@@ -427,4 +426,5 @@ ADAPTER = Adapter(
     canonical_model=canonical_model,
     make_observer=make_observer,
     read_options=read_options,
+    body_fields=frozenset({"options", "shift"}),
 )

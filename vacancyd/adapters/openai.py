@@ -1,4 +1,4 @@
-"""Generic OpenAI-compatible servers (OpenAI API reference; ../shared/docs/upstream-apis.md §4).
+"""Generic OpenAI-compatible servers (the OpenAI API reference).
 
 Work routes are the inference endpoints, gated and reserved; discovery (model list) and health
 pass through; everything else is refused by the proxy's fail-closed rule.

@@ -1,11 +1,11 @@
-"""vLLM's OpenAI-compatible server (``vllm serve``; ../shared/docs/upstream-apis.md §5).
+"""vLLM's OpenAI-compatible server (``vllm serve``).
 
 The OpenAI table plus vLLM's own work routes (tokenizer, pooling, scoring, reranking).
 ``/health`` and ``/ping`` pass through so a borrower's health checks keep working while
 lending is off. ``/metrics`` and ``/load`` reveal the server's activity, and the sleep-mode
 and profiling routes (present with ``VLLM_SERVER_DEV_MODE=1``) change the server's state:
 all management. Like any OpenAI-compatible server, a cut stream does not prove the work
-stopped (spec "Yield", Y8), so a cut job is held until an administrator releases it.
+stopped (docs/reclaim.md), so a cut job is held until an administrator releases it.
 
 Sleep as the yield action (:class:`VllmController`, with ``yield_on_veto = true``): a server
 started with ``VLLM_SERVER_DEV_MODE=1`` and ``--enable-sleep-mode`` serves ``POST /sleep``

@@ -1,11 +1,11 @@
-"""The API listener (spec "API and metrics"; product map O1, O2).
+"""The API listener (docs/architecture.md).
 
 Public: ``GET /healthz`` (liveness), ``GET /readyz`` (200/503, no detail). Read scope:
 ``GET /status``, ``GET /metrics``, ``GET /events`` (server-sent state transitions, see
 :mod:`vacancyd.api.events`). Admin scope: ``PUT /admin/lending`` and
 ``PUT /admin/resources/{name}`` with body ``{"enabled": true|false}``; ``POST /admin/reclaim``
 with an optional body ``{"resource": NAME}`` raises an operator reclaim edge (docs/reclaim.md);
-``POST /admin/jobs/{id}/release`` frees a held ledger job (product map L5).
+``POST /admin/jobs/{id}/release`` frees a held ledger job.
 ``POST /admin/pause`` with ``{}`` (until resumed), ``{"for": "30m"}``, ``{"until": "18:00"}``
 or ``{"until_idle": true}`` (each optionally with ``"reason"``) pauses lending;
 ``POST /admin/resume`` ends the pause (docs/presence.md "Pausing").
@@ -105,6 +105,17 @@ async def _read_enabled(request: web.Request) -> bool | web.Response:
     return enabled
 
 
+def health_probe(state: SharedState, path: str) -> tuple[int, dict[str, object]] | None:
+    """(status, body) for ``/healthz`` and ``/readyz``, else None. Also answers these
+    probes on connections refused while the API listener is full."""
+    if path == "/healthz":
+        return 200, {"status": "ok"}
+    if path == "/readyz":
+        ready, _why = state.ready(state.clock())
+        return (200, {"status": "ready"}) if ready else (503, {"status": "not ready"})
+    return None
+
+
 def make_api(
     state: SharedState,
     auth: Authenticator,
@@ -113,6 +124,7 @@ def make_api(
     started_at: float,
     release: Callable[[int], Job | None],
     events_keepalive_s: float = events.KEEPALIVE_S,
+    max_event_subscribers: int = 32,
     controls: PauseControl | None = None,
     probes: Mapping[str, probe.ProbeEndpoint] | None = None,
 ) -> web.Application:
@@ -130,14 +142,22 @@ def make_api(
 
         return wrapped
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    def mutation(handler: Handler) -> Handler:
+        """Admin scope plus the browser guards (Origin, Sec-Fetch-Site, Content-Type)."""
 
-    async def readyz(_: web.Request) -> web.Response:
-        ready, _why = state.ready(state.clock())
-        return web.json_response(
-            {"status": "ready" if ready else "not ready"}, status=200 if ready else 503
-        )
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            denied = auth.check(request, "admin") or auth.check_mutation(request)
+            return denied if denied is not None else await handler(request)
+
+        return wrapped
+
+    async def healthz(request: web.Request) -> web.Response:
+        answer = health_probe(state, request.path)
+        assert answer is not None
+        status, body = answer
+        return web.json_response(body, status=status)
+
+    readyz = healthz
 
     async def status(_: web.Request) -> web.Response:
         return web.json_response(render_status(state, started_at))
@@ -282,8 +302,8 @@ def make_api(
         view = controls.view()
         return web.json_response({"resumed": resumed, "persist_error": view["pause_persist_error"]})
 
-    app.router.add_post("/admin/pause", scoped("admin", post_pause))
-    app.router.add_post("/admin/resume", scoped("admin", post_resume))
+    app.router.add_post("/admin/pause", mutation(post_pause))
+    app.router.add_post("/admin/resume", mutation(post_resume))
 
     async def lendable(request: web.Request) -> web.Response:
         name = request.match_info["upstream"]
@@ -296,16 +316,22 @@ def make_api(
         return denied or probe.unknown_upstream(name, sorted(state.upstreams))
 
     app.router.add_route("*", "/lendable/{upstream}", lendable)
-    app.router.add_post("/admin/reclaim", scoped("admin", post_reclaim))
-    app.router.add_post("/admin/jobs/{id}/release", scoped("admin", release_job))
+    app.router.add_post("/admin/reclaim", mutation(post_reclaim))
+    app.router.add_post("/admin/jobs/{id}/release", mutation(release_job))
     app.router.add_get("/", page.status_page)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))
     app.router.add_get("/metrics", scoped("read", metrics_view))
     app.router.add_get(
-        "/events", scoped("read", events.make_handler(state, keepalive_s=events_keepalive_s))
+        "/events",
+        scoped(
+            "read",
+            events.make_handler(
+                state, keepalive_s=events_keepalive_s, max_subscribers=max_event_subscribers
+            ),
+        ),
     )
-    app.router.add_put("/admin/lending", scoped("admin", put_lending))
-    app.router.add_put("/admin/resources/{name}", scoped("admin", put_resource))
+    app.router.add_put("/admin/lending", mutation(put_lending))
+    app.router.add_put("/admin/resources/{name}", mutation(put_resource))
     return app

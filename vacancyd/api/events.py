@@ -1,4 +1,4 @@
-"""``GET /events``: state transitions as server-sent events (product map O8, K2 companion).
+"""``GET /events``: state transitions as server-sent events.
 
 The stream a dashboard or the Kubernetes companion follows. Wire format (the WHATWG
 ``text/event-stream`` format)::
@@ -39,6 +39,8 @@ from aiohttp import web
 
 from vacancyd import __version__
 from vacancyd.core.events import StateEvent
+from vacancyd.core.reasons import ErrorCode, ErrorType
+from vacancyd.core.refusal import error_body
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
@@ -73,9 +75,33 @@ def install(app: web.Application) -> None:
 
 
 def make_handler(
-    state: SharedState, *, keepalive_s: float = KEEPALIVE_S
+    state: SharedState, *, keepalive_s: float = KEEPALIVE_S, max_subscribers: int = 32
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The ``/events`` handler. At most ``max_subscribers`` streams are open at once (each
+    holds a connection for as long as it lasts); the next subscriber gets 503 with
+    Retry-After, so subscribers can never fill the API listener. On shutdown every stream
+    gets a ``shutdown`` event before it ends."""
+    open_streams = 0
+
     async def events(request: web.Request) -> web.StreamResponse:
+        nonlocal open_streams
+        if open_streams >= max_subscribers:
+            return web.json_response(
+                error_body(
+                    f"too many /events subscribers (at most {max_subscribers}); retry later",
+                    ErrorType.NO_VACANCY,
+                    ErrorCode.TOO_MANY_SUBSCRIBERS,
+                ),
+                status=503,
+                headers={"Retry-After": "5"},
+            )
+        open_streams += 1
+        try:
+            return await stream(request)
+        finally:
+            open_streams -= 1
+
+    async def stream(request: web.Request) -> web.StreamResponse:
         closing = request.app[CLOSING]
         queue: asyncio.Queue[tuple[str, dict[str, object]]] = asyncio.Queue(QUEUE_MAX)
         overflowed = asyncio.Event()
@@ -116,6 +142,8 @@ def make_handler(
                     continue
                 event_id += 1
                 await _write(resp, format_event(event_id, *item))
+            if closing.is_set():
+                await _write(resp, format_event(event_id + 1, "shutdown", {"kind": "shutdown"}))
         except (ConnectionResetError, TimeoutError) as exc:
             log.debug("/events client %s gone: %r", request.remote, exc)
         finally:

@@ -1,4 +1,4 @@
-"""Prometheus metrics (spec "API and metrics"; product map O3).
+"""Prometheus metrics (docs/architecture.md).
 
 Gauges are rendered from one status document per scrape by a custom collector on a private
 registry (no global registry: tests stay independent). Counters are incremented by the proxy
@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from vacancyd.api.status import build_status
 from vacancyd.core import sharing
+from vacancyd.core.holds import HoldKind
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
 from vacancyd.core.status import PresenceStatus, StatusDocument
@@ -63,6 +64,16 @@ class StateCollector(Collector):
             value=1.0 if presence.veto.active else 0.0,
         )
         yield from _presence_families(presence)
+        holds = GaugeMetricFamily(
+            "vacancyd_owner_hold",
+            "1 for each of the owner's holds in force (schedule, pause, battery, "
+            "exclusive_app), 0 otherwise.",
+            labels=["kind"],
+        )
+        in_force = {h.kind.value for h in self._state.holds}
+        for kind in HoldKind:
+            holds.add_metric([kind.value], 1.0 if kind.value in in_force else 0.0)
+        yield holds
 
         enabled = GaugeMetricFamily(
             "vacancyd_resource_enabled", "Runtime switch per resource.", labels=["resource"]
@@ -252,7 +263,7 @@ def _presence_families(presence: PresenceStatus) -> Iterator[GaugeMetricFamily]:
 
 
 def _pressure_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
-    """GPU pressure inputs the gate reads (product map R1–R6), one series per GPU."""
+    """GPU pressure inputs the gate reads, one series per GPU."""
     quality = GaugeMetricFamily(
         "vacancyd_gpu_pressure_quality",
         "GPU pressure reading quality (1 for the current one).",

@@ -63,7 +63,7 @@ primary resource, 0 while the upstream refuses every borrowed request, plus the 
 model (``models.footprint_mib``) with the largest footprint that a request would be admitted
 for now (null when none would be).
 
-``reclaim`` is the upstream's latest reclaim (spec "Yield", Y5): phase waiting, stood_down,
+``reclaim`` is the upstream's latest reclaim (docs/reclaim.md): phase waiting, stood_down,
 proceeding or done; ``edges_at`` are the ages (s) of the edges it answers, first first.
 """
 

@@ -3,9 +3,9 @@
 A synchronous probe (psutil, pynvml) runs in the collector's own single-thread executor under
 ``asyncio.timeout``. If it overruns, the sample is recorded as failed (unknown quality) and
 the stuck call is left to finish in its thread: the loop skips samples until it does, so one
-slow probe can never stall another collector or the presence loop (spec "Collectors").
+slow probe can never stall another collector or the presence loop (docs/architecture.md).
 Samples are stamped with the loop time at which the probe *started*, so a sample is never
-credited as newer than it is (the ledger's post-completion rule, product map L3, relies on it).
+credited as newer than it is (the ledger's post-completion rule relies on it).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Owner presence from systemd-logind over D-Bus (spec "Collectors"; product map C3, C4, C8).
+"""Owner presence from systemd-logind over D-Bus (docs/architecture.md).
 
 One connection to the bus logind is on (the system bus, or ``[owner] bus_address``) is kept
 open between polls; no subprocess is spawned. Each sample calls
@@ -7,7 +7,7 @@ open between polls; no subprocess is spawned. Each sample calls
 session, concurrently, and hands the values to the pure rules in
 :mod:`vacancyd.core.presence`.
 
-Signals (C8): the connection subscribes to logind's ``SessionNew``/``SessionRemoved``,
+Signals: the connection subscribes to logind's ``SessionNew``/``SessionRemoved``,
 ``PropertiesChanged`` on session objects, the session ``Lock``/``Unlock`` requests and
 ``NameOwnerChanged`` for ``org.freedesktop.login1``. A signal never changes the reading by
 itself; it wakes the loop to take a full sample at once, so a forged signal costs one extra
@@ -46,7 +46,7 @@ SESSION_PATH_PREFIX = "/org/freedesktop/login1/session/"
 PROPERTIES_IFACE = "org.freedesktop.DBus.Properties"
 DBUS = "org.freedesktop.DBus"
 
-#: AddMatch rules for the signals that wake the presence loop (C8).
+#: AddMatch rules for the signals that wake the presence loop.
 MATCH_RULES = (
     f"type='signal',sender='{LOGIND}',interface='{MANAGER_IFACE}',member='SessionNew'",
     f"type='signal',sender='{LOGIND}',interface='{MANAGER_IFACE}',member='SessionRemoved'",
@@ -379,7 +379,7 @@ async def run_logind_loop(
 
 
 def unsupported_reading(platform: str) -> PresenceReading:
-    """The reading on a platform without a presence backend (product map C7)."""
+    """The reading on a platform without a presence backend."""
     return PresenceReading(
         owner_signal=False,
         evidence_complete=False,

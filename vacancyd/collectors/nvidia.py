@@ -1,4 +1,4 @@
-"""NVIDIA GPU capacity and per-process pressure (product map C1, R1, R2, S2).
+"""NVIDIA GPU capacity and per-process pressure.
 
 Capacity: free, used and total memory (MiB) and utilization (0–1) of one declared GPU,
 selected by NVML index, UUID (``GPU-…``) or PCI bus id (``0000:01:00.0``), read through
@@ -11,7 +11,7 @@ upstream targets (:func:`vacancyd.core.pressure.attribute_load`). There is no pe
 utilization without NVML, so under the nvidia-smi fallback pressure is unknown and refuses.
 
 Every failure raises :class:`~vacancyd.collectors.base.ProbeError`: the reading becomes
-unknown and vacancyd never makes up a number (spec "Shared state"). NVML is initialised on
+unknown and vacancyd never makes up a number (docs/architecture.md). NVML is initialised on
 first use and again after a failure, so a driver that appears later, or a GPU that comes
 back, is picked up.
 """
@@ -262,7 +262,7 @@ class SmiProbe:
 
 
 class GpuCapacityProbe:
-    """C1: NVML when the library loads, else nvidia-smi. Call from one executor thread."""
+    """Capacity: NVML when the library loads, else nvidia-smi. Call from one executor thread."""
 
     def __init__(self, gpu: NvmlGpu, smi: SmiProbe) -> None:
         self.gpu = gpu
@@ -283,7 +283,7 @@ class GpuCapacityProbe:
         return reading
 
 
-# -- the processes serving local upstream targets (R2) -----------------------------------
+# -- the processes serving local upstream targets -----------------------------------
 
 
 def local_addresses() -> frozenset[str]:
@@ -298,8 +298,8 @@ def local_addresses() -> frozenset[str]:
 
 def is_local_target(host: str, addresses: frozenset[str]) -> bool:
     """True when ``host`` names this machine: a loopback address, ``localhost``, or an
-    address of one of its interfaces. Any other host name is never local (spec "Shared
-    state"): it could resolve anywhere, and a port on it selects no local process.
+    address of one of its interfaces. Any other host name is never local (docs/architecture.md): it
+    could resolve anywhere, and a port on it selects no local process.
     """
     if host == "localhost":
         return True
@@ -377,7 +377,7 @@ class PressureReading:
 
 
 class GpuPressureProbe:
-    """R1/R2: per-process utilization of one GPU, with upstream trees subtracted.
+    """Pressure: per-process utilization of one GPU, with upstream trees subtracted.
 
     ``targets``: upstream name → (host, port) of its target. Only local targets select
     processes. Call from one executor thread.
@@ -499,3 +499,62 @@ class GpuPressureProbe:
         out = [ProcessSample(pid, sum(v) / len(v)) for pid, v in by_pid.items()]
         out += [ProcessSample(int(p.pid), 0.0, listed=True) for p in listed]
         return out
+
+
+# -- inventory (vacancyd init) ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    """One GPU as ``vacancyd init`` lists it: NVML index, UUID, PCI bus id, total MiB."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    total_mib: float
+
+
+def list_gpus(
+    smi_timeout_s: float = 5.0, executable: str = "nvidia-smi"
+) -> tuple[list[GpuInfo], str, str | None]:
+    """Every GPU on the host: (gpus, source, why none) with source ``nvml`` or
+    ``nvidia-smi``. Blocking (run it in a thread); never raises."""
+    try:
+        with _nvml_lock:
+            pynvml.nvmlInit()
+            try:
+                gpus = []
+                for i in range(pynvml.nvmlDeviceGetCount()):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    gpus.append(
+                        GpuInfo(
+                            i,
+                            str(pynvml.nvmlDeviceGetUUID(handle)),
+                            str(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                            int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) / MIB,
+                        )
+                    )
+            finally:
+                pynvml.nvmlShutdown()
+        return gpus, "nvml", None if gpus else "NVML lists no GPU"
+    except pynvml.NVMLError as exc:
+        nvml_why = f"NVML: {_nvml_error(exc)}"
+    try:
+        done = subprocess.run(
+            [executable, f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            timeout=smi_timeout_s,
+            check=False,
+        )
+    except FileNotFoundError:
+        return [], "none", f"{nvml_why}; nvidia-smi is not installed"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], "none", f"{nvml_why}; nvidia-smi failed: {exc}"
+    if done.returncode != 0:
+        err = done.stderr.decode("utf-8", "replace").strip()[:200]
+        return [], "none", f"{nvml_why}; nvidia-smi exited {done.returncode}: {err}"
+    try:
+        rows = parse_smi_csv(done.stdout.decode("utf-8", "replace"))
+    except ValueError as exc:
+        return [], "none", f"{nvml_why}; nvidia-smi output unreadable: {exc}"
+    return [GpuInfo(r.index, r.uuid, r.pci_bus_id, r.total_mib) for r in rows], "nvidia-smi", None

@@ -1,8 +1,9 @@
 """The power probe for the battery rule (``vacancyd.core.power``).
 
-``psutil.sensors_battery()`` answers None both on a host without a battery and where the
-battery cannot be read, so the probe also asks the kernel whether a battery exists at all
-(``/sys/class/power_supply/*/type`` = ``Battery``, the same source psutil reads on Linux).
+On Linux ``psutil.sensors_battery()`` answers None both on a host without a battery and where
+the battery cannot be read, so the probe also asks the kernel whether a battery exists at all
+(``/sys/class/power_supply/*/type`` = ``Battery``, the same source psutil reads). On macOS
+and Windows psutil asks the OS's power API, whose "no battery" is taken as it is.
 Blocking (sysfs reads): the owner-controls loop runs it in a thread under a deadline.
 """
 
@@ -47,6 +48,10 @@ def read_power(root: Path = POWER_SUPPLY) -> PowerReading:
     if battery is None:
         if present:
             return PowerReading(True, error="a battery is listed but psutil cannot read it")
+        if present is None and not sys.platform.startswith("linux"):
+            # macOS and Windows report a battery through the OS's own power API, which is
+            # what psutil reads there: no answer means no battery.
+            return PowerReading(False)
         return PowerReading(present)
     percent = float(battery.percent) if battery.percent is not None else None
     plugged = battery.power_plugged if isinstance(battery.power_plugged, bool) else None

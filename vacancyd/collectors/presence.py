@@ -1,4 +1,4 @@
-"""Presence sources that need no OS backend (product map C6).
+"""Presence sources that need no OS backend.
 
 ``headless`` is a fixed logged-out reading on any platform: the host has no owner at a
 desktop. With no presence source configured at all, no reading is ever recorded, so the gate

@@ -1,4 +1,4 @@
-"""Owner-process scan (product map C4): which configured programs a desktop user is running.
+"""Owner-process scan: which configured programs a desktop user is running.
 
 Blocking (it walks /proc through psutil), so the logind collector runs it in a thread under
 its deadline, and only for users of an unlocked, otherwise idle local session

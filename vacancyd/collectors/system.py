@@ -1,4 +1,4 @@
-"""System capacity through psutil: memory and CPU (product map C2)."""
+"""System capacity through psutil: memory and CPU."""
 
 from __future__ import annotations
 

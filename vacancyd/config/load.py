@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from vacancyd.config.files import read_regular_file
 from vacancyd.config.model import CompanionSettings, Settings
 
 DEFAULT_CONFIG_RESOURCE = "default.toml"
@@ -61,10 +62,18 @@ def _parse(text: str, source: str, model: type[ModelT]) -> ModelT:
         raise ConfigError(source, [_describe(e) for e in exc.errors()]) from exc  # type: ignore[arg-type]
 
 
+#: A configuration file larger than this is a mistake (or a device).
+CONFIG_MAX_BYTES = 4 * 1024 * 1024
+
+
 def _read(path: Path) -> str:
+    """The file's text: a regular UTF-8 file of at most 4 MiB (a FIFO, a device or a huge
+    file is refused at once rather than hanging or filling memory)."""
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        return read_regular_file(path, CONFIG_MAX_BYTES).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"the file is not UTF-8 text: {exc}"]) from exc
+    except ValueError as exc:
         raise ConfigError(str(path), [f"cannot read the file: {exc}"]) from exc
 
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
-import stat
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -23,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from vacancyd.config.files import read_regular_file
 from vacancyd.config.zone import zone_by_name
 from vacancyd.core import presence as presence_rules
 from vacancyd.core import schedule as schedule_rules
@@ -72,17 +71,10 @@ SECRET_FILE_MAX_BYTES = 64 * 1024
 def read_secret_file(path: Path) -> str:
     """Read a token or credential file: a regular file of at most 64 KiB, UTF-8, stripped.
 
-    Raises ValueError (with the reason) for anything else, including I/O errors.
+    Raises ValueError (with the reason) for anything else, including I/O errors; a FIFO or
+    a device is refused at once (:func:`vacancyd.config.files.read_regular_file`).
     """
-    try:
-        with path.open("rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ValueError(f"{path} is not a regular file")
-            data = f.read(SECRET_FILE_MAX_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    if len(data) > SECRET_FILE_MAX_BYTES:
-        raise ValueError(f"{path} is larger than {SECRET_FILE_MAX_BYTES // 1024} KiB")
+    data = read_regular_file(path, SECRET_FILE_MAX_BYTES)
     try:
         secret = data.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -127,16 +119,30 @@ class TokenSettings(_Model):
 
 
 class LimitsSettings(_Model):
-    """Per-listener protections (spec "Proxy"; product map P4, P9). Sizes MiB, times seconds."""
+    """Per-listener protections (docs/architecture.md). Sizes MiB, times seconds."""
 
     max_request_body_mib: int = Field(64, ge=1, le=4096)
+    max_passthrough_body_kib: int = Field(1024, ge=0, le=1024 * 1024)
     max_buffered_body_mib: int | None = Field(None, ge=1, le=65536)
     header_read_timeout_s: float = Field(15.0, gt=0, le=3600)
+    keepalive_timeout_s: float = Field(75.0, gt=0, le=86400)
     max_connections: int = Field(256, ge=1, le=100_000)
+    max_unauthenticated_connections: int | None = Field(None, ge=1, le=100_000)
+    max_unauthenticated_per_peer: int = Field(16, ge=1, le=100_000)
+    unauthenticated_timeout_s: float = Field(10.0, gt=0, le=3600)
+    max_event_subscribers: int = Field(32, ge=0, le=10_000)
     body_read_timeout_s: float = Field(120.0, gt=0, le=86400)
     body_idle_timeout_s: float = Field(30.0, gt=0, le=3600)
     write_stall_timeout_s: float = Field(60.0, gt=0, le=3600)
     upstream_connect_timeout_s: float = Field(10.0, gt=0, le=600)
+
+    @property
+    def unauthenticated_cap(self) -> int:
+        """Unauthenticated connections per listener: the configured value, else half of
+        ``max_connections`` (at least 1), never more than ``max_connections``."""
+        if self.max_unauthenticated_connections is not None:
+            return min(self.max_unauthenticated_connections, self.max_connections)
+        return max(1, self.max_connections // 2)
 
     @property
     def buffered_budget_mib(self) -> int:
@@ -147,12 +153,14 @@ class LimitsSettings(_Model):
 
 
 class ServerSettings(_Model):
-    """The API listener and authentication (spec "API and metrics"; product map P11)."""
+    """The API listener and authentication (docs/architecture.md)."""
 
     listen: str = "127.0.0.1:9470"
     tokens: list[TokenSettings] = []
     trust_loopback: bool = False
     allow_unauthenticated_remote: bool = False
+    server_names: list[Annotated[str, Field(min_length=1, max_length=253)]] = []
+    allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
     limits: LimitsSettings = LimitsSettings()
 
     _listen = field_validator("listen")(_check_listen)
@@ -178,7 +186,7 @@ class ExclusiveAppSettings(_Model):
 
 
 class OwnerSettings(_Model):
-    """Owner presence (spec "Collectors"). ``presence`` unset: an unknown reading that refuses.
+    """Owner presence (docs/architecture.md). ``presence`` unset: an unknown reading that refuses.
 
     ``release_after_s``: consecutive clear seconds before the host policy veto releases.
     ``presence``: "logind" reads systemd-logind over D-Bus; "auto" is logind on Linux and an
@@ -313,7 +321,7 @@ class CollectorSettings(_Model):
 
 
 class PressureSettings(_Model):
-    """GPU pressure for one ``kind = "gpu"`` resource (product map R1–R5; docs/calibration.md).
+    """GPU pressure for one ``kind = "gpu"`` resource.
 
     ``enabled``: attribute the GPU's per-process load and refuse while the owner presses it.
     ``poll_ms``: pressure sampling period (milliseconds); the gap limit is
@@ -348,7 +356,7 @@ class PressureSettings(_Model):
 
 
 class ResourceSettings(_Model):
-    """A declared resource (spec "The resource model").
+    """A declared resource (docs/configuration.md).
 
     ``device`` selects the GPU (gpu only): an NVML index (``0``), a UUID (``"GPU-…"``) or a
     PCI bus id (``"0000:01:00.0"``); unset means index 0. ``min_free_mib``: MiB that must stay
@@ -407,7 +415,7 @@ DEFAULT_UNLOAD_TIMEOUT_S = 30.0
 
 
 class UpstreamSettings(_Model):
-    """One gated listener in front of one inference server (spec "Proxy")."""
+    """One gated listener in front of one inference server (docs/architecture.md)."""
 
     name: Name
     adapter: Literal["openai", "llamacpp", "ollama", "comfyui", "vllm"]
@@ -433,6 +441,9 @@ class UpstreamSettings(_Model):
     warm_model: str | None = Field(None, min_length=1, max_length=300)
     websocket_max_tunnels: int = Field(32, ge=0, le=10_000)
     websocket_idle_timeout_s: float = Field(300.0, gt=0, le=86400)
+    allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
+    forwarded_headers: Literal["replace", "drop", "append"] = "replace"
+    pass_response_headers: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,100}$")]] = []
     # Sharing keys (docs/configuration.md "[[upstream]] (sharing keys)").
     max_concurrent: int = Field(1, ge=1, le=1024)
     busy: Literal["refuse", "wait"] = "refuse"
@@ -538,7 +549,7 @@ class PoolSettings(_Model):
 
 
 class ClusterSettings(_Model):
-    """How vacancyd reaches a Kubernetes API server and what it writes there (product map K1–K4).
+    """How vacancyd reaches a Kubernetes API server and what it writes there.
 
     ``kubeconfig``: a kubeconfig file; unset means in-cluster credentials when running in a
     Pod, else ``$KUBECONFIG`` or ``~/.kube/config``. ``namespace``: where the EndpointSlices
@@ -723,7 +734,8 @@ class Settings(_Model):
 
     @property
     def presence_max_age_s(self) -> float:
-        """Presence older than four general polls, at least 15 s, is stale (spec "Gate" 2)."""
+        """Presence older than four general polls, at least 15 s, is stale (docs/architecture.md
+        2)."""
         return max(15.0, 4 * self.collectors.poll_s)
 
 

@@ -1,1 +1,1 @@
-"""Effects of the yield policy: reclaim execution (spec "Yield")."""
+"""Effects of the yield policy: reclaim execution (docs/reclaim.md)."""

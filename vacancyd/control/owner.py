@@ -9,7 +9,9 @@ holds into :class:`~vacancyd.state.SharedState` (``set_holds``). A new hold rais
 The rules are pure (``vacancyd.core.schedule``, ``pause``, ``power``, ``exclusive``,
 ``holds``); this module owns the effects: the wall clock, the power probe and the process
 scan (each on a worker thread under the probe deadline) and the pause file in the state
-directory (``STATE_DIR/pause.json``, written atomically), so a pause survives a restart.
+directory (``STATE_DIR/pause.json``, a versioned durable-state file written atomically by
+``vacancyd.runtime.durable`` through the :class:`PauseStore` the daemon passes in), so a pause
+survives a restart.
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from vacancyd.collectors.power import read_power
 from vacancyd.collectors.processes import scan_running
-from vacancyd.control import statefile
 from vacancyd.core.events import StateEvent, VetoChanged
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.holds import Hold, HoldKind
@@ -40,6 +41,20 @@ log = logging.getLogger(__name__)
 PAUSE_FILE = "pause.json"
 #: With nothing else to wake it, the loop evaluates at least this often (seconds).
 MAX_SLEEP_S = 30.0
+
+
+class PauseStore(Protocol):
+    """Where the pause is kept (``STATE_DIR/pause.json``). Blocking: called on a thread."""
+
+    path: Path
+
+    def load(self) -> Mapping[str, object] | None:
+        """The saved pause, None when there is none; ValueError when unusable."""
+        ...
+
+    def save(self, data: Mapping[str, object] | None) -> None:
+        """Replace (None: remove) the saved pause atomically; raises OSError."""
+        ...
 
 
 class PauseError(ValueError):
@@ -73,6 +88,7 @@ class OwnerControls:
         self,
         state: SharedState,
         config: OwnerControlsConfig,
+        store: PauseStore,
         *,
         wall: Callable[[], float] = time.time,
         power_probe: Callable[[], PowerReading] = read_power,
@@ -80,6 +96,7 @@ class OwnerControls:
     ) -> None:
         self.state = state
         self.config = config
+        self.store = store
         self.wall = wall
         self.power_probe = power_probe
         self.process_scan = process_scan
@@ -98,7 +115,7 @@ class OwnerControls:
 
     @property
     def pause_path(self) -> Path:
-        return self.config.state_dir / PAUSE_FILE
+        return self.store.path
 
     @property
     def names(self) -> frozenset[str]:
@@ -108,7 +125,7 @@ class OwnerControls:
 
     def _load_pause(self) -> None:
         try:
-            data = statefile.read_json(self.pause_path)
+            data = self.store.load()
             self.pause = None if data is None else Pause.from_json(data)
         except ValueError as exc:
             # The owner asked for a pause we can no longer read: keep lending held.
@@ -126,10 +143,7 @@ class OwnerControls:
     async def _save(self) -> None:
         pause = self.pause
         try:
-            if pause is None:
-                await asyncio.to_thread(statefile.remove, self.pause_path)
-            else:
-                await asyncio.to_thread(statefile.write_json, self.pause_path, pause.to_json())
+            await asyncio.to_thread(self.store.save, None if pause is None else pause.to_json())
         except OSError as exc:
             self.persist_error = f"cannot write {self.pause_path}: {exc.strerror or exc}"
             log.error("pause not saved, it will not survive a restart: %s", self.persist_error)

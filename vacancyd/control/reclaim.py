@@ -1,4 +1,4 @@
-"""Execute reclaim plans: refuse, wait, cut, cancel queued prompts, unload (spec "Yield").
+"""Execute reclaim plans: refuse, wait, cut, cancel queued prompts, unload (docs/reclaim.md).
 
 The pure decisions live in :mod:`vacancyd.core.reclaim`; this module owns the effects:
 
@@ -6,13 +6,13 @@ The pure decisions live in :mod:`vacancyd.core.reclaim`; this module owns the ef
   defer it there and asks it to cut them (which closes the upstream connection at once even
   when the borrower has stopped reading, or cancels queued work through the server's API);
 * edges arrive as state events — ``veto`` (owner return) and ``edge`` (pressure, operator,
-  tests) — and each affected upstream gets one reclaim task (Y2, Y4);
+  tests) — and each affected upstream gets one reclaim task;
 * each task re-plans on every state change and at its deadline, publishes its phase in
-  /status (Y5), cuts and cancels (Y3, Y6), and unloads through the adapter's controller with
-  a ten-second deadline (Y7). Upstreams reclaim concurrently, on their own tasks, detached
+  /status, cuts and cancels, and unloads through the adapter's controller with
+  a ten-second deadline. Upstreams reclaim concurrently, on their own tasks, detached
   from the collectors' sampling loops.
 * when the owner veto releases, upstreams with ``warm_model`` that unloaded load it again
-  (T2, off by default).
+  (off by default).
 
 Nothing here raises into the caller: upstream failures are logged and counted.
 """
@@ -52,7 +52,7 @@ from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-#: Each upstream's unload (and warm reload) must finish within this many seconds (Y7).
+#: Each upstream's unload (and warm reload) must finish within this many seconds.
 UNLOAD_DEADLINE_S = 10.0
 #: A waiting reclaim re-checks its trigger at least this often (seconds), besides on events.
 RECHECK_S = 0.5
@@ -103,7 +103,7 @@ class Reclaimer:
     # -- the proxy's side ----------------------------------------------------------------
 
     def refusal(self, upstream: str) -> Refuse | None:
-        """Y1: while a reclaim is open on ``upstream``, new work is refused at once."""
+        """While a reclaim is open on ``upstream``, new work is refused at once."""
         r = self.reclaims.get(upstream)
         if r is None or not r.is_open:
             return None
@@ -251,7 +251,7 @@ class Reclaimer:
     async def _unload(self, name: str) -> None:
         controller = self.controllers.get(name)
         if controller is None:
-            log.info("%s has no unload API; its residency stays with the server (Y8)", name)
+            log.info("%s has no unload API; its residency stays with the server", name)
             return
         admitted = self.work.keys(name)
         loop = asyncio.get_running_loop()
@@ -277,7 +277,7 @@ class Reclaimer:
         else:
             log.warning("unload of %s %s after %.2f s: %s", name, outcome, elapsed, detail)
 
-    # -- warm reload (T2) ----------------------------------------------------------------
+    # -- warm reload ----------------------------------------------------------------
 
     def _warm_all(self) -> None:
         for name, model in self.warm_models.items():

@@ -107,10 +107,10 @@ class CardSharing:
         detail = "; ".join(problems + [f"{n} still holds {', '.join(m)}" for n, m in left.items()])
         if confirmed:
             log.info(
-                "%s: the card is exclusive; %s unloaded in %.2f s",
+                "%s: the card is exclusive; unloaded in %.2f s (%s)",
                 upstream,
-                ", ".join(names) or "nothing",
                 elapsed,
+                "; ".join(asked) or "no server to unload",
             )
             return None
         refusal = after_unload(False, settings.on_unload_timeout, detail)

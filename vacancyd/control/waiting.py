@@ -121,7 +121,10 @@ class WaitRooms(Generic[J]):
         self._counts[upstream] = len(room.queue)
         outcome = DISCONNECTED
         try:
-            self.serve()
+            if room.queue.head() == waiter:
+                # Only a new head can be answered now: behind others nothing has changed for
+                # the head since it was last tried.
+                self.serve()
             try:
                 async with asyncio.timeout(max(0.0, waiter.deadline - self.clock())):
                     result = await asyncio.shield(future)

@@ -285,6 +285,14 @@ class Work:
         except BaseException:
             self._drop(job)
             raise
+        edge = self.cut_by(job.id)
+        if refusal is None and edge is not None:
+            # A reclaim cut the job while the card was being cleared: it never runs.
+            refusal = Refuse.of(
+                edge.reason,
+                f"the lender reclaimed {job.upstream!r} ({edge.trigger}) before the job was "
+                "forwarded",
+            )
         if refusal is not None:
             self._drop(job)
             return refusal

@@ -1,4 +1,4 @@
-"""Request classification against an adapter's route table (spec "Proxy"; product map P1, P3).
+"""Request classification against an adapter's route table (docs/architecture.md).
 
 A borrower reaches only the routes an adapter lists. Paths are matched exactly, segment by
 segment, after dot segments are resolved the way the forwarded URL would resolve them, and

@@ -1,4 +1,4 @@
-"""What vacancyd publishes to Kubernetes, as pure values (product map K1, K2, K4).
+"""What vacancyd publishes to Kubernetes, as pure values.
 
 The publisher (``vacancyd.k8s``) reads a lender's state, turns it into desired objects here and
 writes them. Nothing in this module does I/O or reads a clock: ``now_wall`` (epoch seconds) is
@@ -9,7 +9,7 @@ The lender's state is read from its /status document (``vacancyd.api.status``), 
 in-cluster companion, which reads it over HTTP, and the host-side publisher, which renders it
 in-process, feed the same code.
 
-Node conditions (K1) — written like node-problem-detector's: only our types, merged by type:
+Node conditions — written like node-problem-detector's: only our types, merged by type:
 
 * ``VacancyLendable``: True while at least one upstream would admit borrowed work now.
   False carries the gate's refusal code in CamelCase (``owner_active`` -> ``OwnerActive``).
@@ -17,7 +17,7 @@ Node conditions (K1) — written like node-problem-detector's: only our types, m
 * ``VacancyGPUPressure``: True while a GPU refuses borrowed work because of the owner's
   GPU load (``resource_pressured``).
 
-EndpointSlices (K2, K4): one per lender, upstream and Service. The gated Service's endpoint is
+EndpointSlices: one per lender, upstream and Service. The gated Service's endpoint is
 ``ready`` while the upstream is lendable; the ``-direct`` Service's endpoint is ready while
 the lender is alive and its listener bound, so a borrower that goes through it gets a 503
 with a reason instead of a refused connection. ``serving`` is "the lender answers".
@@ -292,7 +292,7 @@ class Condition:
 
 
 def node_conditions(lender: LenderState) -> tuple[Condition, ...]:
-    """The three Node conditions for ``lender`` (product map K1).
+    """The three Node conditions for ``lender``.
 
     Before the first reading every condition is Unknown; an unreachable lender makes every
     condition Unknown and, on clean shutdown, ``VacancyLendable`` is False (``Stopped``).
@@ -400,7 +400,7 @@ def rfc3339(now_wall: float) -> str:
 def condition_patch(
     desired: Sequence[Condition], current: Sequence[Mapping[str, Any]], now_wall: float
 ) -> dict[str, Any]:
-    """The strategic-merge patch body for ``nodes/NAME/status`` (K1).
+    """The strategic-merge patch body for ``nodes/NAME/status``.
 
     It carries only our condition types, so the server merges them by ``type`` into the
     Node's list and never touches kubelet's. ``lastHeartbeatTime`` is ``now_wall``;
@@ -567,7 +567,7 @@ def endpoint_slice(
     terminating: bool = False,
     headroom: UpstreamState | None = None,
 ) -> dict[str, Any]:
-    """The EndpointSlice for one lender's upstream in one Service (K2, K4).
+    """The EndpointSlice for one lender's upstream in one Service.
 
     Its name is unique per (Service, lender, upstream), so many lenders can join one
     Service. Applied with server-side apply, every field here is ours; anything an outside

@@ -1,6 +1,6 @@
 """The admission gate: a pure function from (request facts, snapshot, upstream) to a decision.
 
-The order of checks is the spec's "Gate" section, steps 1–6, with product-map rows A1–A8:
+The checks run in this order; the first that fails decides (docs/architecture.md):
 
 1. global lending switch                         -> lending_disabled      300 s
    an owner hold (schedule, pause, battery, exclusive app) covering the upstream
@@ -12,7 +12,7 @@ The order of checks is the spec's "Gate" section, steps 1–6, with product-map 
    switch off                                    -> resource_disabled     300 s
    its durable state unreadable at startup       -> resource_unmeasured    30 s
    capacity unknown or stale                     -> resource_unmeasured    30 s
-   no sample since the ledger's last release     -> resource_busy           2 s  (L3)
+   no sample since the ledger's last release     -> resource_busy           2 s
    probe policy not lendable                     -> insufficient_capacity  30 s
    pressure unknown/stale/uncalibrated           -> resource_unmeasured    30 s
    pressure engaged                              -> resource_pressured     30 s
@@ -39,7 +39,7 @@ from vacancyd.core.policy import OwnerScope, ResourceKind, UpstreamPolicy
 from vacancyd.core.reasons import Admit, Credit, Decision, Reason, Refuse
 from vacancyd.core.snapshot import RequestFacts, ResourceView, ServerState, Snapshot
 
-#: A residency proof must be at most this old (seconds; spec "Gate", product map M4).
+#: A residency proof must be at most this old (seconds; docs/architecture.md).
 RESIDENCY_PROOF_MAX_AGE_S = 4.0
 
 
@@ -95,12 +95,12 @@ def decide(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy) -> Dec
 
 
 def decide_owner(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
-    """Steps 2–4 alone; a reclaim's stand-down check reuses them (spec "Yield"; Y5)."""
+    """Steps 2–4 alone; a reclaim's stand-down check reuses them (docs/reclaim.md)."""
     return _decide_owner(snap, upstream)
 
 
 def decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse | None:
-    """Step 5 for one resource alone; a reclaim's stand-down check reuses it (Y5)."""
+    """Step 5 for one resource alone; a reclaim's stand-down check reuses it."""
     return _decide_resource(view, name, now)
 
 

@@ -1,4 +1,4 @@
-"""Selecting one GPU by NVML index, UUID or PCI bus id (product map C1, S2). Pure parsing."""
+"""Selecting one GPU by NVML index, UUID or PCI bus id. Pure parsing."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The admission ledger (spec "Gate", last paragraph; product map L1–L3).
+"""The admission ledger (docs/architecture.md, last paragraph).
 
 A job reserves every resource its upstream depends on. How many jobs a resource holds at
 once is the sharing rule of :mod:`vacancyd.core.sharing`: by default one, so a second
@@ -6,7 +6,7 @@ request that needs any of them is refused with ``resource_busy`` (Retry-After 2 
 first is released; ``max_concurrent`` allows more, and exclusivity keeps some upstreams'
 jobs apart. Each job keeps the MiB the gate charged it, so the next admission is charged
 beside the jobs still running. Release time per resource is kept so the gate can demand a
-capacity sample taken after it (L3). Pure: callers pass monotonic ``now`` in seconds, and
+capacity sample taken after it. Pure: callers pass monotonic ``now`` in seconds, and
 the asyncio proxy calls it without awaiting in between, so no lock is needed.
 """
 

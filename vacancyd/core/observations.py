@@ -1,4 +1,4 @@
-"""Timestamped observations with explicit quality (spec "Shared state").
+"""Timestamped observations with explicit quality (docs/architecture.md).
 
 Every measured input carries the monotonic time (seconds, event-loop clock) of its last good
 sample and of its last failed attempt. Quality is derived, never stored, so it cannot go stale

@@ -25,7 +25,7 @@ class OwnerScope(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ResourcePolicy:
-    """A declared resource's probe policy (spec "The resource model").
+    """A declared resource's probe policy (docs/configuration.md).
 
     ``min_free_mib``: free MiB that must remain for the resource to be lendable at all.
     ``max_utilization``: 0–1 ratio above which it is not lendable (None: not checked).
@@ -68,7 +68,7 @@ class ResourcePolicy:
 class UpstreamPolicy:
     """What the gate needs to know about one ``[[upstream]]``.
 
-    Footprints are MiB charged against the primary resource (spec "Gate" step 6).
+    Footprints are MiB charged against the primary resource (docs/architecture.md step 6).
     ``needs_model_observation`` is set by adapters (llamacpp) whose admission requires a fresh
     observation of the server itself. ``max_concurrent``: borrowed jobs that may run at once
     (:mod:`vacancyd.core.sharing`). ``exclusive_of``: upstreams whose jobs this one's never

@@ -1,5 +1,4 @@
-"""Owner presence from login sessions: pure rules (spec "Collectors", "Gate" step 2–4;
-product map C3–C5, C7, C12).
+"""Owner presence from login sessions: pure rules (docs/architecture.md, "Gate" step 2–4).
 
 The logind collector (``vacancyd.collectors.logind``) reads sessions from systemd-logind and
 hands this module plain values: each session's ``ListSessions`` entry and its properties as
@@ -14,8 +13,8 @@ The rules:
   only when the owner asks for it (``remote_graphical = "count"``).
 * A counting session that is not locked (``LockedHint``) and not idle (``IdleHint``, idle for
   at least ``idle_after_s`` by ``IdleSinceHintMonotonic``) is the owner at the machine.
-* An unlocked, counting session whose user runs a configured owner process is the owner too
-  (product map C4); processes are scanned only for such sessions.
+* An unlocked, counting session whose user runs a configured owner process is the owner too;
+processes are scanned only for such sessions.
 * A session vacancyd cannot read clearly (a property missing or of the wrong D-Bus type, no
   user, a user that does not resolve, a process scan that failed) is an *unknown* session: it
   counts as the owner and marks the evidence incomplete, so the gate refuses (never "absent").
@@ -77,7 +76,7 @@ def resolve_source(setting: str | None, platform: str) -> PresenceSource:
     """Resolve ``[owner] presence`` for ``platform`` (``sys.platform``).
 
     ``"auto"`` means logind on Linux and :attr:`PresenceSource.UNSUPPORTED` elsewhere: an
-    unknown reading that does not refuse (product map C7). Unset means no source at all, which
+    unknown reading that does not refuse. Unset means no source at all, which
     refuses host-scoped work as never sampled.
     """
     if setting is None:
@@ -94,7 +93,7 @@ class PresencePolicy:
     ``owner_processes``: process names that mean the owner is using the machine.
     ``idle_after_s``: seconds a session must have been idle (by IdleSinceHintMonotonic) before
     its idle hint counts; 0 trusts the hint at once.
-    ``count_remote_graphical``: remote x11/wayland/mir sessions count like local ones (C12).
+    ``count_remote_graphical``: remote x11/wayland/mir sessions count like local ones.
     """
 
     owner_processes: frozenset[str] = frozenset()
@@ -254,7 +253,7 @@ def is_away(session: SessionFacts, policy: PresencePolicy, host_now_us: int) -> 
 def users_to_scan(
     sessions: Sequence[SessionFacts], policy: PresencePolicy, host_now_us: int
 ) -> frozenset[tuple[int, str]]:
-    """(uid, user) pairs whose processes could change the decision (product map C4).
+    """(uid, user) pairs whose processes could change the decision.
 
     Only users of an unlocked counting session that is otherwise away: at a session that is
     in use, the owner is present whatever runs, and behind a lock screen a running program is
@@ -300,7 +299,7 @@ def decide_presence(
     host_now_us: int,
     scan: ProcessScan | None = None,
 ) -> PresenceDecision:
-    """Decide the owner signal from every session logind listed (spec "Collectors")."""
+    """Decide the owner signal from every session logind listed (docs/architecture.md)."""
     scan = scan or ProcessScan()
     present: list[str] = []
     unknown: list[str] = []
@@ -387,7 +386,8 @@ def _describe(
 
 
 def stale_engages_veto(observed_at: float | None, now: float, max_age_s: float) -> bool:
-    """Spec "Gate" step 2: a presence reading older than ``max_age_s`` (monotonic seconds)
+    """The gate's step 2 (docs/architecture.md): a presence reading older than ``max_age_s``
+    (monotonic seconds)
     that no fresh reading has replaced engages the owner veto. A never-sampled source does
     not (the gate already refuses it as never sampled)."""
     return observed_at is not None and now - observed_at > max_age_s

@@ -1,4 +1,4 @@
-"""Owner GPU pressure: attribution, threshold learning and hysteresis (product map R1–R5).
+"""Owner GPU pressure: attribution, threshold learning and hysteresis.
 
 Pure code: no clocks, no I/O. Times are monotonic seconds passed in by the caller; loads are
 0–1 ratios of one GPU's streaming-multiprocessor time (NVML process utilization samples are
@@ -7,12 +7,12 @@ percentages; the collector divides by 100).
 Three pieces, each usable on its own:
 
 * :func:`attribute_load` splits one poll's per-process samples into the owner's load and the
-  borrowers' (spec "Shared state": the processes serving local upstream targets and their
+  borrowers' (docs/architecture.md: the processes serving local upstream targets and their
   descendants are subtracted by (pid, start time) identity).
 * :class:`ThresholdLearner` learns the load level above which the owner counts as pressing the
-  card from a decaying histogram of that load (spec, first paragraph; docs/calibration.md).
+  card from a decaying histogram of that load (docs/calibration.md).
 * :class:`PressureTracker` applies hysteresis with independent engage and release timers and
-  the gap rules of spec "Yield" (R4, R5), and says when a reclaim edge rises.
+  the gap rules of docs/reclaim.md, and says when a reclaim edge rises.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ CACHE_VERSION = 1
 
 
 def max_gap_s(poll_s: float) -> float:
-    """The tracker's gap limit: three polls, at least 20 s (spec "Yield"; product map R4)."""
+    """The tracker's gap limit: three polls, at least 20 s (docs/reclaim.md)."""
     return max(3.0 * poll_s, 20.0)
 
 
-# -- attribution (R1, R2, R6) -------------------------------------------------------------
+# -- attribution -------------------------------------------------------------
 
 
 Identity = tuple[int, float]  # (pid, process start time in seconds since the epoch)
@@ -112,7 +112,7 @@ def attribute_load(
     return Attribution(min(owner, 1.0), min(borrower, 1.0), seen)
 
 
-# -- the learned threshold (R3) ------------------------------------------------------------
+# -- the learned threshold ------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +254,7 @@ class ThresholdLearner:
         return None
 
 
-# -- hysteresis and edges (R4, R5) ---------------------------------------------------------
+# -- hysteresis and edges ---------------------------------------------------------
 
 
 class EdgeCause(StrEnum):
@@ -286,10 +286,10 @@ class PressureTracker:
       load has stayed below for ``release_after_s``.
     * Valid samples more than ``max_gap_s`` apart interrupt the tracker: only the release
       timer restarts, at the late sample, so unobserved quiet never counts towards release
-      while sustained load still engages (spec "Yield").
+      while sustained load still engages (docs/reclaim.md).
     * :meth:`unknown` marks a poll without a valid reading: new work is refused at once (the
       caller reports unknown quality), and the edge rises once the reading has been unknown
-      for ``max_gap_s`` since the last valid sample (R5).
+      for ``max_gap_s`` since the last valid sample.
     """
 
     engage_after_s: float
@@ -338,7 +338,7 @@ class PressureTracker:
             and (late or (episode and (self.engaged or threshold is None)))
         ):
             # A late sample, or the first valid one after an unknown episode that is itself
-            # engaged or uncalibrated, reclaims at once (spec "Yield").
+            # engaged or uncalibrated, reclaims at once (docs/reclaim.md).
             edge = PressureEdge(EdgeCause.LATE, now)
         return edge
 
@@ -390,7 +390,7 @@ class PressurePolicy:
         return ThresholdLearner(self.learner)
 
 
-# -- work the attribution cannot see (R6) --------------------------------------------------
+# -- work the attribution cannot see --------------------------------------------------
 
 #: Attribution samples with admitted work and no GPU use in the upstream's tree before
 #: ``unseen_gpu_work`` is reported.

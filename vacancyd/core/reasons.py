@@ -1,7 +1,7 @@
 """Refusal reasons, error codes, their Retry-After hints, and the gate's decision values.
 
-The reason codes and retry hints are the wire contract of the spec's "Gate" section
-(../shared/seeds/vacancyd-architecture.md); their string values appear verbatim in the
+The reason codes and retry hints are a wire contract (docs/architecture.md, the gate);
+their string values appear verbatim in the
 JSON refusal body (``error.code``), in metrics labels and in logs.
 """
 
@@ -59,6 +59,14 @@ class ErrorCode(StrEnum):
     WEBSOCKET_WORK_UNSUPPORTED = "websocket_work_unsupported"
     WEBSOCKET_TUNNELS_EXHAUSTED = "websocket_tunnels_exhausted"
     CONNECTION_LIMIT = "connection_limit"
+    BODY_NOT_ALLOWED = "body_not_allowed"
+    ENCODED_BODY_NOT_ALLOWED = "encoded_body_not_allowed"
+    BAD_REQUEST = "bad_request"
+    # browser guards (both listeners)
+    HOST_NOT_ALLOWED = "host_not_allowed"
+    ORIGIN_NOT_ALLOWED = "origin_not_allowed"
+    CROSS_SITE_REQUEST = "cross_site_request"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     # the upstream failed
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
@@ -73,6 +81,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_UPSTREAM = "unknown_upstream"
     UNKNOWN_MODEL = "unknown_model"
     UNKNOWN_JOB = "unknown_job"
+    TOO_MANY_SUBSCRIBERS = "too_many_subscribers"
 
 
 #: Default Retry-After (seconds) per reason. Gate steps that share a reason but differ in
@@ -92,7 +101,7 @@ RETRY_AFTER_S: dict[Reason, int] = {
 
 @dataclass(frozen=True, slots=True)
 class Credit:
-    """Outcome of a residency proof (spec "Gate" step 6).
+    """Outcome of a residency proof (docs/architecture.md step 6).
 
     ``applied`` is True when the model was proved resident and the smaller
     ``resident_min_free_mib`` was charged. ``why`` says why a credit did or did not apply;

@@ -1,15 +1,15 @@
 """Reclaim planning: what to do with accepted borrowed work when the owner wants the GPU back.
 
-Spec "Yield"; product map Y1–Y5. Pure: no I/O and no clock; every time is monotonic seconds
+See docs/reclaim.md. Pure: no I/O and no clock; every time is monotonic seconds
 passed in by the caller. ``vacancyd.control.reclaim`` executes the plans.
 
 An *edge* is a rising owner-return (host policy veto), resource-pressure or operator event.
 Each affected upstream gets one :class:`Reclaim`; further edges while it is undecided coalesce
-into it and never move its deadline (Y2: "the first edge fixes the deadline"). A reclaim ends
+into it and never move its deadline (the first edge fixes the deadline). A reclaim ends
 in one of two ways:
 
 * **stood down** — a drain or finish wait re-checked its trigger with admission's own checks
-  and found it cleared (Y5). Nothing is cancelled or unloaded.
+  and found it cleared. Nothing is cancelled or unloaded.
 * **proceeded** — the affected work ended, or the policy's deadline passed. Drain and cancel
   cut what is still running; finish never cuts. Upstreams with ``yield_on_veto`` then unload.
 """
@@ -29,7 +29,7 @@ from vacancyd.core.snapshot import Snapshot
 
 
 class OnOwnerReturn(StrEnum):
-    """An upstream's ``on_owner_return`` policy (spec "Yield"; Y2)."""
+    """An upstream's ``on_owner_return`` policy (docs/reclaim.md)."""
 
     DRAIN = "drain"  #: let accepted work run for ``drain_timeout_s``, then cut it
     CANCEL = "cancel"  #: cut accepted work at once
@@ -47,7 +47,7 @@ class Trigger(StrEnum):
 
 
 class ReclaimPhase(StrEnum):
-    """Published per upstream in /status (Y5)."""
+    """Published per upstream in /status."""
 
     WAITING = "waiting"
     STOOD_DOWN = "stood_down"
@@ -55,7 +55,7 @@ class ReclaimPhase(StrEnum):
     DONE = "done"
 
 
-#: Phases in which a reclaim still owns the upstream: new work is refused (Y1).
+#: Phases in which a reclaim still owns the upstream: new work is refused.
 OPEN_PHASES = frozenset({ReclaimPhase.WAITING, ReclaimPhase.PROCEEDING})
 
 
@@ -66,7 +66,7 @@ class ReclaimPolicy:
     ``drain_timeout_s``: seconds accepted work may keep running in drain mode.
     ``completion_timeout_s``: in finish mode, seconds after which the unload goes ahead even
     though work still runs (None: wait for the work to end). Finish never cuts work.
-    ``yield_on_veto``: ask the server to unload its models once the work is dealt with (Y7).
+    ``yield_on_veto``: ask the server to unload its models once the work is dealt with.
     """
 
     on_owner_return: OnOwnerReturn = OnOwnerReturn.DRAIN
@@ -107,7 +107,7 @@ class Edge:
 def affected_upstreams(
     edge: Edge, upstreams: Mapping[str, UpstreamPolicy], *, veto_active: bool
 ) -> list[str]:
-    """The upstreams an edge reclaims, by name (spec "Yield", Y4).
+    """The upstreams an edge reclaims, by name (docs/reclaim.md).
 
     Owner return reclaims host-scoped upstreams only. A pressure edge on a resource reclaims
     every upstream that depends on it (primary or ``also_requires``); while the owner veto is
@@ -215,7 +215,7 @@ Action = Wait | StandDown | Proceed
 
 
 def plan(reclaim: Reclaim, *, trigger_cleared: bool, active_work: int, now: float) -> Action:
-    """Decide the next step of a waiting reclaim (Y2, Y5).
+    """Decide the next step of a waiting reclaim.
 
     ``trigger_cleared``: admission's own checks would admit again for every edge this reclaim
     answers. ``active_work``: borrowed jobs on the upstream admitted before the first edge that
@@ -241,7 +241,7 @@ def decided(reclaim: Reclaim, action: StandDown | Proceed, now: float) -> Reclai
 
 
 def trigger_cleared(reclaim: Reclaim, snap: Snapshot, upstream: UpstreamPolicy) -> bool:
-    """Would admission's own checks admit ``upstream`` again, for every edge answered? (Y5).
+    """Would admission's own checks admit ``upstream`` again, for every edge answered?.
 
     A drain or finish wait stands down only when all of these hold:
 

@@ -1,4 +1,4 @@
-"""Render refusals and proxy errors as OpenAI-shaped JSON (spec "Proxy"; product map P12).
+"""Render refusals and proxy errors as OpenAI-shaped JSON (docs/architecture.md).
 
 Body shape, shared by every error vacancyd itself produces::
 

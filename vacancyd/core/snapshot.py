@@ -17,13 +17,13 @@ from vacancyd.core.residency import ContextLearning, ResidentModel
 
 @dataclass(frozen=True, slots=True)
 class PresenceView:
-    """Owner presence as the gate sees it (spec "Gate" steps 2–4).
+    """Owner presence as the gate sees it (docs/architecture.md steps 2–4).
 
     ``sampled``: a presence reading has arrived since start.
     ``observed_at``: monotonic time of the newest reading (None when never sampled).
     ``evidence_complete``: every session vacancyd sees could be read clearly.
     ``veto_active``: the host policy veto is engaged (owner present, locked screen excepted…).
-    ``refuses``: False only for platforms without a backend (product map C7), whose unknown
+    ``refuses``: False only for platforms without a backend, whose unknown
     reading must not refuse.
     """
 
@@ -55,7 +55,7 @@ class PresenceView:
 
 @dataclass(frozen=True, slots=True)
 class PressureView:
-    """Per-resource owner GPU pressure (product map R1–R5); None on resources without it.
+    """Per-resource owner GPU pressure; None on resources without it.
 
     ``above_threshold``: the newest valid reading's owner load is above the threshold in
     force, so the hysteresis is building towards engagement (or holding it). The gate still
@@ -74,7 +74,7 @@ class ResourceView:
     """One declared resource: its policy, runtime switch, capacity and ledger timestamps.
 
     ``released_at``: when the ledger last released a job on it (monotonic s); the gate admits
-    into it again only on a capacity sample taken after that (product map L3).
+    into it again only on a capacity sample taken after that.
     ``yielded_at``: when a reclaim last unloaded an upstream that depends on it (monotonic
     s); no residency is credited from a server observation older than that.
     ``state_error``: why a durable state file it depends on is unusable, if one is.

@@ -1,4 +1,4 @@
-"""The host policy veto's hysteresis (spec "Shared state"; product map C5).
+"""The host policy veto's hysteresis (docs/architecture.md).
 
 It engages on one matching sample and releases only once ``release_after_s`` seconds have
 passed since the last matching sample, with every sample in between clear. Times are

@@ -1,4 +1,4 @@
-"""Publishing lendability to Kubernetes (product map K1–K4).
+"""Publishing lendability to Kubernetes.
 
 ``client`` is the only module that imports kubernetes_asyncio (an optional extra), and only
 when a publisher starts; ``publisher`` writes desired state with backoff; ``companion`` follows

@@ -5,7 +5,7 @@ made, so the daemon runs without it unless publishing is configured. Every failu
 library (an ``ApiException``, a connection error, a bad kubeconfig) leaves this module as a
 :class:`~vacancyd.k8s.api.K8sApiError` raised from it.
 
-Auth (product map K3): with no kubeconfig given, in-cluster credentials (the Pod's service
+Auth: with no kubeconfig given, in-cluster credentials (the Pod's service
 account) when ``KUBERNETES_SERVICE_HOST`` is set, else ``$KUBECONFIG`` or ``~/.kube/config``.
 """
 

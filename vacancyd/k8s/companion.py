@@ -1,4 +1,4 @@
-"""The in-cluster companion: follows lenders over HTTP and publishes them (K1–K4, O8).
+"""The in-cluster companion: follows lenders over HTTP and publishes them.
 
 ``vacancyd companion --config companion.toml`` runs one :class:`LenderFollower` and one
 :class:`~vacancyd.k8s.publisher.Publisher` per ``[[lender]]``. A follower

@@ -1,4 +1,4 @@
-"""Write one lender's state to Kubernetes: Node conditions and EndpointSlices (K1–K4).
+"""Write one lender's state to Kubernetes: Node conditions and EndpointSlices.
 
 A :class:`Publisher` is fed :class:`~vacancyd.core.conditions.LenderState` values through
 :meth:`Publisher.update`, which only stores the value and wakes the publisher's own task: the

@@ -1,4 +1,4 @@
-"""The per-upstream gated proxy (spec "Proxy"; product map P1, P3–P9, P11, P12).
+"""The per-upstream gated proxy (docs/architecture.md).
 
 Order for every request: authenticate (borrow scope) -> classify -> by class:
 
@@ -7,13 +7,13 @@ Order for every request: authenticate (borrow scope) -> classify -> by class:
   6, a fresh observation if one could change the answer, the ledger reservation) -> forward,
   streaming the response -> tell ``Work`` how the exchange ended. Everything after that
   (release, tracking work the server still runs, holding a cut job) is ``Work``'s.
-* reclaim (spec "Yield"; Y1–Y6): while a reclaim is open on the upstream, work is refused
+* reclaim (docs/reclaim.md): while a reclaim is open on the upstream, work is refused
   before the body is read; a reclaim may cut an admitted job — before response headers the
   borrower gets 503 with the edge's reason, after them the connection is aborted so the
   stream never ends cleanly. The forwarding runs on its own task so a cut closes the
   upstream connection at once, even while the borrower is stalled.
 * pass-through and borrower results: forwarded unconditionally; WebSocket upgrades on them
-  are tunneled (P10, :mod:`vacancyd.proxy.tunnel`).
+  are tunneled (:mod:`vacancyd.proxy.tunnel`).
 * management and unlisted GET/HEAD: 403 ``management_denied`` unless ``management = "allow"``.
 * any other unlisted method: 501, always.
 """
@@ -33,6 +33,7 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError, Waker
+from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES, run_cooperatively
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.control.work import Work
 from vacancyd.core import gate
@@ -42,6 +43,7 @@ from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal
+from vacancyd.core.snapshot import RequestFacts
 from vacancyd.proxy import bodies, headers, probe, tunnel
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
@@ -132,6 +134,10 @@ class Proxy:
         self.session = session
         self.budget = bodies.BodyBudget(limits.buffered_budget_mib * MIB)
         self.max_body = limits.max_request_body_mib * MIB
+        self.max_passthrough_body = limits.max_passthrough_body_kib * 1024
+        settings = upstream.settings
+        self.allowed_origins = frozenset(o.rstrip("/").lower() for o in settings.allowed_origins)
+        self.pass_response = frozenset(h.lower() for h in settings.pass_response_headers)
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -141,13 +147,18 @@ class Proxy:
             denied = self.auth.check(request, probe.SCOPE)
             if denied is not None:
                 return denied
-        return probe.answer(
-            request,
-            self.work,
-            self.upstream.policy,
-            canonical_model=self.upstream.adapter.canonical_model,
-            refusal_status=self.upstream.settings.refusal_status,
-        )
+        # A pool is lendable when any member is; otherwise the first member's answer stands.
+        answers = [
+            probe.answer(
+                request,
+                self.work,
+                proxy.upstream.policy,
+                canonical_model=proxy.upstream.adapter.canonical_model,
+                refusal_status=proxy.upstream.settings.refusal_status,
+            )
+            for proxy in (list(self.members.values()) or [self])
+        ]
+        return next((a for a in answers if a.status == 200), answers[0])
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if origin_form(request.raw_path).partition("?")[0] == probe.PATH:
@@ -211,22 +222,38 @@ class Proxy:
     async def _pass(
         self, request: web.Request, c: Classification, query: str
     ) -> web.StreamResponse:
-        """Forward a non-work request; a WebSocket upgrade on it is tunneled (P10)."""
+        """Forward a non-work request; a WebSocket upgrade on it is tunneled."""
         if tunnel.is_upgrade(request):
             up = self.upstream
             return await self.tunnels.serve(
                 request,
                 self.session,
                 self._url(c, query),
-                headers.request_headers(
-                    request.headers,
-                    target=up.target,
-                    forward_authorization=up.settings.forward_authorization,
-                    credential=up.credential,
-                ),
+                self._request_headers(request),
                 up.name,
             )
-        return await self._forward(request, c, query)
+        limit = self.max_passthrough_body
+        if c.klass not in (RouteClass.PASSTHROUGH, RouteClass.RESULTS):
+            limit = self.max_body  # a management route the owner opened
+        try:
+            bodies.check_forwarded_body(request, limit)
+            body, reservation = await bodies.read_body(
+                request,
+                max_bytes=limit,
+                budget=self.budget,
+                read_timeout_s=self.limits.body_read_timeout_s,
+                idle_timeout_s=self.limits.body_idle_timeout_s,
+            )
+        except bodies.BodyError as exc:
+            response = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+            response.force_close()  # never leave an unread body on a kept-alive connection
+            return response
+        try:
+            return await self._forward(
+                request, c, query, body=body if request.body_exists else None
+            )
+        finally:
+            reservation.release()
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue`` (RFC 9110 §10.1.1): a work request that would be refused
@@ -311,6 +338,17 @@ class Proxy:
                 ErrorType.NOT_IMPLEMENTED,
                 ErrorCode.WEBSOCKET_WORK_UNSUPPORTED,
             )
+        origin = request.headers.get("Origin")
+        if origin is not None and origin.rstrip("/").lower() not in self.allowed_origins:
+            response = json_error(
+                403,
+                f"borrowed work from the web page {origin!r} is not allowed on {name!r} "
+                "(the upstream's allowed_origins)",
+                ErrorType.PERMISSION,
+                ErrorCode.ORIGIN_NOT_ALLOWED,
+            )
+            response.force_close()
+            return response
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
@@ -342,9 +380,7 @@ class Proxy:
 
         try:
             try:
-                facts = self.upstream.adapter.read_facts(
-                    c.route, body, request.headers.get("Content-Type", "")
-                )
+                facts = await self._read_facts(c, body, request.headers.get("Content-Type", ""))
             except BadRequest as exc:
                 return json_error(400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             runs = self
@@ -366,6 +402,15 @@ class Proxy:
             return await runs._run_job(request, c, query, job, body, key, reservation.release)
         finally:
             reservation.release()
+
+    async def _read_facts(self, c: Classification, body: bytes, ctype: str) -> RequestFacts:
+        """The body's facts; a large body is read in slices that hand the loop back, so a
+        borrower's body never holds the loop the owner's reclaim runs on."""
+        assert c.route is not None
+        adapter = self.upstream.adapter
+        if len(body) <= SMALL_JSON_BYTES:
+            return adapter.read_facts(c.route, body, ctype)
+        return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
 
     def _reclaim_refusal(self) -> Refuse | None:
         return self.work.refusal(self.upstream.name)
@@ -444,6 +489,18 @@ class Proxy:
 
     # -- forwarding ----------------------------------------------------------------------
 
+    def _request_headers(self, request: web.Request) -> Any:
+        up = self.upstream
+        return headers.request_headers(
+            request.headers,
+            target=up.target,
+            forward_authorization=up.settings.forward_authorization,
+            credential=up.credential,
+            peer=request.remote,
+            forwarded=up.settings.forwarded_headers,
+            scheme="https" if request.secure else "http",
+        )
+
     def _url(self, c: Classification, query: str) -> URL:
         target = self.upstream.target
         return URL.build(
@@ -493,17 +550,10 @@ class Proxy:
             failed = await self._wake(controller)
             if failed is not None:
                 return failed
-        out_headers = headers.request_headers(
-            request.headers,
-            target=up.target,
-            forward_authorization=up.settings.forward_authorization,
-            credential=up.credential,
-        )
+        out_headers = self._request_headers(request)
         data: Any = body
         if body is not None and len(body) > LARGE_BODY_BYTES:
             data = io.BytesIO(body)  # aiohttp sends large in-memory bodies in chunks this way
-        if body is None and request.body_exists:
-            data = request.content
         try:
             upstream_resp = await self.session.request(
                 request.method,
@@ -546,7 +596,9 @@ class Proxy:
             response = web.StreamResponse(
                 status=upstream_resp.status,
                 reason=upstream_resp.reason,
-                headers=headers.response_headers(upstream_resp.headers, target=up.target),
+                headers=headers.response_headers(
+                    upstream_resp.headers, target=up.target, allow=self.pass_response
+                ),
             )
             if exchange is not None:
                 exchange.response = response
@@ -590,5 +642,7 @@ class Proxy:
 
 def make_app(proxy: Proxy) -> web.Application:
     app = web.Application(client_max_size=proxy.max_body)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle, expect_handler=proxy.expect)
+    # [\s\S], not ".": a path with an encoded newline must still reach the handler
+    # (and get its JSON answer), not aiohttp's plain-text 404.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", proxy.handle, expect_handler=proxy.expect)
     return app

@@ -1,4 +1,4 @@
-"""Request body buffering within bounds (spec "Proxy"; product map P4, P9).
+"""Request body buffering within bounds (docs/architecture.md).
 
 A work request's body is buffered so the model name can be read. Each body must fit
 ``max_request_body_mib`` (413, before reading when Content-Length says so); all bodies a
@@ -17,6 +17,10 @@ from aiohttp.web_protocol import RequestPayloadError
 from vacancyd.core.reasons import ErrorCode, Reason
 
 MIB = 1024 * 1024
+#: The budget a body holds grows in steps of this many bytes as its bytes arrive.
+RESERVE_STEP_BYTES = 256 * 1024
+#: A body larger than this is assembled on a worker thread (bytes).
+JOIN_ON_LOOP_BYTES = 1024 * 1024
 
 
 class BodyError(Exception):
@@ -51,6 +55,19 @@ class Reservation:
     def __init__(self, budget: BodyBudget, n: int) -> None:
         self._budget, self._n = budget, n
 
+    @property
+    def bytes(self) -> int:
+        return self._n
+
+    def grow_to(self, n: int) -> bool:
+        """Hold at least ``n`` bytes; False (and nothing more held) when the budget is full."""
+        if n <= self._n:
+            return True
+        if not self._budget.try_reserve(n - self._n):
+            return False
+        self._n = n
+        return True
+
     def shrink(self, n: int) -> None:
         if n < self._n:
             self._budget.release(self._n - n)
@@ -61,6 +78,36 @@ class Reservation:
         self._n = 0
 
 
+#: Content-Encoding values that mean "not encoded".
+_IDENTITY = frozenset({"", "identity"})
+
+
+def check_forwarded_body(request: web.Request, max_bytes: int) -> None:
+    """Rules for a body the proxy forwards without reading it (pass-through, management).
+
+    Raises :class:`BodyError`: 400 for a body on GET or HEAD (such a body has no meaning, and
+    a server that ignores it would read it as the next request on a pooled connection); 415
+    for an encoded body (aiohttp would decompress it, so a small compressed body could
+    deliver gigabytes upstream); 413 when Content-Length exceeds ``max_bytes``.
+    """
+    if not request.body_exists:
+        return
+    if request.method in ("GET", "HEAD"):
+        raise BodyError(
+            400,
+            ErrorCode.BODY_NOT_ALLOWED,
+            f"a {request.method} request must not carry a body on this route",
+        )
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in _IDENTITY:
+        raise BodyError(
+            415,
+            ErrorCode.ENCODED_BODY_NOT_ALLOWED,
+            f"Content-Encoding {encoding!r} is not accepted on this route; send the body as is",
+        )
+    check_declared_length(request, max_bytes)
+
+
 def check_declared_length(request: web.Request, max_bytes: int) -> None:
     """Refuse early (413) when Content-Length already exceeds the limit."""
     declared = request.content_length
@@ -68,7 +115,7 @@ def check_declared_length(request: web.Request, max_bytes: int) -> None:
         raise BodyError(
             413,
             ErrorCode.REQUEST_TOO_LARGE,
-            f"request body of {declared} bytes exceeds the {max_bytes // MIB} MiB limit",
+            f"request body of {declared} bytes exceeds the {_size(max_bytes)} limit",
         )
 
 
@@ -80,17 +127,19 @@ async def read_body(
     read_timeout_s: float,
     idle_timeout_s: float,
 ) -> tuple[bytes, Reservation]:
-    """Buffer the body. Returns it with its budget reservation; raises :class:`BodyError`."""
+    """Buffer the body. Returns it with its budget reservation; raises :class:`BodyError`.
+
+    The reservation grows with the bytes that have arrived, :data:`RESERVE_STEP_BYTES` at a
+    time (never past ``max_bytes``), so a body trickled in slowly holds only what it sent,
+    whatever its Content-Length promises: a few slow uploads cannot starve every other
+    borrower of the budget. A body that would overflow the budget mid-way gets 503.
+    """
     check_declared_length(request, max_bytes)
-    declared = request.content_length
-    want = declared if declared is not None else max_bytes
+    reservation = Reservation(budget, 0)
     if not request.body_exists:
-        want = 0
-    if not budget.try_reserve(want):
-        raise BodyError(
-            503, Reason.BODY_BUDGET_EXHAUSTED, "the proxy is buffering too many request bodies"
-        )
-    reservation = Reservation(budget, want)
+        return b"", reservation
+    if not reservation.grow_to(min(RESERVE_STEP_BYTES, max_bytes)):
+        raise _exhausted()
     chunks: list[bytes] = []
     total = 0
     loop = asyncio.get_running_loop()
@@ -129,14 +178,31 @@ async def read_body(
                 raise BodyError(
                     413,
                     ErrorCode.REQUEST_TOO_LARGE,
-                    f"request body exceeds the {max_bytes // MIB} MiB limit",
+                    f"request body exceeds the {_size(max_bytes)} limit",
                 )
+            if total > reservation.bytes:
+                step = -(-total // RESERVE_STEP_BYTES) * RESERVE_STEP_BYTES
+                if not reservation.grow_to(min(step, max_bytes)):
+                    raise _exhausted()
             chunks.append(chunk)
     except BaseException:
         reservation.release()
         raise
     reservation.shrink(total)
-    return b"".join(chunks), reservation
+    if total <= JOIN_ON_LOOP_BYTES:
+        return b"".join(chunks), reservation
+    # Copying tens of MiB takes tens of ms; bytes.join releases the GIL for large buffers.
+    return await asyncio.to_thread(b"".join, chunks), reservation
+
+
+def _size(n: int) -> str:
+    return f"{n // MIB} MiB" if n % MIB == 0 else f"{n // 1024} KiB"
+
+
+def _exhausted() -> BodyError:
+    return BodyError(
+        503, Reason.BODY_BUDGET_EXHAUSTED, "the proxy is buffering too many request bodies"
+    )
 
 
 async def drain(request: web.Request, limit_bytes: int, timeout_s: float) -> None:

@@ -1,4 +1,4 @@
-"""WebSocket tunnels (spec "Proxy", last paragraphs; product map P10).
+"""WebSocket tunnels (docs/architecture.md, last paragraphs).
 
 An authenticated ``Connection: Upgrade`` / ``Upgrade: websocket`` request on a route the
 adapter passes through (ComfyUI's ``GET /ws`` progress channel) is first handshaken with the

@@ -1,4 +1,4 @@
-"""The calibration cache: each GPU's learned pressure threshold, kept across restarts (R3).
+"""The calibration cache: each GPU's learned pressure threshold, kept across restarts.
 
 One JSON file per GPU resource, ``STATE_DIR/calibration/RESOURCE.json``, written atomically
 by :mod:`vacancyd.runtime.durable` (like every durable state file) so a crash mid-write

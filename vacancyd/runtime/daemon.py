@@ -21,7 +21,8 @@ Task tree (names as they appear in logs):
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
   ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
 
-Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1).
+Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1). SIGHUP re-reads
+and validates the configuration file and logs the verdict; it never stops the daemon.
 """
 
 from __future__ import annotations
@@ -32,19 +33,20 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
-from vacancyd.api.app import make_api
+from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.api.status import render_status
 from vacancyd.collectors import logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
-from vacancyd.config.load import ConfigError
+from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import ResourceSettings, Settings, split_listen
 from vacancyd.config.policies import (
     pressure_policy,
@@ -54,7 +56,7 @@ from vacancyd.config.policies import (
 )
 from vacancyd.config.secrets import Secrets, read_secrets
 from vacancyd.config.zone import resolve_zone
-from vacancyd.control.owner import OwnerControls, OwnerControlsConfig
+from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.sharing import CardSharing, ExclusiveSettings
 from vacancyd.control.waiting import WaitRooms
@@ -70,13 +72,19 @@ from vacancyd.core.snapshot import ServerState
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.probe import ProbeEndpoint
-from vacancyd.proxy.site import CappedTCPSite
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, learned, lendability, sdnotify
+from vacancyd.runtime import calibration, durable, learned, lendability, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.state import PressureSample, SharedState
 from vacancyd.web.auth import Authenticator, Token
 from vacancyd.web.metrics import Metrics
+from vacancyd.web.site import (
+    SERVER_HEADER,
+    ConnectionGuard,
+    ConnectionLimits,
+    GuardedTCPSite,
+    Probe,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +148,12 @@ def build_state(settings: Settings) -> SharedState:
     return state
 
 
+async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
+    """Every reply names vacancyd, never the Python or aiohttp version (nor the upstream's
+    own ``Server``, which the proxy drops)."""
+    response.headers["Server"] = SERVER_HEADER
+
+
 def owner_controls_config(settings: Settings) -> OwnerControlsConfig:
     """The owner-controls loop's settings; raises ConfigError when the zone is unknown."""
     owner = settings.owner
@@ -168,6 +182,29 @@ def owner_controls_config(settings: Settings) -> OwnerControlsConfig:
         poll_s=settings.collectors.poll_s,
         probe_timeout_s=settings.collectors.probe_timeout_s,
     )
+
+
+#: The saved pause's format version in ``STATE_DIR/pause.json``.
+PAUSE_VERSION = 1
+
+
+class DurablePauseStore:
+    """The owner's pause as a versioned durable-state file (:mod:`vacancyd.runtime.durable`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> Mapping[str, object] | None:
+        try:
+            return durable.read_state(self.path, {PAUSE_VERSION})
+        except durable.StateFileError as exc:
+            raise ValueError(str(exc)) from exc
+
+    def save(self, data: Mapping[str, object] | None) -> None:
+        if data is None:
+            durable.remove_state(self.path)
+        else:
+            durable.write_state(self.path, {"version": PAUSE_VERSION, **data})
 
 
 def read_tokens(secrets: Secrets) -> list[Token]:
@@ -215,7 +252,11 @@ class Daemon:
             metrics=self.metrics,
             work=self.work,
         )
-        self.owner = OwnerControls(self.state, owner_controls_config(self.settings))
+        self.owner = OwnerControls(
+            self.state,
+            owner_controls_config(self.settings),
+            DurablePauseStore(self.settings.state_dir / PAUSE_FILE),
+        )
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -227,10 +268,16 @@ class Daemon:
         started_at = loop.time()
         secrets = read_secrets(settings)
         tokens = read_tokens(secrets)
+        server = settings.server
         auth = Authenticator(
-            tokens, trust_loopback=settings.server.trust_loopback, metrics=self.metrics
+            tokens,
+            trust_loopback=server.trust_loopback,
+            metrics=self.metrics,
+            allow_unauthenticated_remote=server.allow_unauthenticated_remote,
+            server_names=server.server_names,
+            allowed_origins=server.allowed_origins,
         )
-        limits = settings.server.limits
+        limits = server.limits
 
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
@@ -242,10 +289,12 @@ class Daemon:
             self.metrics,
             started_at=started_at,
             release=self.work.admin_release,
+            max_event_subscribers=limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
         )
-        await self._serve("api", api, settings.server.listen, limits.max_connections)
+        state = self.state
+        await self._serve("api", api, server.listen, probe=lambda path: health_probe(state, path))
 
         proxies: dict[str, Proxy] = {}
         for up in settings.upstream:
@@ -302,7 +351,7 @@ class Daemon:
             )
             probes[up.name] = ProbeEndpoint(up.public_probe, proxy.probe)
             self.state.set_listener(up.name, up.listen, bound=False)
-            address = await self._serve(up.name, make_app(proxy), up.listen, limits.max_connections)
+            address = await self._serve(up.name, make_app(proxy), up.listen)
             self.state.set_listener(up.name, address, bound=True)
             if adapter.observable:
                 self._start_observer(upstream, credential)
@@ -326,9 +375,7 @@ class Daemon:
             )
             self.state.pools[pool.name] = tuple(pool.members)
             self.state.set_listener(pool.name, pool.listen, bound=False)
-            address = await self._serve(
-                pool.name, make_app(pool_proxy), pool.listen, limits.max_connections
-            )
+            address = await self._serve(pool.name, make_app(pool_proxy), pool.listen)
             self.state.set_listener(pool.name, address, bound=True)
 
         self._share_cards()
@@ -401,8 +448,11 @@ class Daemon:
             lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
         )
 
-    async def _serve(self, name: str, app: web.Application, listen: str, cap: int) -> str:
+    async def _serve(
+        self, name: str, app: web.Application, listen: str, *, probe: Probe | None = None
+    ) -> str:
         limits = self.settings.server.limits
+        app.on_response_prepare.append(_server_header)
         runner = web.AppRunner(
             app,
             handle_signals=False,
@@ -410,7 +460,7 @@ class Daemon:
             # aiohttp waits this long for handlers, then cancels them and waits as long
             # again before closing the connection: half the grace each keeps the total to it.
             shutdown_timeout=SHUTDOWN_GRACE_S / 2,
-            keepalive_timeout=limits.header_read_timeout_s,
+            keepalive_timeout=limits.keepalive_timeout_s,
             lingering_time=0,
             access_log=logging.getLogger(f"vacancyd.access.{name}"),
             access_log_format='%a "%r" %s %b %Tfs',
@@ -418,7 +468,20 @@ class Daemon:
         await runner.setup()
         self._runners[name] = runner
         host, port = split_listen(listen)
-        site = CappedTCPSite(runner, host, port, max_connections=cap)
+        metrics = self.metrics
+        guard = ConnectionGuard(
+            ConnectionLimits(
+                max_connections=limits.max_connections,
+                max_unauthenticated=limits.unauthenticated_cap,
+                max_unauthenticated_per_peer=limits.max_unauthenticated_per_peer,
+                unauthenticated_timeout_s=limits.unauthenticated_timeout_s,
+                header_read_timeout_s=limits.header_read_timeout_s,
+            ),
+            probe=probe,
+            on_refused=lambda why: metrics.connections_refused.labels(name, why).inc(),
+            on_malformed=lambda: metrics.malformed_requests.labels(name).inc(),
+        )
+        site = GuardedTCPSite(runner, host, port, guard=guard)
         try:
             await site.start()
         except OSError as exc:
@@ -561,7 +624,7 @@ class Daemon:
         )
 
     def _start_pressure(self) -> None:
-        """One pressure loop per GPU with pressure (R1–R5), and the calibration saver (R3)."""
+        """One pressure loop per GPU with pressure, and the calibration saver."""
         state = self.state
         targets = {}
         for up in self.settings.upstream:
@@ -661,12 +724,52 @@ class Daemon:
             await session.close()
 
 
-async def run_daemon(settings: Settings) -> int:
-    """Run until SIGTERM/SIGINT. Returns the process exit code."""
+async def recheck_config(path: Path | None) -> bool:
+    """SIGHUP: read and validate the configuration file again (secrets included) and log the
+    result. Returns whether it is valid. Never raises: the running configuration is kept
+    either way, because vacancyd applies a configuration only at start (listeners, budgets
+    and policies are built from it once); a restart applies a changed file."""
+    if path is None:
+        log.info("SIGHUP: running on the embedded default configuration; nothing to re-read")
+        return True
+
+    def check() -> None:
+        read_secrets(load_config(path), str(path))
+
+    try:
+        await asyncio.to_thread(check)
+    except ConfigError as exc:
+        log.error("SIGHUP: %s\nthe running configuration is kept", exc)
+        return False
+    except Exception as exc:
+        log.error("SIGHUP: cannot check %s (%r); the running configuration is kept", path, exc)
+        return False
+    log.info(
+        "SIGHUP: %s is valid; configuration changes take effect when vacancyd is restarted "
+        "(systemctl restart vacancyd); the running configuration is kept",
+        path,
+    )
+    return True
+
+
+async def run_daemon(settings: Settings, config_path: Path | None = None) -> int:
+    """Run until SIGTERM/SIGINT. Returns the process exit code.
+
+    SIGHUP re-reads and validates ``config_path`` and logs the verdict
+    (:func:`recheck_config`); it never stops the daemon.
+    """
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
+    rechecks: set[asyncio.Task[bool]] = set()
+
+    def on_hangup() -> None:
+        task = loop.create_task(recheck_config(config_path), name="SIGHUP config check")
+        rechecks.add(task)
+        task.add_done_callback(rechecks.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_hangup)
     try:
         try:
             await daemon.start()
@@ -683,5 +786,5 @@ async def run_daemon(settings: Settings) -> int:
     finally:
         sdnotify.notify("STOPPING=1")
         await daemon.shutdown()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)

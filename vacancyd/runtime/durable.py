@@ -15,7 +15,8 @@ from memory.
 
 Layout under ``state_dir``: ``calibration/RESOURCE.json`` (GPU pressure calibration),
 ``residency/UPSTREAM.json`` (the Ollama learned context map), ``footprints/UPSTREAM.json``
-(learned footprint priors), ``holds.json`` (jobs held for uncertain completion).
+(learned footprint priors), ``holds.json`` (jobs held for uncertain completion),
+``pause.json`` (the owner's pause, :class:`vacancyd.runtime.daemon.DurablePauseStore`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Named, referenced, supervised background tasks (spec "API and metrics", last paragraph).
+"""Named, referenced, supervised background tasks (docs/architecture.md, last paragraph).
 
 Every task is spawned here with a human name and marked essential or not. When an essential
 task (a collector, the API listener, a proxy listener) ends for any reason other than the

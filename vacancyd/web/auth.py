@@ -1,15 +1,28 @@
-"""Scoped bearer authentication (spec "Proxy" and "API and metrics"; product map P11).
+"""Scoped bearer authentication and the browser guards (docs/architecture.md, THREAT_MODEL.md).
 
 Scopes: ``borrow`` (proxy work and pass-through routes), ``read`` (/status, /metrics),
 ``admin`` (runtime switches; implies ``read``). With ``trust_loopback`` a client connecting
-from a loopback address is the owner and holds every scope. Every decision is counted in
-``vacancyd_auth_total{scope,outcome}``.
+from a loopback address is the owner and holds every scope; with
+``allow_unauthenticated_remote`` a client without a token holds ``borrow``. Every decision is
+counted in ``vacancyd_auth_total{scope,outcome}``.
+
+Browser guards. A request trusted for where it comes from rather than for a secret it holds
+can be sent by any web page the owner opens, so such a request must name this host in
+``Host`` (a single-label name such as ``localhost``, an IP address, or one of
+``server_names``): a DNS-rebinding page names its own domain (it needs a name whose DNS
+answers it controls) and is refused with 403 ``host_not_allowed``. A bearer token cannot be
+ridden this way (a page does not have it), so token-authenticated requests keep any Host.
+Admin mutations additionally refuse (403) an ``Origin`` not in ``allowed_origins`` and
+``Sec-Fetch-Site: cross-site``/``same-site``, and position-trusted ones must send a body (when
+they have one) as ``Content-Type: application/json`` (415 otherwise), which a page cannot do
+without a CORS preflight that vacancyd never grants. See THREAT_MODEL.md.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -17,6 +30,7 @@ from aiohttp import web
 from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.web.metrics import Metrics
+from vacancyd.web.site import mark_authenticated
 
 #: Scopes a scope grants besides itself: the lendability probe reveals less than any.
 IMPLIED = {"admin": {"read", "probe"}, "read": {"probe"}, "borrow": {"probe"}}
@@ -42,11 +56,83 @@ def is_loopback_peer(request: web.Request) -> bool:
         return False
 
 
+def host_name(host_header: str) -> str:
+    """The name part of a Host header value, lowercased, without port or brackets."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+#: Sec-Fetch-Site values a browser sends for a request the page's own site did not make.
+FOREIGN_FETCH_SITES = frozenset({"cross-site", "same-site"})
+#: Content types a page may send cross-origin without a CORS preflight.
+JSON_TYPES = frozenset({"application/json"})
+
+
+def _forbidden(message: str, code: ErrorCode) -> web.Response:
+    return web.json_response(error_body(message, ErrorType.PERMISSION, code), status=403)
+
+
 class Authenticator:
-    def __init__(self, tokens: list[Token], *, trust_loopback: bool, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        tokens: list[Token],
+        *,
+        trust_loopback: bool,
+        metrics: Metrics,
+        allow_unauthenticated_remote: bool = False,
+        server_names: Iterable[str] = (),
+        allowed_origins: Iterable[str] = (),
+    ) -> None:
         self._tokens = tokens
         self._trust_loopback = trust_loopback
+        self._allow_unauthenticated = allow_unauthenticated_remote
         self._metrics = metrics
+        self._server_names = frozenset(host_name(n) for n in server_names)
+        self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+
+    def host_allowed(self, request: web.Request) -> bool:
+        """Whether ``Host`` names this host: an IP literal, a single-label name (``localhost``,
+        the machine's own name: a web page cannot make such a name resolve where it wants),
+        a name under ``localhost``, or a configured ``server_names`` entry. A request without
+        Host (HTTP/1.0, not a browser) passes."""
+        header = request.headers.get("Host")
+        if header is None:
+            return True
+        name = host_name(header)
+        return (
+            "." not in name
+            or name in self._server_names
+            or name.endswith(".localhost")
+            or _is_ip(name)
+        )
+
+    def _position_trusted(self, request: web.Request, scope: str) -> bool | None:
+        """True/False when the request is trusted for its position (and its Host passes or
+        not); None when a token must decide."""
+        has_auth = "Authorization" in request.headers
+        if self._trust_loopback and is_loopback_peer(request):
+            pass
+        elif self._allow_unauthenticated and scope == "borrow" and not has_auth:
+            pass
+        else:
+            return None
+        if self.host_allowed(request):
+            return True
+        if has_auth:
+            return None  # a token may still authenticate it
+        return False
 
     def check(
         self, request: web.Request, scope: str, *, record: bool = True
@@ -56,9 +142,21 @@ class Authenticator:
         ``record=False`` leaves ``vacancyd_auth_total`` alone (a look-ahead that the real
         check will repeat).
         """
-        if self._trust_loopback and is_loopback_peer(request):
+        trusted = self._position_trusted(request, scope)
+        if trusted:
             self._record(record, scope, "allowed")
+            mark_authenticated(request)
             return None
+        if trusted is False:
+            self._record(record, scope, "host_not_allowed")
+            if record:
+                self._metrics.request_guard.labels("host_not_allowed").inc()
+            return _forbidden(
+                f"Host {request.headers.get('Host', '')!r} does not name this lender; a request "
+                "trusted without a token must use localhost, an IP address or one of "
+                "server.server_names (a web page may be trying to reach this daemon)",
+                ErrorCode.HOST_NOT_ALLOWED,
+            )
         header = request.headers.get("Authorization", "")
         kind, _, presented = header.partition(" ")
         if kind.lower() != "bearer" or not presented.strip():
@@ -101,7 +199,50 @@ class Authenticator:
                 status=403,
             )
         self._record(record, scope, "allowed")
+        mark_authenticated(request)
         return None
+
+    def check_mutation(self, request: web.Request) -> web.Response | None:
+        """The browser guards for an admin mutation (after :meth:`check` allowed it).
+
+        None when it may proceed; else a 403 (foreign Origin or fetch site) or 415 (a body
+        that is not JSON on a request trusted without a token) JSON response.
+        """
+        origin = request.headers.get("Origin")
+        if origin is not None and origin.rstrip("/").lower() not in self._origins:
+            return self._guard_refusal(
+                ErrorCode.ORIGIN_NOT_ALLOWED,
+                f"Origin {origin!r} may not change this lender (server.allowed_origins)",
+            )
+        site = request.headers.get("Sec-Fetch-Site", "").lower()
+        if origin is None and site in FOREIGN_FETCH_SITES:
+            return self._guard_refusal(
+                ErrorCode.CROSS_SITE_REQUEST, f"a {site} browser request may not change this lender"
+            )
+        if "Authorization" in request.headers and not self._trust_loopback_only(request):
+            return None
+        ctype = request.headers.get("Content-Type")
+        if request.body_exists and (
+            (ctype or "").split(";", 1)[0].strip().lower() not in JSON_TYPES
+        ):
+            self._metrics.request_guard.labels("content_type").inc()
+            return web.json_response(
+                error_body(
+                    "admin requests must send their body as Content-Type: application/json",
+                    ErrorType.INVALID_REQUEST,
+                    ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                ),
+                status=415,
+            )
+        return None
+
+    def _trust_loopback_only(self, request: web.Request) -> bool:
+        # a loopback request with a token header is still trusted for its position first
+        return self._trust_loopback and is_loopback_peer(request)
+
+    def _guard_refusal(self, code: ErrorCode, message: str) -> web.Response:
+        self._metrics.request_guard.labels(code).inc()
+        return _forbidden(message, code)
 
     def _record(self, record: bool, scope: str, outcome: str) -> None:
         if record:

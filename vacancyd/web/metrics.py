@@ -58,6 +58,25 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
+        self.connections_refused = Counter(
+            "vacancyd_connections_refused",
+            "Connections refused by a listener's budgets, by listener and budget "
+            "(connections, unauthenticated, peer).",
+            ["listener", "limit"],
+            registry=self.registry,
+        )
+        self.malformed_requests = Counter(
+            "vacancyd_malformed_requests",
+            "Requests a listener could not parse (bad request line or headers), by listener.",
+            ["listener"],
+            registry=self.registry,
+        )
+        self.request_guard = Counter(
+            "vacancyd_request_guard_refusals",
+            "Requests refused for their Host, Origin, Sec-Fetch-Site or Content-Type, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.residency_credits = Counter(
             "vacancyd_residency_credits",
             "Residency proofs at the per-model step, by outcome (applied, denied) and reason "

@@ -1,0 +1,391 @@
+"""A TCP site that admits connections within budgets (listener protections, both the API
+and the proxy listeners).
+
+Every listener (the API and each proxy) counts its connections itself, at accept time, so
+the cap holds exactly even when the kernel hands over a burst at once. A connection starts
+*unauthenticated*; the first request on it that passes authentication (a bearer token, or
+loopback trust) moves it out of that state (:func:`mark_authenticated`). Unauthenticated
+connections have budgets of their own, so anonymous clients cannot fill a listener:
+
+* at most ``max_unauthenticated_connections`` at once on the listener, and, once half of
+  those are in use, at most ``max_unauthenticated_per_peer`` from one address (so a client
+  that opens a burst of connections on an idle listener is not refused, while a flood from
+  one address can hold at most half the pool);
+* each is closed ``unauthenticated_timeout_s`` after it opened (gracefully: a response in
+  progress finishes first), so a slow-header connection holds its place briefly;
+* a connection must complete its first request's headers within ``header_read_timeout_s``.
+
+A connection refused by a budget gets a short JSON 503 and is closed. On the API listener a
+refused connection's request head is still read (briefly, and only for a bounded number at
+once) so ``GET /healthz`` and ``GET /readyz`` are answered even while the listener is full.
+
+Requests that aiohttp cannot parse (a malformed request line, a bad header) are answered
+with the same JSON error envelope as everything else, and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from vacancyd.core.reasons import ErrorCode, ErrorType
+from vacancyd.core.refusal import error_body
+
+log = logging.getLogger(__name__)
+
+#: Answers a health probe while the listener is full: path -> (status, JSON body), or None
+#: when the path is not a probe.
+Probe = Callable[[str], tuple[int, dict[str, Any]] | None]
+
+#: Refused connections whose request head is read for a probe, at most, at once.
+MAX_PROBE_READERS = 64
+#: How long a refused connection may take to send a probe's request head (seconds).
+PROBE_READ_TIMEOUT_S = 1.0
+#: The largest probe request head read (bytes).
+PROBE_HEAD_BYTES = 4096
+SERVER_HEADER = "vacancyd"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """One listener's connection budgets. Counts are connections, times seconds."""
+
+    max_connections: int
+    max_unauthenticated: int
+    max_unauthenticated_per_peer: int
+    unauthenticated_timeout_s: float
+    header_read_timeout_s: float
+
+
+def _response(status: int, reason: str, body: dict[str, Any], retry_after: bool) -> bytes:
+    data = json.dumps(body).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Server: {SERVER_HEADER}\r\n"
+        + ("Retry-After: 2\r\n" if retry_after else "")
+        + f"Connection: close\r\nContent-Length: {len(data)}\r\n\r\n"
+    ).encode()
+    return head + data
+
+
+_FULL = {
+    why: _response(
+        503,
+        "Service Unavailable",
+        error_body(
+            f"No vacancy: {text}", ErrorType.NO_VACANCY, ErrorCode.CONNECTION_LIMIT, limit=why
+        ),
+        True,
+    )
+    for why, text in {
+        "connections": "too many open connections to this listener",
+        "unauthenticated": "too many unauthenticated connections to this listener",
+        "peer": "too many unauthenticated connections from your address",
+    }.items()
+}
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over a budget: 503 at once, or, where a probe answers, after its head."""
+
+    def __init__(self, guard: ConnectionGuard, why: str, read_probe: bool) -> None:
+        self._guard, self._why, self._read_probe = guard, why, read_probe
+        self._buf = b""
+        self._transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if not self._read_probe:
+            self._answer(_FULL[self._why])
+            return
+        self._guard.probe_readers += 1
+        self._timer = asyncio.get_running_loop().call_later(
+            PROBE_READ_TIMEOUT_S, self._answer, _FULL[self._why]
+        )
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        end = self._buf.find(b"\r\n")
+        if end < 0:
+            if len(self._buf) > PROBE_HEAD_BYTES:
+                self._answer(_FULL[self._why])
+            return
+        parts = self._buf[:end].split(b" ")
+        answer = None
+        probe = self._guard.probe
+        if probe is not None and len(parts) == 3 and parts[0] in (b"GET", b"HEAD"):
+            answer = probe(parts[1].decode("latin-1").split("?", 1)[0])
+        if answer is None:
+            self._answer(_FULL[self._why])
+            return
+        status, body = answer
+        self._answer(
+            _response(status, "OK" if status == 200 else "Service Unavailable", body, False)
+        )
+
+    def _answer(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(data)
+        transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._guard.probe_readers -= 1
+        self._transport = None
+
+
+class _Guarded(asyncio.Protocol):
+    """aiohttp's request handler behind the connection budgets (a delegating protocol)."""
+
+    def __init__(self, guard: ConnectionGuard, inner: RequestHandler) -> None:
+        self.guard = guard
+        self.inner = inner
+        self.authenticated = False
+        self._peer: str | None = None
+        self._timers: list[asyncio.TimerHandle] = []
+        self._headers_done = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        guard = self.guard
+        peername = transport.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
+        self._peer = peer
+        guard.unauthenticated += 1
+        guard.per_peer[peer] += 1
+        loop = asyncio.get_running_loop()
+        limits = guard.limits
+        self._timers = [
+            loop.call_later(limits.unauthenticated_timeout_s, self._unauthenticated_expired),
+            loop.call_later(limits.header_read_timeout_s, self._header_deadline),
+        ]
+        self.inner.connection_made(transport)
+
+    def mark_authenticated(self) -> None:
+        if self.authenticated:
+            return
+        self.authenticated = True
+        self._leave_unauthenticated()
+        if self._timers:
+            self._timers[0].cancel()
+
+    def _leave_unauthenticated(self) -> None:
+        guard = self.guard
+        guard.unauthenticated -= 1
+        peer = self._peer or ""
+        guard.per_peer[peer] -= 1
+        if guard.per_peer[peer] <= 0:
+            del guard.per_peer[peer]
+
+    def _unauthenticated_expired(self) -> None:
+        if not self.authenticated:
+            self.inner.close()  # after the response in progress, if any
+
+    def _header_deadline(self) -> None:
+        if not self._headers_done and getattr(self.inner, "_request_count", 1) == 0:
+            self.inner.force_close()
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+        if not self._headers_done and getattr(self.inner, "_request_count", 1) > 0:
+            self._headers_done = True
+            self._timers[1].cancel()
+
+    def eof_received(self) -> bool | None:
+        self.inner.eof_received()
+        return None
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self.guard.open -= 1
+        if self._peer is not None and not self.authenticated:
+            self._leave_unauthenticated()
+        self.authenticated = True  # counted out once
+        self.inner.connection_lost(exc)
+
+
+class JsonErrorHandler(RequestHandler):
+    """aiohttp's request handler, answering unparseable requests with the JSON envelope."""
+
+    def __init__(
+        self, *args: Any, on_malformed: Callable[[], None] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_malformed = on_malformed
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send the error")
+        if self.on_malformed is not None:
+            self.on_malformed()
+        log.info("malformed request from %s: %s", request.remote, message or exc)
+        text = message or (str(exc) if exc else "bad request")
+        resp = web.json_response(
+            error_body(
+                f"the request could not be parsed: {text}",
+                ErrorType.INVALID_REQUEST,
+                ErrorCode.BAD_REQUEST,
+            ),
+            status=status,
+            headers={"Server": SERVER_HEADER},
+        )
+        resp.force_close()
+        return resp
+
+
+class ConnectionGuard:
+    """The counts behind one listener's budgets (event-loop confined)."""
+
+    def __init__(
+        self,
+        limits: ConnectionLimits,
+        *,
+        probe: Probe | None = None,
+        on_refused: Callable[[str], None] | None = None,
+        on_malformed: Callable[[], None] | None = None,
+    ) -> None:
+        self.limits = limits
+        self.probe = probe
+        self.on_refused = on_refused
+        self.on_malformed = on_malformed
+        self.open = 0
+        self.unauthenticated = 0
+        self.per_peer: Counter[str] = Counter()
+        self.probe_readers = 0
+
+    def factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
+        # the keyword arguments the runner gave aiohttp's Server (timeouts, access log)
+        kwargs = dict(getattr(server, "_kwargs", {}))
+        loop = asyncio.get_running_loop()
+
+        def make() -> asyncio.Protocol:
+            limits = self.limits
+            if self.open >= limits.max_connections:
+                return self._refuse("connections")
+            if self.unauthenticated >= limits.max_unauthenticated:
+                return self._refuse("unauthenticated")
+            self.open += 1
+            inner = JsonErrorHandler(server, loop=loop, on_malformed=self.on_malformed, **kwargs)
+            return _PeerChecked(self, inner)
+
+        return make
+
+    def _refuse(self, why: str) -> asyncio.Protocol:
+        if self.on_refused is not None:
+            self.on_refused(why)
+        read = self.probe is not None and self.probe_readers < MAX_PROBE_READERS
+        return _Refused(self, why, read_probe=read)
+
+
+class _PeerChecked(_Guarded):
+    """Checks the per-peer budget once the peer's address is known."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peername = transport.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
+        guard = self.guard
+        limits = guard.limits
+        if (
+            guard.per_peer[peer] >= limits.max_unauthenticated_per_peer
+            and guard.unauthenticated >= limits.max_unauthenticated // 2
+        ):
+            guard.open -= 1
+            if guard.on_refused is not None:
+                guard.on_refused("peer")
+            refused = _Refused(guard, "peer", read_probe=False)
+            transport.set_protocol(refused)
+            refused.connection_made(transport)
+            return
+        super().connection_made(transport)
+
+
+def mark_authenticated(request: web.BaseRequest) -> None:
+    """Record that ``request``'s connection authenticated (it leaves the unauthenticated
+    budgets). A no-op for connections a :class:`GuardedTCPSite` did not accept."""
+    transport = request.transport
+    if transport is None:
+        return
+    protocol = transport.get_protocol()
+    if isinstance(protocol, _Guarded) and not protocol.authenticated:
+        protocol.mark_authenticated()
+
+
+class GuardedTCPSite(web.TCPSite):
+    """``web.TCPSite`` whose connections are admitted by a :class:`ConnectionGuard`."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        guard: ConnectionGuard,
+        ssl_context: Any = None,
+    ) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
+        self.guard = guard
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert server is not None
+        self._server = await loop.create_server(
+            self.guard.factory(server),
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            ssl=self._ssl_context,
+        )
+        self._bound_port = (
+            self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
+        )
+
+    @property
+    def listening(self) -> asyncio.AbstractServer | None:
+        """The asyncio server accepting this site's connections (None before start)."""
+        return self._server
+
+
+class CappedTCPSite(GuardedTCPSite):
+    """A guarded site with only a connection cap (kept for callers that need no more)."""
+
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, *, max_connections: int
+    ) -> None:
+        limits = ConnectionLimits(
+            max_connections=max_connections,
+            max_unauthenticated=max_connections,
+            max_unauthenticated_per_peer=max_connections,
+            unauthenticated_timeout_s=3600.0,
+            header_read_timeout_s=3600.0,
+        )
+        super().__init__(runner, host, port, guard=ConnectionGuard(limits))
