@@ -37,6 +37,7 @@ from vacancyd.core.events import (
 )
 from vacancyd.core.holds import Hold
 from vacancyd.core.ledger import Job, Ledger
+from vacancyd.core.lifecycle import Hold as JobHold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import (
@@ -119,6 +120,10 @@ class PressureState:
 Listener = Callable[[StateEvent], None]
 
 
+def _matched_owner_process(reading: PresenceReading) -> bool:
+    return any(s.get("owner_processes") for s in reading.sessions)
+
+
 class _ReclaimViews(Mapping[str, dict[str, object]]):
     __slots__ = ("_reclaims",)
 
@@ -198,6 +203,8 @@ class SharedState:
         self.state_errors: dict[str, str] = {}
         #: Per durable state file (or the directory), why its newest write failed.
         self.write_errors: dict[str, str] = {}
+        #: Held jobs (id -> their hold), kept current by vacancyd.control.work for /status.
+        self.job_holds: Mapping[int, JobHold] = {}
         #: The owner's holds in force (vacancyd.control.owner writes them; core/holds.py).
         self.holds: tuple[Hold, ...] = ()
         #: Extra /status parts per upstream (a vLLM controller's ``sleep`` state), by name.
@@ -496,6 +503,8 @@ class SharedState:
 
     def record_presence(self, reading: PresenceReading, now: float) -> None:
         first = self.presence.reading.observed_at is None
+        before = self.presence.reading.value
+        was_engaged = self.veto.engaged
         self.presence.reading = self.presence.reading.succeeded(reading, now)
         if first:
             log.info("owner presence sampled (%s)", self.presence.source)
@@ -507,6 +516,15 @@ class SharedState:
                 f": {reading.detail}" if reading.detail else "",
             )
             self._emit(VetoChanged(self.veto.engaged, reading.detail, now))
+        elif (
+            was_engaged
+            and _matched_owner_process(reading)
+            and not (before is not None and _matched_owner_process(before))
+            and any(u.lend_while_present for u in self.upstreams.values())
+        ):
+            # An owner program now holds a machine whose owner was already present: the
+            # upstreams that lend while present hand their small jobs back too.
+            self.raise_edge("owner", now, detail=f"owner program running: {reading.detail}")
 
     def record_presence_failure(self, error: str, now: float) -> None:
         """Record that presence could not be read at ``now`` (monotonic s).
@@ -653,6 +671,7 @@ class SharedState:
             max_age_s=self.presence_max_age_s,
             refuses=self.presence.refuses,
             detail=detail,
+            owner_process=reading is not None and _matched_owner_process(reading),
         )
 
     def pressure_view(self, name: str, now: float) -> PressureView | None:

@@ -5,13 +5,16 @@ its upstream's resources refuse; an unwritable state directory is logged and len
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 from pathlib import Path
 
+import aiohttp
 import ollama
 import pytest
+from aiohttp import web
 
 from tests.component.test_ollama_residency import (
     BIG,
@@ -20,7 +23,7 @@ from tests.component.test_ollama_residency import (
     refusal,
     status,
 )
-from tests.support.daemon import running_daemon, serve_app
+from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.fake_ollama import FakeOllama
 from tests.support.gpu import Gpu, Scenario
 
@@ -134,3 +137,90 @@ async def test_an_unwritable_state_directory_is_logged_and_lending_goes_on(
             ok = await borrower.generate(model="big", prompt="again")
         assert ok.done and len(fake.loads) == 1
         assert d.daemon.supervisor.failure is None
+
+
+def llama_config(target: str, state_dir: Path) -> str:
+    return f"""
+state_dir = "{state_dir}"
+[server]
+listen = "127.0.0.1:0"
+trust_loopback = true
+[owner]
+presence = "headless"
+[collectors]
+poll_s = 0.1
+[[resource]]
+name = "ram"
+kind = "memory"
+[[upstream]]
+name = "llama"
+adapter = "llamacpp"
+listen = "127.0.0.1:0"
+target = "{target}"
+resource = "ram"
+"""
+
+
+def saved_hold(state_dir: Path, release_by: str) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    hold = {
+        "job": 7,
+        "upstream": "llama",
+        "resources": ["ram"],
+        "model": "tiny",
+        "charged_mib": 100,
+        "reason": "cut_uncertain",
+        "release_by": release_by,
+        "detail": "",
+        "held_since": 1_800_000_000.0,
+    }
+    (state_dir / "holds.json").write_text(json.dumps({"version": 1, "holds": [hold]}))
+
+
+async def test_a_restored_hold_is_released_by_an_idle_observation_after_the_restart(
+    tmp_path: Path,
+) -> None:
+    state_dir = tmp_path / "state"
+    saved_hold(state_dir, "server_idle")
+    busy = {"slots": True}
+
+    async def slots(_: web.Request) -> web.Response:
+        return web.json_response([{"id": 0, "is_processing": busy["slots"]}])
+
+    app = web.Application()  # llama-server's /slots, busy until the test says otherwise
+    app.router.add_get("/slots", slots)
+    async with serve_app(app) as target, running_daemon(llama_config(target, state_dir)) as d:
+        (job,) = d.state.ledger.jobs()
+        assert job.phase.value == "held" and d.state.job_holds[job.id].release_by.value == (
+            "server_idle"
+        )
+        await asyncio.sleep(0.5)  # busy observations keep it held
+        assert d.state.ledger.jobs()
+        doc = await status(d)
+        assert doc["upstreams"]["llama"]["active_work"][0]["hold"]["reason"] == "cut_uncertain"
+        busy["slots"] = False
+        await d.wait_until(lambda: not d.state.ledger.jobs(), 5)
+
+
+async def test_an_unusable_holds_file_refuses_every_resource(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "holds.json").write_text('{"version": 1, "holds": [{"job": 1', encoding="utf-8")
+    caplog.set_level(logging.ERROR, "vacancyd.runtime.learned")
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(llama_config(target, state_dir)) as d:
+        assert any("holds.json" in r.getMessage() for r in caplog.records)
+        await d.wait_until(lambda: d.state.capacity["ram"].value is not None)
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(
+                d.proxy_url("llama") + "/v1/chat/completions",
+                json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+            ) as r,
+        ):
+            assert r.status == 503
+            error = (await r.json())["error"]
+        assert error["code"] == "resource_unmeasured" and "holds.json" in error["message"]
+    assert '[{"job": 1' in (state_dir / "holds.json").read_text(encoding="utf-8")

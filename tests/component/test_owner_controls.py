@@ -148,6 +148,12 @@ async def test_pause_cuts_borrowed_work_refuses_until_when_and_survives_a_restar
         code, answer = await api(d, client, "/admin/resume", {})
         assert (code, answer["resumed"]) == (200, True)
         assert not (tmp_path / "pause.json").exists()
+        # The stream the pause cut may still run on an OpenAI-compatible server: its hold
+        # survived the restart too (docs/footprints.md), until an administrator releases it.
+        (held,) = d.state.ledger.jobs()
+        assert held.phase.value == "held"
+        code, _ = await api(d, client, f"/admin/jobs/{held.id}/release", {})
+        assert code == 200
         code, _, _ = await borrow(d, client)
         assert code == 200
         code, answer = await api(d, client, "/admin/resume", {})

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -50,13 +52,18 @@ class RunningDaemon:
 
 @asynccontextmanager
 async def running_daemon(toml: str) -> AsyncIterator[RunningDaemon]:
+    """A config that sets no ``state_dir`` gets a fresh temporary one: tests never read or
+    write the machine's /var/lib/vacancyd (held jobs, learned state), nor each other's."""
     settings = parse_config(toml, "<test>")
-    daemon = Daemon(settings)
-    try:
-        await daemon.start()
-        yield RunningDaemon(daemon)
-    finally:
-        await daemon.shutdown()
+    with tempfile.TemporaryDirectory(prefix="vacancyd-state-") as scratch:
+        if "state_dir" not in settings.model_fields_set:
+            settings = settings.model_copy(update={"state_dir": Path(scratch)})
+        daemon = Daemon(settings)
+        try:
+            await daemon.start()
+            yield RunningDaemon(daemon)
+        finally:
+            await daemon.shutdown()
 
 
 @asynccontextmanager

@@ -98,3 +98,30 @@ def test_learning_serialisation_and_malformed_entries() -> None:
     with pytest.raises(ValueError, match="priors"):
         learned.priors_from_json({"version": 1, "priors": {"m": "lots"}})
     assert learned.priors_from_json(learned.priors_to_json("up", {"m": 12})) == {"m": 12}
+
+
+def test_holds_serialisation_and_malformed_entries() -> None:
+    from vacancyd.core.lifecycle import Hold, HoldReason, JobPhase, JobState, ReleaseBy
+
+    job = JobState(
+        3,
+        "up",
+        ("gpu0",),
+        100.0,
+        "m",
+        phase=JobPhase.HELD,
+        hold=Hold(HoldReason.CUT_UNCERTAIN, 90.0, ReleaseBy.ADMIN),
+    )
+    data = learned.holds_to_json([job], {3: 512}, mono_now=100.0, wall_now=1_000.0)
+    (saved,) = learned.holds_from_json(json.loads(json.dumps(data)))
+    assert saved.job == 3 and saved.resources == ("gpu0",) and saved.charged_mib == 512
+    assert saved.reason is HoldReason.CUT_UNCERTAIN and saved.release_by is ReleaseBy.ADMIN
+    assert saved.held_since == 990.0
+    for bad, why in (
+        ({"holds": {}}, "not a list"),
+        ({"holds": [dict(data["holds"][0], resources=[])]}, "resources"),
+        ({"holds": [dict(data["holds"][0], reason="gone")]}, "unknown reason"),
+        ({"holds": [dict(data["holds"][0], upstream=None)]}, "upstream"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            learned.holds_from_json(bad)

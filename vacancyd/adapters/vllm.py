@@ -137,6 +137,8 @@ class VllmController:
         async with self._lock:
             if self.state == "unavailable":
                 return "skipped", f"sleep is unavailable ({self.detail}); refusing only"
+            if self.state == "asleep":
+                return "unloaded", "already asleep"
             status, payload = await self._call("POST", "/sleep", {"level": "1"})
             if status == 404:
                 self.state = "unavailable"

@@ -42,7 +42,9 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "unseen_gpu_work": str | null,
                           "active_work": [{"job", "phase", "model", "age_s", "charged_mib",
                                            "residency": {"applied", "why", "code",
-                                                         "added_mib"} | null}],
+                                                         "added_mib"} | null,
+                                           "hold": {"reason", "release_by", "for_s",
+                                                    "detail"} | null}],
                           "footprint_priors_mib": {MODEL: int},
                           "learned_contexts": {"contexts": [{"digest", "num_ctx",
                                                "dialect", "loads"}],
@@ -83,6 +85,7 @@ from vacancyd.core.status import (
     CreditStatus,
     HeadroomStatus,
     HolderStatus,
+    HoldStatus,
     JobStatus,
     LearnedContextStatus,
     ListenerStatus,
@@ -279,6 +282,11 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
                     now - job.admitted_at,
                     charged_mib=job.charged_mib,
                     residency=_credit(job.credit),
+                    hold=None
+                    if (held := state.job_holds.get(job.id)) is None
+                    else HoldStatus(
+                        held.reason.value, held.release_by.value, now - held.since, held.detail
+                    ),
                 )
                 for job in jobs
                 if job.upstream == name

@@ -431,6 +431,9 @@ class UpstreamSettings(_Model):
     credential: SecretStr | None = None
     credential_file: Path | None = None
     refusal_status: Literal[503, 429] = 503
+    #: A host-scoped upstream that lends small models while the owner is present
+    #: (``[owner] present_max_model_mib``; docs/presence.md).
+    lend_while_present: bool = False
     #: The lendability probe (docs/balancers.md) answers without a token.
     public_probe: bool = False
     # Reclaim keys (docs/reclaim.md; docs/configuration.md "[[upstream]] (reclaim keys)").
@@ -497,6 +500,11 @@ class UpstreamSettings(_Model):
             )
         if self.warm_model is not None and self.adapter != "ollama":
             raise ValueError("warm_model applies only to adapter = 'ollama'")
+        if self.lend_while_present and self.owner_scope == "resource":
+            raise ValueError(
+                "lend_while_present applies to host-scoped upstreams; a resource-scoped one "
+                "already lends while the owner is present (within present_max_model_mib)"
+            )
         if self.completion_timeout_s is not None and self.on_owner_return != "finish":
             raise ValueError("completion_timeout_s applies only to on_owner_return = 'finish'")
         if self.busy != "wait":
@@ -653,6 +661,13 @@ class Settings(_Model):
                     )
         self._check_exclusivity()
         self._check_pools()
+        if self.owner.present_max_model_mib is None:
+            opted = [u.name for u in self.upstream if u.lend_while_present]
+            if opted:
+                raise ValueError(
+                    "lend_while_present needs [owner] present_max_model_mib (the largest "
+                    f"footprint lent while the owner is present): {', '.join(opted)}"
+                )
         if not self.server.tokens and not self.server.allow_unauthenticated_remote:
             remote = (
                 [

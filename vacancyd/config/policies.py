@@ -43,8 +43,9 @@ def upstream_policy(
         needs_model_observation=needs_model_observation,
         model_observation_max_age_s=settings.stale_after_default_s,
         present_max_model_mib=settings.owner.present_max_model_mib
-        if up.owner_scope == "resource"
+        if up.owner_scope == "resource" or up.lend_while_present
         else None,
+        lend_while_present=up.lend_while_present,
         max_concurrent=up.max_concurrent,
         exclusive_of=frozenset(up.exclusive_of),
         excluded_by=frozenset(u.name for u in settings.upstream if up.name in u.exclusive_of),

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from prometheus_client import Counter
@@ -46,10 +46,13 @@ from vacancyd.core.lifecycle import (
     CancelOnServer,
     Ending,
     Follow,
+    Hold,
+    HoldReason,
     JobPhase,
     JobRules,
     JobState,
     Release,
+    ReleaseBy,
     SetPhase,
     Transition,
     WatchIdle,
@@ -90,6 +93,11 @@ class Work:
         self.state = state
         self.supervisor = supervisor
         self.metrics = metrics
+        #: Called with every held job whenever the set of held jobs changes (the daemon
+        #: writes them to the state directory, so a hold survives a restart).
+        self.on_holds: Callable[[list[JobState]], None] | None = None
+        self._held_ids: set[int] = set()
+        self._watched: set[int] = set()
         self._upstreams: dict[str, _Upstream] = {}
         self._jobs: dict[int, JobState] = {}
         self._listeners: list[Callable[[str], None]] = []
@@ -434,7 +442,80 @@ class Work:
 
     # -- carrying out transitions ------------------------------------------------------------
 
+    def held(self) -> list[JobState]:
+        """Jobs held for uncertain completion, oldest first."""
+        return [j for j in self if j.phase is JobPhase.HELD]
+
+    def restore_hold(
+        self,
+        upstream: str,
+        resources: tuple[str, ...],
+        *,
+        model: str | None,
+        charged_mib: int | None,
+        reason: HoldReason,
+        release_by: ReleaseBy,
+        detail: str,
+    ) -> JobState:
+        """Hold ``resources`` again for a job that was held when vacancyd last stopped.
+
+        Call before any listener accepts work. The hold starts now: only a server
+        observation taken after the restart (see :meth:`watch_restored`) or an administrator
+        releases it.
+        """
+        now = self.state.clock()
+        entry = self.state.ledger.restore_held(upstream, resources, now, model, charged_mib)
+        job = JobState(
+            entry.id,
+            upstream,
+            resources,
+            now,
+            model,
+            phase=JobPhase.HELD,
+            hold=Hold(reason, now, release_by, detail),
+        )
+        self._jobs[job.id] = job
+        self._held_ids.add(job.id)
+        assert job.hold is not None
+        self.state.job_holds = {**self.state.job_holds, job.id: job.hold}
+        return job
+
+    def watch_restored(self) -> None:
+        """Once every upstream is declared: watch each restored hold that its server's
+        observations can release, and turn the others into admin-only holds."""
+        for job in self.held():
+            hold = job.hold
+            if hold is None or hold.release_by is not ReleaseBy.SERVER_IDLE:
+                continue
+            up = self._upstreams.get(job.upstream)
+            if up is None or not up.rules.idle_evidence:
+                job = replace(job, hold=replace(hold, release_by=ReleaseBy.ADMIN))
+                self._jobs[job.id] = job
+                assert job.hold is not None
+                self.state.job_holds = {**self.state.job_holds, job.id: job.hold}
+            elif not self._watching(job.id):
+                self._watch_idle(job, hold.since)
+
+    def _watching(self, job_id: int) -> bool:
+        return job_id in self._watched
+
+    def _holds_changed(self) -> None:
+        held = {j.id for j in self._jobs.values() if j.phase is JobPhase.HELD}
+        if held != self._held_ids:
+            self._held_ids = held
+            self.state.job_holds = {
+                j.id: j.hold for j in self._jobs.values() if j.hold is not None and j.id in held
+            }
+            if self.on_holds is not None:
+                self.on_holds(self.held())
+
     def _apply(self, transition: Transition) -> JobState:
+        try:
+            return self._apply_effects(transition)
+        finally:
+            self._holds_changed()
+
+    def _apply_effects(self, transition: Transition) -> JobState:
         job = transition.state
         if job.phase.live:
             self._jobs[job.id] = job
@@ -569,6 +650,7 @@ class Work:
         name = job.upstream
         job_id = job.id
         key = f"server:{name}"
+        self._watched.add(job_id)
 
         async def await_idle() -> None:
             while (held := self._jobs.get(job_id)) is not None and held.phase is JobPhase.HELD:

@@ -94,9 +94,13 @@ def decide(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy) -> Dec
     return _decide_model(facts, snap, upstream)
 
 
-def decide_owner(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
-    """Steps 2–4 alone; a reclaim's stand-down check reuses them (docs/reclaim.md)."""
-    return _decide_owner(snap, upstream)
+def decide_owner(
+    snap: Snapshot, upstream: UpstreamPolicy, *, strict: bool = False
+) -> Refuse | None:
+    """Steps 2–4 alone; a reclaim's stand-down check reuses them (docs/reclaim.md) with
+    ``strict``: an upstream that lends while the owner is present does not clear an owner
+    edge until the veto itself releases."""
+    return _decide_owner(snap, upstream, strict=strict)
 
 
 def decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse | None:
@@ -104,7 +108,9 @@ def decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse 
     return _decide_resource(view, name, now)
 
 
-def _decide_owner(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
+def _decide_owner(
+    snap: Snapshot, upstream: UpstreamPolicy, *, strict: bool = False
+) -> Refuse | None:
     presence = snap.presence
     if not presence.refuses:
         return None
@@ -132,6 +138,13 @@ def _decide_owner(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
             retry_after_s=30,
         )
     if presence.veto_active:
+        if (
+            not strict
+            and upstream.lend_while_present
+            and upstream.present_max_model_mib is not None
+            and not presence.owner_process
+        ):
+            return None  # the present budget (step 6) decides
         return Refuse.of(
             Reason.OWNER_ACTIVE,
             "the owner is using this machine" + (f": {presence.detail}" if presence.detail else ""),

@@ -127,6 +127,22 @@ class Ledger:
             self._holders.setdefault(name, []).append(job.id)
         return job
 
+    def restore_held(
+        self,
+        upstream: str,
+        resources: tuple[str, ...],
+        now: float,
+        model: str | None = None,
+        charged_mib: int | None = None,
+    ) -> Job:
+        """Re-create a job held before a restart, in the ``held`` phase, whatever else holds
+        its resources (it was reserved before anything admitted since)."""
+        job = Job(next(self._ids), upstream, resources, Phase.HELD, now, model, charged_mib)
+        self._jobs[job.id] = job
+        for name in resources:
+            self._holders.setdefault(name, []).append(job.id)
+        return job
+
     def set_charge(self, job_id: int, charged_mib: int | None) -> None:
         """Replace a job's charge (an exclusive job is charged again after the unload)."""
         job = self._jobs.get(job_id)

@@ -75,7 +75,9 @@ class UpstreamPolicy:
     overlap and which it takes the card from; ``excluded_by``: the upstreams that list this
     one in theirs (derived by the config layer). ``present_max_model_mib``: while the owner
     is present, only requests whose footprint is at most this many MiB are lent (None: no
-    budget; set only on resource-scoped upstreams, which otherwise ignore presence).
+    budget; set on resource-scoped upstreams, which otherwise ignore presence, and on
+    host-scoped ones with ``lend_while_present``, which then lend within it while the owner's
+    desktop is in use, but not while an owner program holds the machine).
     """
 
     name: str
@@ -92,6 +94,7 @@ class UpstreamPolicy:
     exclusive_of: frozenset[str] = frozenset()
     excluded_by: frozenset[str] = frozenset()
     present_max_model_mib: int | None = None
+    lend_while_present: bool = False
 
     @property
     def resources(self) -> tuple[str, ...]:

@@ -261,7 +261,7 @@ def trigger_cleared(reclaim: Reclaim, snap: Snapshot, upstream: UpstreamPolicy) 
             return False
         if edge.trigger is Trigger.PRESSURE:
             refused.add(edge.resource or "")
-    if gate.decide_owner(snap, upstream) is not None:
+    if gate.decide_owner(snap, upstream, strict=True) is not None:
         return False
     if decide_holds(snap.holds, upstream.resources) is not None:
         return False

@@ -35,6 +35,8 @@ class PresenceView:
     max_age_s: float
     refuses: bool = True
     detail: str = ""
+    #: The newest reading matched a configured owner program (``[owner] processes``).
+    owner_process: bool = False
 
     def age_s(self, now: float) -> float | None:
         return None if self.observed_at is None else max(0.0, now - self.observed_at)

@@ -238,6 +238,17 @@ class ServerStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldStatus:
+    """Why a job is held (``cut_uncertain``, ``tracking_lost``), since when (seconds ago),
+    and what releases it (``server_idle`` or ``admin``)."""
+
+    reason: str
+    release_by: str
+    for_s: float
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class CreditStatus:
     """A residency proof's outcome for one admission; ``added_mib``: memory added back."""
 
@@ -266,6 +277,8 @@ class JobStatus:
     #: MiB the per-model step charged (None without byte capacity).
     charged_mib: int | None = None
     residency: CreditStatus | None = None
+    #: Why a held job is held and what releases it (``held`` phase only).
+    hold: HoldStatus | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,6 +419,14 @@ class UpstreamStatus:
                         "why": j.residency.why,
                         "code": j.residency.code,
                         "added_mib": _round(j.residency.added_mib),
+                    },
+                    "hold": None
+                    if j.hold is None
+                    else {
+                        "reason": j.hold.reason,
+                        "release_by": j.hold.release_by,
+                        "for_s": _round(j.hold.for_s),
+                        "detail": j.hold.detail,
                     },
                 }
                 for j in self.active_work

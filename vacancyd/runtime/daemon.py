@@ -64,7 +64,7 @@ from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.gpu import GpuSelector
-from vacancyd.core.lifecycle import JobRules, JobState
+from vacancyd.core.lifecycle import JobRules, JobState, ReleaseBy
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
@@ -229,15 +229,19 @@ class Daemon:
     presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
     saver: learned.LearnedSaver = field(init=False)
+    _saved_holds: list[learned.SavedHold] = field(init=False)
 
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
+        self._saved_holds = learned.load_holds(self.state, self.settings.state_dir)
         self.metrics = Metrics()
         attach_state(self.metrics, self.state)
         self.supervisor = Supervisor()
         self.saver = learned.LearnedSaver(self.state, self.settings.state_dir)
         attach_saver(self.metrics, self.saver)
         self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
+        self.saver.holds = self.work.held
+        self.work.on_holds = lambda _held: self.saver.mark("holds", "")
         for up in self.settings.upstream:
             if up.busy == "wait":
                 self.work.enable_wait(
@@ -296,6 +300,7 @@ class Daemon:
         state = self.state
         await self._serve("api", api, server.listen, probe=lambda path: health_probe(state, path))
 
+        self._restore_holds()
         proxies: dict[str, Proxy] = {}
         for up in settings.upstream:
             credential = secrets.credentials.get(up.name)
@@ -378,6 +383,7 @@ class Daemon:
             address = await self._serve(pool.name, make_app(pool_proxy), pool.listen)
             self.state.set_listener(pool.name, address, bound=True)
 
+        self.work.watch_restored()
         self._share_cards()
         self._start_collectors()
         self._check_state_dir()
@@ -386,6 +392,42 @@ class Daemon:
             lendability.watch(self.state), name="lendability watcher", essential=False
         )
         self._start_kubernetes(started_at)
+
+    def _restore_holds(self) -> None:
+        """Hold again what was held when vacancyd last stopped, before any proxy listens."""
+        for saved in self._saved_holds:
+            resources = tuple(r for r in saved.resources if r in self.state.resources)
+            if not resources:
+                log.warning(
+                    "a hold saved for job %d on %s names no resource declared now; dropped",
+                    saved.job,
+                    ", ".join(saved.resources),
+                )
+                continue
+            job = self.work.restore_hold(
+                saved.upstream,
+                resources,
+                model=saved.model,
+                charged_mib=saved.charged_mib,
+                reason=saved.reason,
+                release_by=saved.release_by,
+                detail=saved.detail,
+            )
+            log.warning(
+                "%s: job %d was held (%s) when vacancyd stopped; it is job %d now and holds %s "
+                "until %s",
+                saved.upstream,
+                saved.job,
+                saved.reason.value,
+                job.id,
+                ", ".join(resources),
+                "an observation shows the server idle"
+                if saved.release_by is ReleaseBy.SERVER_IDLE
+                else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
+            )
+        if self._saved_holds:
+            self.saver.mark("holds", "")  # the restored jobs have new ids
+        self._saved_holds = []
 
     def _check_state_dir(self) -> None:
         """Say at startup, not at the first save, when the state directory is unusable."""

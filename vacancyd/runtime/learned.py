@@ -12,6 +12,18 @@ Files (see :mod:`vacancyd.runtime.durable` for the atomic, versioned format):
 
 * ``footprints/UPSTREAM.json``: ``{"version": 1, "upstream": NAME, "priors": {MODEL: MiB}}``
 
+* ``holds.json``: jobs held for uncertain completion, so a restart (or ``kill -9``) does not
+  lend what may still be in use::
+
+    {"version": 1, "holds": [{"job": int, "upstream": str, "resources": [str],
+                              "model": str | null, "charged_mib": int | null,
+                              "reason": "cut_uncertain" | "tracking_lost",
+                              "release_by": "server_idle" | "admin", "detail": str,
+                              "held_since": epoch seconds}]}
+
+  A ``holds.json`` that cannot be used refuses every resource: which ones were held is
+  unknown.
+
 :func:`load_learned` reads them at startup; a file that cannot be used is logged as an error
 naming it, and every resource of that upstream refuses borrowed work (``resource_unmeasured``)
 until the file is repaired or removed and vacancyd restarted: a half-remembered context map
@@ -22,10 +34,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vacancyd.core.lifecycle import HoldReason, JobState, ReleaseBy
 from vacancyd.core.residency import ContextKey, ContextLearning
 from vacancyd.runtime import durable
 from vacancyd.state import SharedState
@@ -42,6 +57,126 @@ def residency_path(state_dir: Path, upstream: str) -> Path:
 
 def priors_path(state_dir: Path, upstream: str) -> Path:
     return state_dir / "footprints" / f"{upstream}.json"
+
+
+def holds_path(state_dir: Path) -> Path:
+    return state_dir / "holds.json"
+
+
+def holds_to_json(
+    jobs: list[JobState], charges: Mapping[int, int | None], mono_now: float, wall_now: float
+) -> dict[str, Any]:
+    """``holds.json`` for the held ``jobs`` (``charges``: MiB each was charged, by job id);
+    monotonic hold times become wall-clock epochs."""
+    out = []
+    for job in jobs:
+        hold = job.hold
+        if hold is None:
+            continue
+        out.append(
+            {
+                "job": job.id,
+                "upstream": job.upstream,
+                "resources": list(job.resources),
+                "model": job.model,
+                "charged_mib": charges.get(job.id),
+                "reason": hold.reason.value,
+                "release_by": hold.release_by.value,
+                "detail": hold.detail,
+                "held_since": wall_now - (mono_now - hold.since),
+            }
+        )
+    return {"version": VERSION, "holds": out}
+
+
+@dataclass(frozen=True, slots=True)
+class SavedHold:
+    """One hold read back from ``holds.json``."""
+
+    job: int
+    upstream: str
+    resources: tuple[str, ...]
+    model: str | None
+    charged_mib: int | None
+    reason: HoldReason
+    release_by: ReleaseBy
+    detail: str
+    held_since: float
+
+
+def holds_from_json(data: Mapping[str, Any]) -> list[SavedHold]:
+    """Raises ValueError naming the first malformed entry."""
+    raw = data.get("holds")
+    if not isinstance(raw, list):
+        raise ValueError("'holds' is not a list")
+    out = []
+    for i, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise ValueError(f"holds[{i}] is not an object")
+        resources = entry.get("resources")
+        if (
+            not isinstance(resources, list)
+            or not resources
+            or not all(isinstance(r, str) for r in resources)
+        ):
+            raise ValueError(f"holds[{i}].resources is not a list of resource names")
+        upstream, model, charged = (
+            entry.get("upstream"),
+            entry.get("model"),
+            entry.get("charged_mib"),
+        )
+        if not isinstance(upstream, str):
+            raise ValueError(f"holds[{i}].upstream is not a string")
+        if model is not None and not isinstance(model, str):
+            raise ValueError(f"holds[{i}].model is not a string or null")
+        if charged is not None and not isinstance(charged, int):
+            raise ValueError(f"holds[{i}].charged_mib is not a number or null")
+        job, since, detail = entry.get("job"), entry.get("held_since"), entry.get("detail", "")
+        if not isinstance(job, int) or not isinstance(since, int | float):
+            raise ValueError(f"holds[{i}] lacks its job id or held_since")
+        try:
+            reason = HoldReason(str(entry.get("reason")))
+            release_by = ReleaseBy(str(entry.get("release_by")))
+        except ValueError:
+            raise ValueError(f"holds[{i}] has an unknown reason or release_by") from None
+        out.append(
+            SavedHold(
+                job,
+                upstream,
+                tuple(resources),
+                model,
+                charged,
+                reason,
+                release_by,
+                str(detail),
+                float(since),
+            )
+        )
+    return out
+
+
+def load_holds(state: SharedState, state_dir: Path) -> list[SavedHold]:
+    """The holds saved in ``holds.json`` (empty when there is none); never raises.
+
+    A file that cannot be used refuses every resource (``state.state_errors``).
+    """
+    path = holds_path(state_dir)
+    try:
+        data = durable.read_state(path, VERSIONS)
+        return [] if data is None else holds_from_json(data)
+    except durable.StateFileError as exc:
+        why = exc.why
+    except ValueError as exc:
+        why = f"is malformed: {exc}"
+    log.error(
+        "durable state %s %s; which resources were held is unknown, so every resource "
+        "refuses borrowed work until the file is repaired or removed and vacancyd restarted",
+        path,
+        why,
+    )
+    for name in state.resources:
+        state.state_errors[name] = f"{path} {why}"
+    return []
 
 
 def learning_to_json(upstream: str, learning: ContextLearning) -> dict[str, Any]:
@@ -174,9 +309,16 @@ class LearnedSaver:
         }
         state.on_learning = lambda u: self.mark("residency", u)
         state.on_priors = lambda u: self.mark("footprints", u)
+        #: The held jobs to write to ``holds.json`` (set by the daemon); None: no holds file.
+        self.holds: Callable[[], list[JobState]] | None = None
+        self._holds_frozen = any(
+            str(holds_path(state_dir)) in why for why in state.state_errors.values()
+        )
 
     def mark(self, kind: str, upstream: str) -> None:
-        if upstream in self._frozen:
+        if kind == "holds" and self._holds_frozen:
+            return
+        if kind != "holds" and upstream in self._frozen:
             return
         self._dirty.add((kind, upstream))
         self._wake.set()
@@ -191,7 +333,16 @@ class LearnedSaver:
     async def flush(self) -> None:
         for item in sorted(self._dirty):
             kind, upstream = item
-            if kind == "residency":
+            if kind == "holds":
+                path = holds_path(self.state_dir)
+                held = self.holds() if self.holds is not None else []
+                charges = {
+                    j.id: entry.charged_mib
+                    for j in held
+                    if (entry := self.state.ledger.get(j.id)) is not None
+                }
+                data = holds_to_json(held, charges, self.state.clock(), time.time())
+            elif kind == "residency":
                 path = residency_path(self.state_dir, upstream)
                 data = learning_to_json(
                     upstream, self.state.learning.get(upstream, ContextLearning())
