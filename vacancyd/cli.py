@@ -1,5 +1,5 @@
-"""Command line: ``vacancyd run | check-config | status | pause | resume | init | companion |
---version``."""
+"""Command line: ``vacancyd run | check-config | status | pause | resume | measure |
+profiles export|import | init | companion | --version``."""
 
 from __future__ import annotations
 
@@ -267,11 +267,17 @@ def format_status(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _api_url(settings: Settings) -> str:
+    """The API listener's URL: https when the listeners serve TLS."""
+    scheme = "https" if settings.server.tls_cert_file is not None else "http"
+    return f"{scheme}://{settings.server.listen}"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     url = args.url
     if url is None and args.config is not None:
         try:
-            url = "http://" + load_config(args.config).server.listen
+            url = _api_url(load_config(args.config))
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 2
@@ -307,7 +313,7 @@ def _api_target(args: argparse.Namespace, what: str) -> tuple[str, str | None] |
     url = args.url
     if url is None and args.config is not None:
         try:
-            url = "http://" + load_config(args.config).server.listen
+            url = _api_url(load_config(args.config))
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return 2
@@ -441,6 +447,148 @@ def _add_api_args(p: argparse.ArgumentParser, scope: str) -> None:
     p.add_argument("--config", type=Path, help="take the API address from this config")
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that it is either the old file or the whole new one."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _free_mib_probe(settings: Settings) -> Any:
+    """An async ``free_mib(resource)`` reading the GPU (NVML, nvidia-smi) as the daemon does."""
+    from vacancyd.runtime.daemon import _capacity_probe
+
+    probes: dict[str, Any] = {}
+    gpus: dict[str, Any] = {}
+
+    async def free_mib(resource: str) -> float:
+        res = next(r for r in settings.resource if r.name == resource)
+        probe = probes.setdefault(resource, _capacity_probe(res, settings, gpus))
+        reading = await asyncio.to_thread(probe)
+        if reading.free_mib is None:
+            from vacancyd.runtime.measure import MeasureError
+
+            raise MeasureError(f"resource {resource!r} reports no free memory")
+        return float(reading.free_mib)
+
+    return free_mib
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from vacancyd.runtime import measure, profiles
+
+    try:
+        settings = _load(args.config)
+    except ConfigError as exc:
+        print(f"vacancyd measure: {exc}", file=sys.stderr)
+        return 2
+    target = _api_target(args, "read")
+    if isinstance(target, int):
+        return target
+    url, token = target
+    try:
+        lender = _fetch_status(url or "http://" + settings.server.listen, token)
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        print(
+            f"vacancyd measure: cannot read the daemon's /status ({exc}); it must run, so that "
+            "measuring never starts while the owner is here or borrowed work runs",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        results = asyncio.run(
+            measure.run_measure(
+                settings,
+                upstreams=args.upstream or [],
+                models=args.model or [],
+                num_ctx=args.num_ctx,
+                headroom_mib=args.headroom_mib,
+                lender_status=lender,
+                free_mib=_free_mib_probe(settings),
+            )
+        )
+    except KeyboardInterrupt:
+        print(
+            "vacancyd measure: interrupted; what it loaded was unloaded, nothing written",
+            file=sys.stderr,
+        )
+        return 130
+    except measure.MeasureError as exc:
+        print(f"vacancyd measure: {exc}", file=sys.stderr)
+        return 1
+    text = measure.render_toml(results, args.headroom_mib)
+    if args.output is not None:
+        _write_atomically(args.output, text)
+        print(f"vacancyd measure: wrote {args.output}", file=sys.stderr)
+    else:
+        print(text, end="")
+    if args.profile is not None:
+        adapters = {u.name: u.adapter for u in settings.upstream}
+        doc = profiles.to_json(profiles.from_measurements(results, adapters))
+        _write_atomically(args.profile, json.dumps(doc, indent=2) + "\n")
+        print(f"vacancyd measure: wrote profile {args.profile}", file=sys.stderr)
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from vacancyd.runtime import measure, profiles
+
+    try:
+        settings = _load(args.config)
+    except ConfigError as exc:
+        print(f"vacancyd profiles: {exc}", file=sys.stderr)
+        return 2
+    ups = [u for u in settings.upstream if not args.upstream or u.name in args.upstream]
+    if not ups:
+        print(f"vacancyd profiles: no upstream named {', '.join(args.upstream)}", file=sys.stderr)
+        return 2
+    try:
+        if args.action == "export":
+            found: list[profiles.Profile] = []
+            for up in ups:
+                found += asyncio.run(profiles.export_profiles(up))
+            text = json.dumps(profiles.to_json(found), indent=2) + "\n"
+        else:
+            try:
+                entries = profiles.from_json(args.file.read_text(encoding="utf-8"), str(args.file))
+            except OSError as exc:
+                print(f"vacancyd profiles: cannot read {args.file}: {exc}", file=sys.stderr)
+                return 2
+            except ValueError as exc:
+                print(f"vacancyd profiles: {exc}", file=sys.stderr)
+                return 2
+            applied: list[measure.Measurement] = []
+            for up in ups:
+                done, skipped = asyncio.run(profiles.import_profiles(up, entries))
+                applied += done
+                for why in skipped:
+                    print(f"vacancyd profiles: {up.name}: skipped {why}", file=sys.stderr)
+            text = measure.render_toml(applied, 0).replace(
+                "measured footprint plus 0 MiB headroom", "imported footprints"
+            )
+    except measure.MeasureError as exc:
+        print(f"vacancyd profiles: {exc}", file=sys.stderr)
+        return 1
+    if args.output is not None:
+        _write_atomically(args.output, text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vacancyd", description="Lend an idle GPU without costing its owner."
@@ -528,6 +676,34 @@ def build_parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="end a pause")
     _add_api_args(resume, "admin")
     resume.set_defaults(func=cmd_resume)
+
+    measure = sub.add_parser(
+        "measure",
+        help="load each configured model once, read what it takes, print the footprint table",
+    )
+    _add_api_args(measure, "read")
+    measure.add_argument("--upstream", action="append", help="only this upstream (repeatable)")
+    measure.add_argument("--model", action="append", help="only this model (repeatable)")
+    measure.add_argument(
+        "--num-ctx", type=int, default=4096, help="context to load Ollama models with (4096)"
+    )
+    measure.add_argument(
+        "--headroom-mib", type=int, default=500, help="MiB added to each footprint (500)"
+    )
+    measure.add_argument("--output", type=Path, help="write the TOML here instead of stdout")
+    measure.add_argument("--profile", type=Path, help="also write a JSON footprint profile")
+    measure.set_defaults(func=cmd_measure)
+
+    prof = sub.add_parser("profiles", help="export or import footprint profiles (JSON)")
+    prof_sub = prof.add_subparsers(dest="action", required=True)
+    export = prof_sub.add_parser("export", help="the configured footprints, with digests")
+    imp = prof_sub.add_parser("import", help="footprints from a profile, as config TOML")
+    imp.add_argument("file", type=Path)
+    for p in (export, imp):
+        p.add_argument("--config", type=Path, help="the lender's config")
+        p.add_argument("--upstream", action="append", help="only this upstream (repeatable)")
+        p.add_argument("--output", type=Path, help="write here instead of stdout")
+        p.set_defaults(func=cmd_profiles)
     return parser
 
 

@@ -137,7 +137,10 @@ async def test_a_slow_header_flood_from_one_peer_leaves_others_served() -> None:
 
 
 async def test_probes_are_answered_and_the_cap_is_exact_when_the_listener_is_full() -> None:
-    limits = "max_connections = 32\nmax_unauthenticated_per_peer = 1000"
+    limits = (
+        "max_connections = 32\nmax_unauthenticated_connections = 32\n"
+        "max_unauthenticated_per_peer = 1000"
+    )
     async with lender(limits=limits) as (d, _seen), aiohttp.ClientSession() as http:
         # a burst from many addresses at once: never more than 32 open, the rest get 503
         site = next(iter(d.daemon._runners["api"].sites))
@@ -415,3 +418,37 @@ async def test_malformed_requests_get_the_json_envelope_and_are_counted() -> Non
         )
         assert data.startswith(b"HTTP/1.1 401"), data[:60]
         assert json_of(data)["error"]["code"] == "missing_token"
+
+
+# -- cut streams ---------------------------------------------------------------------------
+
+
+async def test_an_http_1_0_borrower_sees_a_cut_stream_as_a_reset() -> None:
+    """HTTP/1.0 has no chunked framing: a reply ends where the connection does, so a cut
+    that closed cleanly would look complete. A reset cannot."""
+    from tests.support.lender import config as reclaim_config
+    from tests.support.lender import owner_returns
+    from tests.support.slow_openai import SlowOpenAI
+
+    fake = SlowOpenAI(chunks=10_000, interval_s=0.02)
+    async with serve_app(fake.app()) as target:
+        async with running_daemon(reclaim_config(target, adapter="openai", policy="cancel")) as d:
+            await d.wait_ready()
+            reader, writer = await asyncio.open_connection(*addr(d, "up"))
+            body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
+            writer.write(
+                b"POST /v1/chat/completions HTTP/1.0\r\nHost: localhost\r\n"
+                + b"Content-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+            await fake.started.wait()
+            owner_returns(d)
+            with pytest.raises(ConnectionResetError):
+                async with asyncio.timeout(10):
+                    while await reader.read(65536):
+                        pass
+            writer.close()

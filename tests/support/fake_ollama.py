@@ -147,6 +147,8 @@ class FakeOllama:
     scenario: Scenario | None = None
     gpu_index: int = 0
     show_fails: bool = False
+    #: Seconds a load takes (the model is listed in /api/ps meanwhile, as Ollama lists it).
+    load_delay_s: float = 0.0
     ps_override: Any = None
     loaded: dict[str, Runner] = field(default_factory=dict)
     loads: list[tuple[str, int]] = field(default_factory=list)
@@ -235,19 +237,22 @@ class FakeOllama:
         num_ctx = min(int(num_ctx), spec.train_ctx)
         return num_ctx, {k: options[k] for k in RUNNER_KEYS if k in options}
 
-    def _acquire(self, name: str, body: dict[str, Any]) -> Runner:
+    def _acquire(self, name: str, body: dict[str, Any]) -> bool:
+        """Take a reference on the model, loading it as the request needs; True when this
+        request loaded it."""
         session_s = parse_keep_alive(body.get("keep_alive"), self.default_keep_alive_s)
         num_ctx, options = self._resolve(name, body)
         runner = self.loaded.get(name)
         if runner is not None and (runner.num_ctx != num_ctx or runner.options != options):
             self._unload(name)  # needsReload
             runner = None
+        loaded = runner is None
         if runner is None:
             runner = self._load(name, num_ctx, options, session_s)
         runner.session_s = session_s
         runner.expired = False
         runner.refs += 1
-        return runner
+        return loaded
 
     def _release(self, name: str) -> None:
         runner = self.loaded.get(name)
@@ -396,10 +401,12 @@ class FakeOllama:
             )
             return web.json_response(done)
         try:
-            self._acquire(name, body)
+            loaded = self._acquire(name, body)
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         try:
+            if loaded and self.load_delay_s:
+                await asyncio.sleep(self.load_delay_s)
             if empty:
                 return web.json_response(
                     {

@@ -159,11 +159,22 @@ class ServerSettings(_Model):
     tokens: list[TokenSettings] = []
     trust_loopback: bool = False
     allow_unauthenticated_remote: bool = False
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_client_ca_file: Path | None = None
     server_names: list[Annotated[str, Field(min_length=1, max_length=253)]] = []
     allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
     limits: LimitsSettings = LimitsSettings()
 
     _listen = field_validator("listen")(_check_listen)
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServerSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set both tls_cert_file and tls_key_file, or neither")
+        if self.tls_client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        return self
 
 
 class ExclusiveAppSettings(_Model):

@@ -48,6 +48,7 @@ from vacancyd.proxy import bodies, headers, probe, tunnel
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.metrics import Metrics
+from vacancyd.web.site import reset_connection
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -634,10 +635,8 @@ class Proxy:
 
     @staticmethod
     def _cut(request: web.Request) -> None:
-        """Abort the borrower's connection so a cut stream never looks like a clean end."""
-        transport = request.transport
-        if transport is not None:
-            transport.abort()
+        """Reset the borrower's connection so a cut stream never looks like a clean end."""
+        reset_connection(request.transport)
 
 
 def make_app(proxy: Proxy) -> web.Application:

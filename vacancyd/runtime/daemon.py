@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -47,7 +48,7 @@ from vacancyd.collectors import logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError, load_config
-from vacancyd.config.model import ResourceSettings, Settings, split_listen
+from vacancyd.config.model import ResourceSettings, Settings, is_loopback, split_listen
 from vacancyd.config.policies import (
     pressure_policy,
     reclaim_policy,
@@ -85,6 +86,7 @@ from vacancyd.web.site import (
     GuardedTCPSite,
     Probe,
 )
+from vacancyd.web.tls import TlsError, TlsFiles, reload_context, server_context
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +225,9 @@ class Daemon:
     bound: dict[str, str] = field(default_factory=dict)
     #: runner per listener name ("api" and each upstream's name)
     _runners: dict[str, web.AppRunner] = field(default_factory=dict)
+    #: the listeners' shared TLS context (None: plain HTTP) and the files it was loaded from
+    tls: ssl.SSLContext | None = None
+    _tls_files: TlsFiles | None = None
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
@@ -273,6 +278,14 @@ class Daemon:
         secrets = read_secrets(settings)
         tokens = read_tokens(secrets)
         server = settings.server
+        if server.tls_cert_file is not None and server.tls_key_file is not None:
+            self._tls_files = TlsFiles(
+                server.tls_cert_file, server.tls_key_file, server.tls_client_ca_file
+            )
+            try:
+                self.tls = server_context(self._tls_files)
+            except TlsError as exc:
+                raise StartupError(str(exc)) from exc
         auth = Authenticator(
             tokens,
             trust_loopback=server.trust_loopback,
@@ -523,7 +536,14 @@ class Daemon:
             on_refused=lambda why: metrics.connections_refused.labels(name, why).inc(),
             on_malformed=lambda: metrics.malformed_requests.labels(name).inc(),
         )
-        site = GuardedTCPSite(runner, host, port, guard=guard)
+        site = GuardedTCPSite(runner, host, port, guard=guard, ssl_context=self.tls)
+        if self.tls is None and not is_loopback(host):
+            log.warning(
+                "%s listens on %s without TLS: bearer tokens and prompts cross the network in "
+                "clear text; set [server] tls_cert_file and tls_key_file (THREAT_MODEL.md)",
+                name,
+                listen,
+            )
         try:
             await site.start()
         except OSError as exc:
@@ -532,7 +552,7 @@ class Daemon:
             ) from exc
         address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
         self.bound[name] = address
-        log.info("%s listening on http://%s", name, address)
+        log.info("%s listening on %s://%s", name, "https" if self.tls else "http", address)
         server = site.listening
         assert server is not None
         task_name = f"api@{address}" if name == "api" else f"listener {name}@{address}"
@@ -765,6 +785,19 @@ class Daemon:
         for session in self._sessions:
             await session.close()
 
+    async def reload_tls(self) -> bool:
+        """Load renewed TLS files into the running context (SIGHUP). Returns False, logging
+        why, when they cannot be loaded; the running certificate stays in use then."""
+        if self.tls is None or self._tls_files is None:
+            return True
+        try:
+            await asyncio.to_thread(reload_context, self.tls, self._tls_files)
+        except TlsError as exc:
+            log.error("SIGHUP: %s; the running certificate stays in use", exc)
+            return False
+        log.info("SIGHUP: TLS certificate reloaded from %s", self._tls_files.cert)
+        return True
+
 
 async def recheck_config(path: Path | None) -> bool:
     """SIGHUP: read and validate the configuration file again (secrets included) and log the
@@ -806,8 +839,12 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
         loop.add_signal_handler(sig, daemon.request_stop)
     rechecks: set[asyncio.Task[bool]] = set()
 
+    async def hangup() -> bool:
+        await daemon.reload_tls()
+        return await recheck_config(config_path)
+
     def on_hangup() -> None:
-        task = loop.create_task(recheck_config(config_path), name="SIGHUP config check")
+        task = loop.create_task(hangup(), name="SIGHUP config check")
         rechecks.add(task)
         task.add_done_callback(rechecks.discard)
 

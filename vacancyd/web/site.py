@@ -26,8 +26,11 @@ with the same JSON error envelope as everything else, and counted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -155,6 +158,7 @@ class _Guarded(asyncio.Protocol):
         self.guard = guard
         self.inner = inner
         self.authenticated = False
+        self.counted = False
         self._peer: str | None = None
         self._timers: list[asyncio.TimerHandle] = []
         self._headers_done = False
@@ -217,7 +221,9 @@ class _Guarded(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in self._timers:
             timer.cancel()
-        self.guard.open -= 1
+        if self.counted:
+            self.guard.open -= 1
+            self.counted = False
         if self._peer is not None and not self.authenticated:
             self._leave_unauthenticated()
         self.authenticated = True  # counted out once
@@ -292,7 +298,6 @@ class ConnectionGuard:
                 return self._refuse("connections")
             if self.unauthenticated >= limits.max_unauthenticated:
                 return self._refuse("unauthenticated")
-            self.open += 1
             inner = JsonErrorHandler(server, loop=loop, on_malformed=self.on_malformed, **kwargs)
             return _PeerChecked(self, inner)
 
@@ -301,30 +306,59 @@ class ConnectionGuard:
     def _refuse(self, why: str) -> asyncio.Protocol:
         if self.on_refused is not None:
             self.on_refused(why)
-        read = self.probe is not None and self.probe_readers < MAX_PROBE_READERS
+        # a flooding address gets its 503 at once; others may still ask a probe
+        read = why != "peer" and self.probe is not None and self.probe_readers < MAX_PROBE_READERS
         return _Refused(self, why, read_probe=read)
 
 
 class _PeerChecked(_Guarded):
-    """Checks the per-peer budget once the peer's address is known."""
+    """Admits the connection once it is established (and its peer known): the counts are
+    exact because ``connection_made`` calls run one at a time on the loop, and a TLS
+    connection whose handshake fails never reaches it, so it is never counted."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peername = transport.get_extra_info("peername")
         peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
         guard = self.guard
         limits = guard.limits
-        if (
+        why = None
+        if guard.open >= limits.max_connections:
+            why = "connections"
+        elif guard.unauthenticated >= limits.max_unauthenticated:
+            why = "unauthenticated"
+        elif (
             guard.per_peer[peer] >= limits.max_unauthenticated_per_peer
             and guard.unauthenticated >= limits.max_unauthenticated // 2
         ):
-            guard.open -= 1
-            if guard.on_refused is not None:
-                guard.on_refused("peer")
-            refused = _Refused(guard, "peer", read_probe=False)
+            why = "peer"
+        if why is not None:
+            refused = guard._refuse(why)
+            assert isinstance(transport, asyncio.Transport)
             transport.set_protocol(refused)
             refused.connection_made(transport)
             return
+        guard.open += 1
+        self.counted = True
         super().connection_made(transport)
+
+
+_LINGER_RESET = struct.pack("ii", 1, 0)
+
+
+def reset_connection(transport: asyncio.Transport | None) -> None:
+    """Close ``transport`` with a TCP reset (SO_LINGER 0), not a FIN.
+
+    A cut stream must never look like a clean end: an HTTP/1.0 reply, or a 1.1 reply framed
+    by the connection's close, ends exactly where a FIN says it does, so only a reset tells
+    the client the reply is incomplete.
+    """
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    transport.abort()
 
 
 def mark_authenticated(request: web.BaseRequest) -> None:
@@ -364,6 +398,9 @@ class GuardedTCPSite(web.TCPSite):
             self._port,
             backlog=self._backlog,
             ssl=self._ssl_context,
+            ssl_handshake_timeout=(
+                self.guard.limits.header_read_timeout_s if self._ssl_context else None
+            ),
         )
         self._bound_port = (
             self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
