@@ -1,5 +1,5 @@
 """Command line: ``vacancyd run | check-config | status | pause | resume | measure |
-profiles export|import | init | companion | --version``."""
+profiles export|import | init | companion | install-service | remove-service | --version``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ def _configure_logging(args: argparse.Namespace) -> bool:
     return True
 
 
+def _say(args: argparse.Namespace, level: str, message: str) -> None:
+    """One line on stderr in the chosen log format (JSON lines stay JSON)."""
+    if args.log_format == "json":
+        line = json.dumps({"level": level, "name": "vacancyd", "message": message})
+    else:
+        line = f"vacancyd: {message}"
+    print(line, file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from vacancyd.runtime.daemon import run_daemon
 
@@ -44,12 +53,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         settings = _load(args.config)
     except ConfigError as exc:
-        print(f"vacancyd: {exc}", file=sys.stderr)
+        _say(args, "ERROR", str(exc))
         return 2
     if args.config is None:
-        print(
-            "vacancyd: no --config given; using the embedded default configuration", file=sys.stderr
-        )
+        _say(args, "WARNING", "no --config given; using the embedded default configuration")
     return asyncio.run(run_daemon(settings, config_path=args.config))
 
 
@@ -69,17 +76,40 @@ def cmd_companion(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from vacancyd.config.secrets import read_secrets
+    """Validate a config file and the secret files it names.
 
+    When the only problems are secret files that do not exist yet, they are warnings (exit
+    0) unless ``--strict``: a config can be checked before its tokens are put in place. Any
+    other problem is an error (exit 1), and then every problem is listed, missing files too.
+    """
+    from vacancyd.config.secrets import missing_secret_files, read_secrets, without_missing_files
+
+    missing: list[tuple[str, Path]] = []
     try:
         settings = load_config(args.file)
-        read_secrets(settings, str(args.file))
+        try:
+            read_secrets(settings, str(args.file))
+        except ConfigError as everything:
+            missing = missing_secret_files(settings)
+            if args.strict or not missing:
+                raise
+            try:
+                read_secrets(without_missing_files(settings), str(args.file))
+            except ConfigError:
+                raise everything from None
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
+    for where, path in missing:
+        print(
+            f"{args.file}: warning: {where}: {path} does not exist yet; create it before "
+            "`vacancyd run` (which refuses to start without it)",
+            file=sys.stderr,
+        )
     print(
         f"{args.file}: OK ({len(settings.resource)} resource(s), "
         f"{len(settings.upstream)} upstream(s); API on {settings.server.listen})"
+        + (f"; {len(missing)} secret file(s) still to create" if missing else "")
     )
     return 0
 
@@ -223,6 +253,11 @@ def format_status(doc: dict[str, Any]) -> str:
             f"{'bound' if listener.get('bound') else 'NOT BOUND'} -> resource {u.get('resource')}"
             f"{' + ' + ', '.join(u['also_requires']) if u.get('also_requires') else ''}: {verdict}"
         )
+        if listener.get("state") == "listens_on_network":
+            lines.append(
+                f"    WARNING: its server can be reached without the gate: "
+                f"{listener.get('state_detail')}"
+            )
         server = u.get("server")
         if server:
             lines.append(
@@ -304,6 +339,44 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(format_status(doc))
+    return 0
+
+
+def _service(args: argparse.Namespace) -> Any:
+    from vacancyd.runtime.service import Service
+
+    return Service(root=args.root, config=args.config)
+
+
+def cmd_install_service(args: argparse.Namespace) -> int:
+    from vacancyd.runtime.service import ServiceError, command_warning
+
+    if args.root == Path("/") and os.geteuid() != 0:
+        print("vacancyd install-service: needs root (run it with sudo)", file=sys.stderr)
+        return 1
+    service = _service(args)
+    warning = command_warning(service.command)
+    if warning:
+        print(f"vacancyd install-service: warning: {warning}", file=sys.stderr)
+    try:
+        service.install(start=not args.no_start)
+    except ServiceError as exc:
+        print(f"vacancyd install-service: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_remove_service(args: argparse.Namespace) -> int:
+    from vacancyd.runtime.service import ServiceError
+
+    if args.root == Path("/") and os.geteuid() != 0:
+        print("vacancyd remove-service: needs root (run it with sudo)", file=sys.stderr)
+        return 1
+    try:
+        _service(args).remove()
+    except ServiceError as exc:
+        print(f"vacancyd remove-service: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -613,7 +686,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", type=Path)
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="a token or credential file that is missing is an error",
+    )
     check.set_defaults(func=cmd_check_config)
+
+    for verb, helptext, func in (
+        (
+            "install-service",
+            "install, enable and start the systemd unit (converges)",
+            cmd_install_service,
+        ),
+        (
+            "remove-service",
+            "stop, disable and remove the systemd unit (keeps the config)",
+            cmd_remove_service,
+        ),
+    ):
+        svc = sub.add_parser(verb, help=helptext)
+        svc.add_argument(
+            "--config",
+            type=Path,
+            default=Path("/etc/vacancyd/vacancyd.toml"),
+            help="config file the service runs with (created from the default if missing)",
+        )
+        svc.add_argument(
+            "--root",
+            type=Path,
+            default=Path("/"),
+            help="install below this directory instead of / (images, tests); no root needed",
+        )
+        if verb == "install-service":
+            svc.add_argument(
+                "--no-start", action="store_true", help="on a first install, do not start it"
+            )
+        svc.set_defaults(func=func)
 
     status = sub.add_parser("status", help="show a running daemon's state")
     status.add_argument("--url", help=f"API base URL (default: from --config, else {DEFAULT_URL})")

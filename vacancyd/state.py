@@ -35,6 +35,7 @@ from vacancyd.core.events import (
     UnseenGpuWorkChanged,
     VetoChanged,
 )
+from vacancyd.core.exposure import Exposure
 from vacancyd.core.holds import Hold
 from vacancyd.core.ledger import Job, Ledger
 from vacancyd.core.lifecycle import Hold as JobHold
@@ -171,6 +172,8 @@ class SharedState:
         self.veto = VetoTracker(release_after_s)
         self.ledger = Ledger(self.upstreams)
         self.listeners: dict[str, ListenerState] = {}
+        #: per upstream: what kind of socket serves its target (vacancyd.core.exposure)
+        self.target_exposure: dict[str, Exposure] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []

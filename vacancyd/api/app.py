@@ -127,11 +127,16 @@ def make_api(
     max_event_subscribers: int = 32,
     controls: PauseControl | None = None,
     probes: Mapping[str, probe.ProbeEndpoint] | None = None,
+    extra_routes: Callable[
+        [web.Application, Callable[[str, Handler], Handler], Callable[[Handler], Handler]], None
+    ]
+    | None = None,
 ) -> web.Application:
     """The operator's application. ``release(job_id)`` frees a borrowed job's reservation
     and returns its ledger record as it was (None for an unknown job). ``probes`` maps an
     upstream name to its lendability probe (which checks its own token rule); it may be
-    filled after this call."""
+    filled after this call. ``extra_routes(app, scoped, mutation)`` adds further routes (the debug
+    window and diagnostics, vacancyd.api.ops)."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     events.install(app)
 
@@ -334,4 +339,6 @@ def make_api(
     )
     app.router.add_put("/admin/lending", mutation(put_lending))
     app.router.add_put("/admin/resources/{name}", mutation(put_resource))
+    if extra_routes is not None:
+        extra_routes(app, scoped, mutation)
     return app

@@ -158,6 +158,8 @@ class StateCollector(Collector):
         yield upstream_lendable
         yield from _headroom_metrics(doc)
 
+        yield from _server_families(doc)
+
         yield GaugeMetricFamily(
             "vacancyd_ready", "1 when /readyz answers 200.", value=float(doc.ready)
         )
@@ -236,6 +238,37 @@ def _sharing_metrics(state: SharedState) -> Iterator[GaugeMetricFamily]:
         for each in sharing.CardState:
             card.add_metric([name, each.value], 1.0 if each is now else 0.0)
     yield card
+
+
+def _server_families(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
+    """The server observation the gate reads (llama-server ``/slots``): its quality against
+    the upstream's freshness bound, its age, and whether the server was idle."""
+    quality = GaugeMetricFamily(
+        "vacancyd_server_observation_quality",
+        "Server observation quality per upstream (1 for the current one).",
+        labels=["upstream", "quality"],
+    )
+    age = GaugeMetricFamily(
+        "vacancyd_server_observation_age_seconds",
+        "Age of the newest good server observation.",
+        labels=["upstream"],
+    )
+    idle = GaugeMetricFamily(
+        "vacancyd_server_idle",
+        "1 when the newest server observation showed no request in progress.",
+        labels=["upstream"],
+    )
+    for name, up in sorted(doc.upstreams.items()):
+        server = up.server
+        if server is None:
+            continue
+        for each in Quality:
+            quality.add_metric([name, each.value], 1.0 if each is server.quality else 0.0)
+        if server.age_s is not None:
+            age.add_metric([name], server.age_s)
+        if server.idle is not None:
+            idle.add_metric([name], 1.0 if server.idle else 0.0)
+    yield from (quality, age, idle)
 
 
 def _presence_families(presence: PresenceStatus) -> Iterator[GaugeMetricFamily]:

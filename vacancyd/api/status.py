@@ -28,7 +28,8 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                        "calibration_observed_s", "calibration_needed_s",
                                        "release_in_s", "gpu", "detail", "last_edge"} | null}},
      "upstreams": {NAME: {"adapter", "resource", "also_requires", "owner_scope",
-                          "listener": {"address", "bound", "error"},
+                          "listener": {"address", "bound", "error", "state",
+                                       "state_detail"},
                           "lendable", "refusal": {"reason", "retry_after_s", "detail"} | null,
                           "busy",
                           "sharing": {"max_concurrent", "jobs", "waiting", "exclusive_of",
@@ -76,6 +77,7 @@ from typing import Any
 from vacancyd import __version__
 from vacancyd.core import gate, sharing
 from vacancyd.core import presence as presence_rules
+from vacancyd.core.exposure import ListenerExposure
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
 from vacancyd.core.reasons import Admit, Credit
@@ -220,6 +222,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             refusal = RefusalStatus(decision.reason.value, decision.retry_after_s, decision.detail)
         room = gate.headroom(snap, policy)
         listener = state.listeners.get(name)
+        exposure = state.target_exposure.get(name)
         server = snap.servers.get(name)
         server_doc = None
         if policy.needs_model_observation or server is not None:
@@ -261,7 +264,14 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             owner_scope=policy.owner_scope.value,
             listener=None
             if listener is None
-            else ListenerStatus(listener.address, listener.bound, listener.error),
+            else ListenerStatus(
+                listener.address,
+                listener.bound,
+                listener.error,
+                # what serves the upstream's own target (vacancyd.core.exposure)
+                state=exposure.state.value if exposure else ListenerExposure.UNKNOWN.value,
+                state_detail=exposure.detail if exposure else "not observed yet",
+            ),
             refusal=refusal,
             busy=state.ledger.fits(name, policy.resources) is not None,
             sharing=SharingStatus(

@@ -257,6 +257,8 @@ class LogindPresence:
         self._scan_future: asyncio.Future[rules.ProcessScan] | None = None
         self.step = "idle"
         self._problems: dict[str, str] = {}
+        #: user names of the sessions seen so far, for redaction (never published)
+        self.seen_users: set[str] = set()
 
     async def sample(self) -> PresenceReading:
         """One full sample. Raises :class:`LogindError` when logind cannot be read at all."""
@@ -269,6 +271,7 @@ class LogindPresence:
         )
         facts: list[rules.SessionFacts] = []
         failed: list[tuple[str, str]] = []
+        self.seen_users.update(entry[2] for entry in listed if entry[2])
         for (sid, uid, user, _seat, _path), result in zip(listed, results, strict=True):
             if isinstance(result, LogindError):
                 failed.append((sid, str(result)))

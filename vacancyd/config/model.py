@@ -442,6 +442,7 @@ class UpstreamSettings(_Model):
     credential: SecretStr | None = None
     credential_file: Path | None = None
     refusal_status: Literal[503, 429] = 503
+    retry_after_max_s: int | None = Field(None, ge=1, le=86400)
     #: A host-scoped upstream that lends small models while the owner is present
     #: (``[owner] present_max_model_mib``; docs/presence.md).
     lend_while_present: bool = False
@@ -623,6 +624,17 @@ class KubernetesSettings(ClusterSettings):
     _address = field_validator("address")(_check_endpoint_ip)
 
 
+class TelemetrySettings(_Model):
+    """OpenTelemetry tracing (docs/observability.md "Traces"). Off unless ``otlp_endpoint``
+    is set: an OTLP/HTTP collector base URL (``/v1/traces`` is appended when it has no
+    path). ``sample_ratio`` (0-1) samples new traces; a borrower's sampled ``traceparent``
+    is always followed. Needs the ``otel`` extra."""
+
+    otlp_endpoint: AnyHttpUrl | None = None
+    service_name: str = Field("vacancyd", min_length=1, max_length=200)
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+
+
 class Settings(_Model):
     """The whole configuration file."""
 
@@ -635,6 +647,7 @@ class Settings(_Model):
     pool: list[PoolSettings] = []
     kubernetes: KubernetesSettings | None = None
     schedule: ScheduleSettings | None = None
+    telemetry: TelemetrySettings = TelemetrySettings()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:

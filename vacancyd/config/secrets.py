@@ -7,6 +7,7 @@ the daemon at start (which refuses to start on any problem).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from vacancyd.config.load import ConfigError
 from vacancyd.config.model import Settings
@@ -57,3 +58,30 @@ def read_secrets(settings: Settings, source: str = "configuration") -> Secrets:
     if problems:
         raise ConfigError(source, problems)
     return Secrets(tuple(tokens), credentials)
+
+
+def missing_secret_files(settings: Settings) -> list[tuple[str, Path]]:
+    """(where, path) for every token or credential file the settings name that does not
+    exist (yet). ``where`` is the key, as in ``server.tokens[0].token_file``."""
+    missing: list[tuple[str, Path]] = []
+    for i, t in enumerate(settings.server.tokens):
+        if t.token_file is not None and not t.token_file.exists():
+            missing.append((f"server.tokens[{i}].token_file", t.token_file))
+    for i, up in enumerate(settings.upstream):
+        if up.credential_file is not None and not up.credential_file.exists():
+            missing.append((f"upstream[{i}].credential_file ({up.name})", up.credential_file))
+    return missing
+
+
+def without_missing_files(settings: Settings) -> Settings:
+    """A copy of ``settings`` minus the tokens and credentials whose files do not exist, so
+    the files that do exist can still be checked (``vacancyd check-config``)."""
+    tokens = [t for t in settings.server.tokens if t.token_file is None or t.token_file.exists()]
+    server = settings.server.model_copy(update={"tokens": tokens})
+    upstreams = [
+        up
+        if up.credential_file is None or up.credential_file.exists()
+        else up.model_copy(update={"credential_file": None})
+        for up in settings.upstream
+    ]
+    return settings.model_copy(update={"server": server, "upstream": upstreams})

@@ -17,9 +17,16 @@ from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 
 SOURCE = "vacancyd"
 
-#: The OpenAI SDKs honour Retry-After only up to 60 s and otherwise retry at once
-#: (openai-python ``_base_client._should_retry``); above that we tell them not to retry.
+#: The OpenAI SDKs wait out a Retry-After of up to 60 s and retry (openai-python
+#: ``_base_client._calculate_retry_timeout``), twice by default.
 SDK_MAX_RETRY_AFTER_S = 60
+
+#: Refusals worth retrying within an SDK's own retry loop: the lender is busy with other
+#: borrowed work or its body buffer is full, which clears in a couple of seconds. Every other
+#: reason (the owner, the switches, capacity, pressure, a reclaim) lasts far longer than an
+#: SDK's retries, so those refusals carry ``x-should-retry: false`` and the caller gets the
+#: refusal at once instead of blocking on retries that cannot succeed.
+SDK_RETRYABLE: frozenset[Reason] = frozenset({Reason.RESOURCE_BUSY, Reason.BODY_BUDGET_EXHAUSTED})
 
 
 def error_body(
@@ -37,14 +44,29 @@ def error_body(
     return {"error": error}
 
 
+def retry_after(refusal: Refuse, max_s: int | None = None) -> int:
+    """Whole seconds to send in Retry-After: the refusal's hint, capped at ``max_s`` if set."""
+    if max_s is None:
+        return refusal.retry_after_s
+    return min(refusal.retry_after_s, max_s)
+
+
 def render_refusal(
-    refusal: Refuse, upstream: str, status: int = 503
+    refusal: Refuse, upstream: str, status: int = 503, retry_after_max_s: int | None = None
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
-    """(status, headers, body) for a gate or ledger refusal on ``upstream``."""
-    headers = {"Retry-After": str(refusal.retry_after_s)}
-    if refusal.retry_after_s > SDK_MAX_RETRY_AFTER_S:
+    """(status, headers, body) for a gate or ledger refusal on ``upstream``.
+
+    ``status`` is the upstream's ``refusal_status`` (503 or 429). ``retry_after_max_s`` caps
+    the Retry-After hint (the upstream's ``retry_after_max_s``); the body's ``retry_after_s``
+    is the value sent, and ``retry_after_hint_s`` the uncapped hint when the cap lowered it.
+    """
+    seconds = retry_after(refusal, retry_after_max_s)
+    headers = {"Retry-After": str(seconds)}
+    if refusal.reason not in SDK_RETRYABLE or seconds > SDK_MAX_RETRY_AFTER_S:
         headers["x-should-retry"] = "false"
-    extra: dict[str, Any] = {"retry_after_s": refusal.retry_after_s, "upstream": upstream}
+    extra: dict[str, Any] = {"retry_after_s": seconds, "upstream": upstream}
+    if seconds != refusal.retry_after_s:
+        extra["retry_after_hint_s"] = refusal.retry_after_s
     if refusal.resource is not None:
         extra["resource"] = refusal.resource
     # An owner hold says which control holds the host and, when known, until when (epoch s).

@@ -171,9 +171,14 @@ class ResourceStatus:
 
 @dataclass(frozen=True, slots=True)
 class ListenerStatus:
+    """The upstream's proxy listener, and (``state``) what serves its own target:
+    ``loopback_only``, ``listens_on_network``, ``unknown`` or ``not_observable``."""
+
     address: str
     bound: bool
     error: str | None
+    state: str = "unknown"
+    state_detail: str = "not observed yet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +388,13 @@ class UpstreamStatus:
             "owner_scope": self.owner_scope,
             "listener": None
             if ls is None
-            else {"address": ls.address, "bound": ls.bound, "error": ls.error},
+            else {
+                "address": ls.address,
+                "bound": ls.bound,
+                "error": ls.error,
+                "state": ls.state,
+                "state_detail": ls.state_detail,
+            },
             "lendable": self.lendable,
             # Lendable says what the gate would decide; busy says whether the ledger would
             # refuse a new job resource_busy right now (every slot taken, or an exclusivity).

@@ -44,7 +44,7 @@ from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal
 from vacancyd.core.snapshot import RequestFacts
-from vacancyd.proxy import bodies, headers, probe, tunnel
+from vacancyd.proxy import bodies, headers, observe, probe, tunnel
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.metrics import Metrics
@@ -174,6 +174,7 @@ class Proxy:
             path, _, query = origin_form(request.raw_path).partition("?")
             c = classify(request.method, path, query, self.upstream.adapter.table)
             klass = c.klass.value
+            request[observe.ROUTE_CLASS] = klass
             response = await self._dispatch(request, c, query)
             return response
         finally:
@@ -298,9 +299,11 @@ class Proxy:
     # -- work ----------------------------------------------------------------------------
 
     def _refusal_response(self, request: web.Request, refusal: Refuse) -> web.Response:
+        settings = self.upstream.settings
         status, hdrs, body = render_refusal(
-            refusal, self.upstream.name, self.upstream.settings.refusal_status
+            refusal, self.upstream.name, settings.refusal_status, settings.retry_after_max_s
         )
+        request[observe.REFUSAL] = refusal
         self.metrics.decision(self.upstream.name, "refused", refusal.reason.value)
         if refusal.credit is not None:
             self.metrics.residency(self.upstream.name, refusal.credit)
@@ -395,6 +398,7 @@ class Proxy:
             if isinstance(decision, Refuse):
                 return await self._refuse(request, decision)
             job = decision
+            request[observe.JOB] = job
             self.metrics.decision(name, "admitted")
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
             key: str | None = None
@@ -484,7 +488,11 @@ class Proxy:
         refusal = Refuse.of(
             edge.reason, f"the lender reclaimed {name!r} ({edge.trigger}) before the reply"
         )
-        status, hdrs, rbody = render_refusal(refusal, name, self.upstream.settings.refusal_status)
+        settings = self.upstream.settings
+        status, hdrs, rbody = render_refusal(
+            refusal, name, settings.refusal_status, settings.retry_after_max_s
+        )
+        request[observe.REFUSAL] = refusal
         self.metrics.decision(name, "cancelled", refusal.reason.value)
         return web.json_response(rbody, status=status, headers=hdrs)
 
@@ -552,6 +560,7 @@ class Proxy:
             if failed is not None:
                 return failed
         out_headers = self._request_headers(request)
+        observe.inject_trace_context(out_headers)
         data: Any = body
         if body is not None and len(body) > LARGE_BODY_BYTES:
             data = io.BytesIO(body)  # aiohttp sends large in-memory bodies in chunks this way

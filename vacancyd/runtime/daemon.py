@@ -18,6 +18,9 @@ Task tree (names as they appear in logs):
 * ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
 * ``hold NAME job N`` — watches a held job's server for idleness (not essential)
 * ``reclaim cancel NAME`` / ``warm NAME`` — a reclaim's server calls (not essential)
+* ``target listeners`` — which sockets serve each upstream's target, for /status (not
+  essential)
+* ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
   ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
 
@@ -35,16 +38,20 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web_log import AccessLogger
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.metrics import attach_saver, attach_state
+from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import render_status
-from vacancyd.collectors import logind, presence, system
+from vacancyd.collectors import exposure, logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError, load_config
@@ -64,6 +71,7 @@ from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
+from vacancyd.core.exposure import Exposure, ListenerExposure
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.lifecycle import JobRules, JobState, ReleaseBy
 from vacancyd.core.observations import CapacityReading
@@ -72,10 +80,12 @@ from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.core.snapshot import ServerState
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
 from vacancyd.proxy.app import Proxy, Upstream, make_app
+from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, durable, learned, lendability, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
+from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import PressureSample, SharedState
 from vacancyd.web.auth import Authenticator, Token
 from vacancyd.web.metrics import Metrics
@@ -98,6 +108,9 @@ SHUTDOWN_GRACE_S = 5.0
 class StartupError(Exception):
     """The daemon could not start (a listener could not bind, a secret could not be read)."""
 
+
+#: How often the sockets serving each upstream's target are read (seconds).
+TARGET_WATCH_S = 15.0
 
 #: How often learned calibrations are written to the state directory (seconds).
 CALIBRATION_SAVE_INTERVAL_S = 300.0
@@ -235,6 +248,10 @@ class Daemon:
     kubernetes: HostPublisher | None = None
     saver: learned.LearnedSaver = field(init=False)
     _saved_holds: list[learned.SavedHold] = field(init=False)
+    #: replaces the OTLP exporter when set (tests pass an in-memory one)
+    span_exporter: Any = None
+    tracing: Tracing | None = None
+    diagnostics: Diagnostics | None = None
 
     def __post_init__(self) -> None:
         self.state = build_state(self.settings)
@@ -295,10 +312,18 @@ class Daemon:
             allowed_origins=server.allowed_origins,
         )
         limits = server.limits
+        self.tracing = start_tracing(settings.telemetry, self.state, self.span_exporter)
 
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
+        self.diagnostics = Diagnostics(
+            self.state,
+            settings,
+            started_at=started_at,
+            secrets=lambda: [t[1] for t in secrets.tokens] + list(secrets.credentials.values()),
+            users=lambda: self.presence.seen_users if self.presence is not None else (),
+        )
         probes: dict[str, ProbeEndpoint] = {}
         api = make_api(
             self.state,
@@ -309,6 +334,7 @@ class Daemon:
             max_event_subscribers=limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
+            extra_routes=self.diagnostics.install,
         )
         state = self.state
         await self._serve("api", api, server.listen, probe=lambda path: health_probe(state, path))
@@ -369,7 +395,12 @@ class Daemon:
             )
             probes[up.name] = ProbeEndpoint(up.public_probe, proxy.probe)
             self.state.set_listener(up.name, up.listen, bound=False)
-            address = await self._serve(up.name, make_app(proxy), up.listen)
+            address = await self._serve(
+                up.name,
+                self._proxy_app(proxy),
+                up.listen,
+                access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
+            )
             self.state.set_listener(up.name, address, bound=True)
             if adapter.observable:
                 self._start_observer(upstream, credential)
@@ -401,6 +432,7 @@ class Daemon:
         self._start_collectors()
         self._check_state_dir()
         self.supervisor.spawn(self.saver.run(), name="state saver", essential=False)
+        self.supervisor.spawn(self._watch_targets(), name="target listeners", essential=False)
         self.supervisor.spawn(
             lendability.watch(self.state), name="lendability watcher", essential=False
         )
@@ -486,6 +518,42 @@ class Daemon:
             )
         )
 
+    async def _watch_targets(self) -> None:
+        """Every TARGET_WATCH_S, read which sockets serve each upstream's target (in a
+        thread: the socket table can be large) and warn when one listens on the network."""
+        targets = []
+        for up in self.settings.upstream:
+            url = URL(str(up.target))
+            if url.host is not None and url.port is not None:
+                targets.append((up.name, url.host, url.port))
+        state = self.state
+        while True:
+            try:
+                async with asyncio.timeout(self.settings.collectors.probe_timeout_s * 5):
+                    found = await asyncio.to_thread(exposure.observe_targets, targets)
+            except TimeoutError:
+                found = {
+                    name: Exposure(ListenerExposure.UNKNOWN, "reading the socket table timed out")
+                    for name, _, _ in targets
+                }
+            for name, verdict in found.items():
+                before = state.target_exposure.get(name)
+                network = ListenerExposure.LISTENS_ON_NETWORK
+                if verdict.state is network and (before is None or before.state is not network):
+                    log.warning(
+                        "upstream %s: %s; bind it to 127.0.0.1 so borrowers must pass the gate",
+                        name,
+                        verdict.detail,
+                    )
+                state.target_exposure[name] = verdict
+            await asyncio.sleep(TARGET_WATCH_S)
+
+    def _proxy_app(self, proxy: Proxy) -> web.Application:
+        app = make_app(proxy)
+        if self.tracing is not None:
+            app.middlewares.append(self.tracing.middleware(proxy.upstream.name))
+        return app
+
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes
         if settings is None:
@@ -504,7 +572,13 @@ class Daemon:
         )
 
     async def _serve(
-        self, name: str, app: web.Application, listen: str, *, probe: Probe | None = None
+        self,
+        name: str,
+        app: web.Application,
+        listen: str,
+        *,
+        probe: Probe | None = None,
+        access_log_class: type[AbstractAccessLogger] = AccessLogger,
     ) -> str:
         limits = self.settings.server.limits
         app.on_response_prepare.append(_server_header)
@@ -519,6 +593,7 @@ class Daemon:
             lingering_time=0,
             access_log=logging.getLogger(f"vacancyd.access.{name}"),
             access_log_format='%a "%r" %s %b %Tfs',
+            access_log_class=access_log_class,
         )
         await runner.setup()
         self._runners[name] = runner
@@ -780,6 +855,8 @@ class Daemon:
         if api is not None:
             await api.cleanup()
         await self.supervisor.stop()
+        if self.tracing is not None:
+            await self.tracing.shutdown()
         await self.save_calibrations()
         await self.saver.flush()
         for session in self._sessions:
@@ -856,6 +933,9 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
             log.error("%s", exc)
             return 2
         sdnotify.notify(f"READY=1\nSTATUS=lending through {len(settings.upstream)} listener(s)")
+        ping_s = sdnotify.watchdog_interval_s()
+        if ping_s is not None:
+            daemon.supervisor.spawn(sdnotify.watchdog(ping_s), name="watchdog", essential=False)
         code = await daemon.wait()
         if code:
             log.error("%s", daemon.supervisor.failure)

@@ -1,4 +1,9 @@
-"""Logging setup: plain text by default, one JSON object per line with ``--log-format json``."""
+"""Logging setup: plain text by default, one JSON object per line with ``--log-format json``.
+
+JSON lines carry ``asctime``, ``level``, ``name``, ``message`` and any structured fields a
+record was logged with (the proxy access line adds ``upstream``, ``status``, ``duration_s``,
+``route_class`` and ``reason``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import logging
 import sys
 
 from aiohttp.http_exceptions import HttpProcessingError
+from pythonjsonlogger.json import JsonFormatter
 
 
 class MalformedRequestFilter(logging.Filter):
@@ -34,12 +40,6 @@ def configure(level: str = "info", fmt: str = "plain") -> None:
         raise ValueError(f"unknown log level {level!r}")
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        try:
-            from pythonjsonlogger.json import JsonFormatter
-        except ImportError as exc:  # pragma: no cover - depends on the optional extra
-            raise ValueError(
-                "--log-format json needs the json-logs extra: pip install 'vacancyd[json-logs]'"
-            ) from exc
         handler.setFormatter(
             JsonFormatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s",
@@ -53,6 +53,8 @@ def configure(level: str = "info", fmt: str = "plain") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)
+    # Python warnings go through the same handler (and format) instead of bare stderr.
+    logging.captureWarnings(True)
     logging.getLogger("aiohttp.access").setLevel(max(numeric, logging.INFO))
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, MalformedRequestFilter) for f in server_log.filters):

@@ -4,10 +4,16 @@ When systemd starts vacancyd with ``NOTIFY_SOCKET`` set, the daemon sends ``READ
 every listener is bound (so dependent units and ``systemctl start`` wait for real readiness)
 and ``STOPPING=1`` when it begins shutting down. Without ``NOTIFY_SOCKET`` nothing is sent.
 A failed send is logged and otherwise ignored: notification must never stop the daemon.
+
+With ``WatchdogSec=`` in the unit, systemd sets ``WATCHDOG_USEC`` (and ``WATCHDOG_PID``);
+:func:`watchdog` then sends ``WATCHDOG=1`` from the event loop at half that period, so a
+loop that stops running (a blocking call, a deadlock) stops the pings and systemd restarts
+the service.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -30,3 +36,30 @@ def notify(message: str) -> bool:
         log.warning("could not notify the service manager (%s): %s", message, exc)
         return False
     return True
+
+
+def watchdog_interval_s() -> float | None:
+    """Seconds between ``WATCHDOG=1`` pings (half of ``WATCHDOG_USEC``), or None when the
+    service manager expects none: no watchdog configured, or one meant for another process
+    (``WATCHDOG_PID`` names a different pid). An unreadable value counts as none."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    if not usec or not os.environ.get("NOTIFY_SOCKET"):
+        return None
+    pid = os.environ.get("WATCHDOG_PID")
+    if pid and pid != str(os.getpid()):
+        return None
+    try:
+        period = int(usec)
+    except ValueError:
+        log.warning("ignoring WATCHDOG_USEC=%r: not a whole number of microseconds", usec)
+        return None
+    if period <= 0:
+        return None
+    return period / 2_000_000
+
+
+async def watchdog(interval_s: float) -> None:
+    """Ping the service manager every ``interval_s`` seconds from the running event loop."""
+    while True:
+        notify("WATCHDOG=1")
+        await asyncio.sleep(interval_s)

@@ -6,9 +6,41 @@ render the state). A private registry, not the global one, keeps tests independe
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+import platform
+from collections.abc import Iterator
 
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.core import InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from vacancyd import __version__
 from vacancyd.core.reasons import Credit
+
+#: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
+#: seconds to minutes.
+REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class BuildCollector(Collector):
+    """``vacancyd_build_info``: a constant 1 labelled with the version and Python."""
+
+    def collect(self) -> Iterator[InfoMetricFamily]:
+        yield InfoMetricFamily(
+            "vacancyd_build",
+            "vacancyd build information.",
+            value={
+                "version": __version__,
+                "python": platform.python_version(),
+                "implementation": platform.python_implementation(),
+            },
+        )
 
 
 class Metrics:
@@ -84,6 +116,19 @@ class Metrics:
             ["upstream", "outcome", "reason"],
             registry=self.registry,
         )
+        self.request_duration = Histogram(
+            "vacancyd_request_duration_seconds",
+            "Time from a request's arrival to the end of its response (streams included), "
+            "per upstream and route class.",
+            ["upstream", "route_class"],
+            buckets=REQUEST_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.registry.register(BuildCollector())
+        # process_* (CPU seconds, resident memory, open fds, start time) and python_info,
+        # the series every Prometheus client exposes.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
 
     def auth(self, scope: str, outcome: str) -> None:
         self.auth_decisions.labels(scope, outcome).inc()

@@ -1,0 +1,119 @@
+"""What the proxy records about each request once it has been answered.
+
+The proxy handler tags the aiohttp request with what it learned (:data:`ROUTE_CLASS`, the
+:data:`REFUSAL` it answered with, the admitted :data:`JOB`); aiohttp calls
+:class:`ProxyAccessLogger` after the response is fully written, which
+
+* observes ``vacancyd_request_duration_seconds{upstream, route_class}`` (always), and
+* writes one access line at INFO on ``vacancyd.access.UPSTREAM`` with the client, request
+  line, status, bytes sent, duration, route class and refusal reason.
+
+Durations are wall-clock seconds measured by aiohttp from the first byte of the request to
+the end of the response (streams included). Trace context injection for OpenTelemetry lives
+here too so the forwarding code needs one call that does nothing while tracing is off.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+from vacancyd.core.lifecycle import JobState
+from vacancyd.core.reasons import Refuse
+
+if TYPE_CHECKING:
+    from prometheus_client import Histogram
+
+#: Request keys the proxy handler sets (``request[ROUTE_CLASS] = "work"``).
+ROUTE_CLASS = web.RequestKey("vacancyd.route_class", str)
+REFUSAL: web.RequestKey[Refuse] = web.RequestKey("vacancyd.refusal")
+JOB: web.RequestKey[JobState] = web.RequestKey("vacancyd.job")
+
+#: Set by :mod:`vacancyd.runtime.telemetry` while tracing is on: writes the current span's
+#: W3C ``traceparent`` (and ``tracestate``) into a header mapping.
+_inject: Callable[[MutableMapping[str, str]], None] | None = None
+
+
+def set_trace_injector(inject: Callable[[MutableMapping[str, str]], None] | None) -> None:
+    """Install (or with None remove) the function that writes trace context headers."""
+    global _inject
+    _inject = inject
+
+
+def inject_trace_context(headers: MutableMapping[str, str]) -> None:
+    """Replace any borrower-sent trace headers with the current span's context (tracing on);
+    leave ``headers`` as they are when tracing is off."""
+    if _inject is not None:
+        _inject(headers)
+
+
+def refusal_of(request: web.BaseRequest) -> Refuse | None:
+    return request.get(REFUSAL)
+
+
+def job_of(request: web.BaseRequest) -> JobState | None:
+    return request.get(JOB)
+
+
+class ProxyAccessLogger(AbstractAccessLogger):
+    """aiohttp access logger for a proxy listener: duration histogram plus one INFO line.
+
+    aiohttp builds one per connection from ``access_log_class``; :meth:`bind` makes the class
+    for one upstream, holding the histogram's label children so a request costs one lookup.
+    """
+
+    __slots__ = ()
+
+    upstream: str = ""
+    histogram: Histogram | None = None
+    children: dict[str, Any] = {}
+
+    @classmethod
+    def bind(cls, upstream: str, histogram: Histogram | None) -> type[ProxyAccessLogger]:
+        """A subclass for ``upstream`` observing ``histogram`` (labels: upstream, route_class)."""
+        attrs: dict[str, object] = {
+            "upstream": upstream,
+            "histogram": histogram,
+            "children": {},
+            "__slots__": (),
+        }
+        return type("ProxyAccessLogger", (cls,), attrs)
+
+    @property
+    def enabled(self) -> bool:
+        return True  # the histogram is observed even when the access log is quiet
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        klass: str = request.get(ROUTE_CLASS, "unauthenticated")
+        if self.histogram is not None:
+            child = self.children.get(klass)
+            if child is None:
+                child = self.children[klass] = self.histogram.labels(self.upstream, klass)
+            child.observe(time)
+        if not self.logger.isEnabledFor(logging.INFO):
+            return
+        refusal = refusal_of(request)
+        self.logger.info(
+            '%s "%s %s HTTP/%d.%d" %d %d %.3fs class=%s reason=%s',
+            request.remote,
+            request.method,
+            request.path_qs,
+            request.version.major,
+            request.version.minor,
+            response.status,
+            response.body_length,
+            time,
+            klass,
+            refusal.reason.value if refusal is not None else "-",
+            extra={
+                "upstream": self.upstream,
+                "status": response.status,
+                "duration_s": round(time, 6),
+                "route_class": klass,
+                "reason": refusal.reason.value if refusal is not None else None,
+            },
+        )
