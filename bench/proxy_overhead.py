@@ -1,211 +1,214 @@
-"""Added latency of vacancyd's proxy, measured on loopback (issue: foundation, "Measure").
+"""Latency vacancyd's proxy adds, side by side with the anchors, interleaved in one run.
 
-Runs a minimal upstream that answers at once (and streams SSE), a real ``vacancyd run``
-process in front of it, and optionally a real llama-server (``--llama``), then sends the same
-requests directly and through the proxy, sequentially over keep-alive connections.
+Targets, each its own process on loopback, all ending at the same canned upstream:
 
-Reports p50/p99 of the request latency direct and proxied, the added time and the ratio, and
-the delay to the first streamed chunk. Usage::
+* ``direct``: the upstream itself (the baseline every "added" figure subtracts);
+* ``naive``: bench/naive_forwarder.py, the 30-line aiohttp forwarder, on asyncio's loop and
+  (when uvloop is installed) on uvloop;
+* ``nginx``: nginx as a reverse proxy with upstream keep-alive, when installed (skipped with
+  a note otherwise; ``apt-get install nginx-light``);
+* ``vacancyd``: a real ``vacancyd run`` with one ``openai`` upstream gated on system memory,
+  on each available event loop (``VACANCYD_EVENT_LOOP``).
 
-    .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--llama]
+Requests go over one kept-alive connection per target, in blocks of ``--block`` back-to-back
+requests, the targets taking turns (rotating who goes first) so machine noise spreads over
+all of them. Back-to-back blocks matter: a borrower hammering the lender sends its next
+request right after the previous one released the reservation.
+
+Prints p50/p99 of the added latency per target, the ratio vacancyd-added / naive-added on the
+same event loop, the first-streamed-chunk delay, and (``--llama``, or automatically when the
+tools cache has it) the same against a real llama-server. Usage::
+
+    .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--block 20] [--llama]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib.util
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.support.daemon import single_upstream_toml
+from harness import (
+    CHAT_BODY,
+    CHAT_PATH,
+    NGINX_PROXY,
+    STREAM_BODY,
+    Client,
+    Processes,
+    iter_rotated,
+    pct,
+    proc_cpu_s,
+    start_llama_server,
+    start_naive,
+    start_nginx,
+    start_upstream,
+    start_vacancyd,
+    wait_admitted,
+)
 
-UPSTREAM = r"""
-import asyncio, sys
-from aiohttp import web
-async def chat(request):
-    body = await request.read()
-    if b'"stream": true' in body:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(b'data: {"first": true}\n\n')
-        await asyncio.sleep(0.05)
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-    return web.json_response({"choices": [{"message": {"content": "ok"}}]})
-async def slots(request):
-    return web.json_response([{"id": 0, "is_processing": False}])
-app = web.Application()
-app.router.add_post("/v1/chat/completions", chat)
-app.router.add_get("/slots", slots)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
-"""
+HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
+LOOPS = ["asyncio", "uvloop"] if HAVE_UVLOOP else ["asyncio"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@dataclass
+class Target:
+    port: int
+    pid: int  #: the process whose CPU time a request through this target costs
+    samples: list[float] = field(default_factory=list)  #: milliseconds
+    cpu_s: float = 0.0  #: CPU seconds of ``pid`` over the measured requests
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def start_targets(
+    procs: Processes, tmp: Path, upstream: int, upstream_pid: int, adapter: str
+) -> dict[str, Target]:
+    targets = {"direct": Target(upstream, upstream_pid)}
+    for loop in LOOPS:
+        port = start_naive(procs, upstream, uvloop=loop == "uvloop")
+        targets[f"naive/{loop}"] = Target(port, procs.procs[-1].pid)
+    nginx = start_nginx(procs, tmp, location=NGINX_PROXY, target_port=upstream)
+    if nginx is None:
+        print("note: nginx is not installed; skipping it (apt-get install nginx-light)")
+    else:
+        targets["nginx"] = Target(nginx, procs.procs[-1].pid)
+    for loop in LOOPS:
+        port, _, proc = start_vacancyd(procs, upstream, tmp, adapter=adapter, loop=loop)
+        targets[f"vacancyd/{loop}"] = Target(port, proc.pid)
+    return targets
 
 
-async def latency(url: str, n: int, body: dict[str, object]) -> list[float]:
-    out = []
-    async with aiohttp.ClientSession() as http:
-        for i in range(n + 50):
-            t0 = time.perf_counter()
-            async with http.post(url, json=body) as r:
-                await r.read()
-                assert r.status == 200, (r.status, await r.text())
-            if i >= 50:  # warm-up
-                out.append((time.perf_counter() - t0) * 1000)
-    return out
+def interleaved(
+    targets: dict[str, Target], n: int, block: int, measure: Callable[[Client], float]
+) -> dict[str, Target]:
+    """``n`` samples (milliseconds) per target after a warm-up, taken in rotating blocks,
+    and the CPU time each target's own process spent on them."""
+    clients = {name: Client(t.port) for name, t in targets.items()}
+    names = list(targets)
+    for t in targets.values():
+        t.samples, t.cpu_s = [], 0.0
+    warm = max(block, 20)
+    rounds = warm // block + -(-n // block)
+    for r in range(rounds):
+        for name in iter_rotated(names, r):
+            client, target = clients[name], targets[name]
+            cpu0 = proc_cpu_s(target.pid)
+            for _ in range(block):
+                ms = measure(client) * 1000
+                if r * block >= warm:
+                    target.samples.append(ms)
+            if r * block >= warm:
+                target.cpu_s += proc_cpu_s(target.pid) - cpu0
+    for c in clients.values():
+        c.close()
+    return targets
 
 
-async def first_chunk(url: str, n: int) -> list[float]:
-    out = []
-    async with aiohttp.ClientSession() as http:
-        for i in range(n + 10):
-            t0 = time.perf_counter()
-            async with http.post(url, json={"model": "m", "stream": True}) as r:
-                await r.content.readline()
-                dt = (time.perf_counter() - t0) * 1000
-                await r.read()
-            if i >= 10:
-                out.append(dt)
-    return out
+def chat(body: bytes) -> Callable[[Client], float]:
+    def measure(client: Client) -> float:
+        status, dt, data = client.post(CHAT_PATH, body)
+        if status != 200:
+            raise RuntimeError(f"port {client.port} answered {status}: {data[:300]!r}")
+        return dt
+
+    return measure
 
 
-async def until_admitted(url: str, timeout_s: float = 60) -> None:
-    """Wait until the proxy (just started) admits a request."""
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as http:
-        while time.monotonic() < deadline:
-            try:
-                body = {
-                    "model": "m",
-                    "max_tokens": 1,
-                    "messages": [{"role": "user", "content": "x"}],
-                }
-                async with http.post(url, json=body) as r:
-                    await r.read()
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"{url} never admitted a request")
+def first_chunk(client: Client) -> float:
+    status, dt = client.first_chunk(CHAT_PATH, STREAM_BODY)
+    if status != 200:
+        raise RuntimeError(f"port {client.port} answered {status} to a streamed request")
+    return dt
 
 
-def report(name: str, direct: list[float], proxied: list[float]) -> dict[str, float]:
+def summarize(title: str, targets: dict[str, Target]) -> dict[str, dict[str, float]]:
+    direct = targets["direct"].samples
     d50, d99 = statistics.median(direct), pct(direct, 0.99)
-    p50, p99 = statistics.median(proxied), pct(proxied, 0.99)
-    row = {
-        "direct_p50_ms": d50,
-        "direct_p99_ms": d99,
-        "proxied_p50_ms": p50,
-        "proxied_p99_ms": p99,
-        "added_p50_ms": p50 - d50,
-        "added_p99_ms": p99 - d99,
-        "ratio_p50": p50 / d50,
-        "ratio_p99": p99 / d99,
-    }
-    print(f"{name:28s} " + "  ".join(f"{k}={v:.3f}" for k, v in row.items()))
-    return row
+    rows: dict[str, dict[str, float]] = {}
+    print(f"\n{title}  (ms; added = target - direct; {len(direct)} samples per target;")
+    print("  CPU = the target's own process per request, the upstream's not included)")
+    head = f"  {'target':18s} {'p50':>8s} {'p99':>8s} {'added p50':>10s} {'added p99':>10s}"
+    print(head + f" {'CPU us/req':>11s}")
+    for name, target in targets.items():
+        values = target.samples
+        p50, p99 = statistics.median(values), pct(values, 0.99)
+        cpu_us = target.cpu_s / len(values) * 1e6
+        rows[name] = {"p50_ms": p50, "p99_ms": p99, "added_p50_ms": p50 - d50}
+        rows[name]["added_p99_ms"] = p99 - d99
+        rows[name]["cpu_us_per_request"] = cpu_us
+        added = " " * 21 if name == "direct" else f"{p50 - d50:10.3f} {p99 - d99:10.3f}"
+        print(f"  {name:18s} {p50:8.3f} {p99:8.3f} {added} {cpu_us:11.0f}")
+    for loop in LOOPS:
+        v, nv = rows.get(f"vacancyd/{loop}"), rows.get(f"naive/{loop}")
+        if v is None or nv is None:
+            continue
+        ratio = v["added_p50_ms"] / nv["added_p50_ms"] if nv["added_p50_ms"] > 0 else float("nan")
+        rows[f"vacancyd/{loop}"]["ratio_to_naive_p50"] = ratio
+        print(f"  ratio vacancyd-added / naive-added (p50, both on {loop}): {ratio:.2f}")
+    return rows
 
 
-def start_vacancyd(
-    target_port: int, adapter: str, tmp: Path
-) -> tuple[subprocess.Popen[bytes], int]:
-    api, listen = free_port(), free_port()
-    cfg = tmp / f"{adapter}-{target_port}.toml"
-    cfg.write_text(
-        single_upstream_toml(
-            api=api, proxy=listen, target=f"http://127.0.0.1:{target_port}", adapter=adapter
-        )
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vacancyd", "run", "--config", str(cfg), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-    )
-    return proc, listen
+def llama_available() -> bool:
+    from tests.support.llamacpp import llama_server_binary, llama_vocab_gguf
+
+    return llama_server_binary() is not None and llama_vocab_gguf() is not None
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--llama", action="store_true", help="also against a real llama-server")
+def run_llama(procs: Processes, tmp: Path, n: int, block: int) -> dict[str, dict[str, float]]:
+    port = start_llama_server(procs, tmp)
+    targets = start_targets(procs, tmp, port, procs.procs[-1].pid, "llamacpp")
+    body = json.dumps(
+        {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    ).encode()
+    for target in targets.values():
+        wait_admitted(target.port, body)
+    return summarize("llama-server chat completion", interleaved(targets, n, block, chat(body)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=2000, help="samples per target")
+    parser.add_argument("--block", type=int, default=20, help="back-to-back requests per turn")
+    parser.add_argument("--llama", action="store_true", help="require the llama-server run")
+    parser.add_argument("--no-llama", action="store_true", help="skip the llama-server run")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
-    procs: list[subprocess.Popen[bytes]] = []
-    results: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as tmpdir:
+    results: dict[str, object] = {"cpus": os.cpu_count(), "requests": args.requests}
+    with tempfile.TemporaryDirectory() as tmpdir, Processes() as procs:
         tmp = Path(tmpdir)
-        try:
-            port = free_port()
-            procs.append(subprocess.Popen([sys.executable, "-c", UPSTREAM, str(port)]))
-            vd, listen = start_vacancyd(port, "openai", tmp)
-            procs.append(vd)
-            direct = f"http://127.0.0.1:{port}/v1/chat/completions"
-            proxied = f"http://127.0.0.1:{listen}/v1/chat/completions"
-            await until_admitted(proxied)
-            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-            results["minimal upstream"] = report(
-                "minimal upstream",
-                await latency(direct, args.requests, body),
-                await latency(proxied, args.requests, body),
-            )
-            n = max(50, args.requests // 10)
-            results["first SSE chunk"] = report(
-                "first SSE chunk", await first_chunk(direct, n), await first_chunk(proxied, n)
-            )
-            if args.llama:
-                from tests.support.llamacpp import llama_server_binary, running_llama_server
-
-                if llama_server_binary() is None:
-                    raise SystemExit("llama-server is not built: run tools/build-llama-server.sh")
-                async with running_llama_server(tmp) as server:
-                    vd2, listen2 = start_vacancyd(server.port, "llamacpp", tmp)
-                    procs.append(vd2)
-                    await until_admitted(f"http://127.0.0.1:{listen2}/v1/chat/completions")
-                    body = {
-                        "model": "tiny",
-                        "max_tokens": 4,
-                        "messages": [{"role": "user", "content": "hi"}],
-                    }
-                    m = max(50, args.requests // 20)
-                    results["llama-server"] = report(
-                        "llama-server",
-                        await latency(f"{server.base_url}/v1/chat/completions", m, body),
-                        await latency(f"http://127.0.0.1:{listen2}/v1/chat/completions", m, body),
-                    )
-        finally:
-            for p in procs:
-                p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-    print(
-        json.dumps(
-            {"cpus": os.cpu_count(), "requests": args.requests, "results": results}, indent=2
+        upstream = start_upstream(procs)
+        targets = start_targets(procs, tmp, upstream, procs.procs[-1].pid, "openai")
+        for target in targets.values():
+            wait_admitted(target.port)
+        results["json"] = summarize(
+            "canned JSON completion",
+            interleaved(targets, args.requests, args.block, chat(CHAT_BODY)),
         )
-    )
+        n_stream = max(50, args.requests // 10)
+        results["first_chunk"] = summarize(
+            "first streamed (SSE) chunk", interleaved(targets, n_stream, 5, first_chunk)
+        )
+    if args.no_llama:
+        pass
+    elif llama_available():
+        with tempfile.TemporaryDirectory() as tmpdir, Processes() as procs:
+            results["llama"] = run_llama(
+                procs, Path(tmpdir), max(50, args.requests // 10), args.block
+            )
+    elif args.llama:
+        raise SystemExit("llama-server is not built (tools/build-llama-server.sh)")
+    else:
+        print("\nnote: llama-server is not in the tools cache; skipping that run")
+    if args.json:
+        print(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import http.client
 import json
+import logging
 import os
 import sys
 import urllib.error
@@ -46,9 +47,16 @@ def _say(args: argparse.Namespace, level: str, message: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from vacancyd.runtime import eventloop
     from vacancyd.runtime.daemon import run_daemon
 
     if not _configure_logging(args):
+        return 2
+    choice = args.event_loop or os.environ.get(eventloop.ENV) or "auto"
+    try:
+        loop_name, _ = eventloop.loop_factory(choice)
+    except eventloop.EventLoopError as exc:
+        print(f"vacancyd: {exc}", file=sys.stderr)
         return 2
     try:
         settings = _load(args.config)
@@ -57,7 +65,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if args.config is None:
         _say(args, "WARNING", "no --config given; using the embedded default configuration")
-    return asyncio.run(run_daemon(settings, config_path=args.config))
+    logging.getLogger(__name__).info("event loop: %s", loop_name)
+    return eventloop.run(run_daemon(settings, config_path=args.config), choice)
 
 
 def cmd_companion(args: argparse.Namespace) -> int:
@@ -673,6 +682,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", type=Path, help="TOML config (default: the embedded default)")
     run.add_argument("--log-level", default="info", help="debug, info, warning, error")
     run.add_argument("--log-format", default="plain", choices=["plain", "json"])
+    run.add_argument(
+        "--event-loop",
+        choices=["auto", "asyncio", "uvloop"],
+        help="asyncio event loop (default: $VACANCYD_EVENT_LOOP, else auto: uvloop when installed)",
+    )
     run.set_defaults(func=cmd_run)
 
     companion = sub.add_parser(

@@ -3,16 +3,21 @@
 Collectors write timestamped observations; the admin API flips switches; the proxy and the
 gate read a frozen :class:`~vacancyd.core.snapshot.Snapshot`; borrowed work
 (:mod:`vacancyd.control.work`) is the only writer of the ledger. All times are monotonic
-seconds from the event loop's clock. The rules (veto hysteresis, pressure learning and its
-pause, unseen GPU work, readiness) are pure code in :mod:`vacancyd.core`; this module only
-stores their inputs and tells subscribers about each transition with a typed event from
-:mod:`vacancyd.core.events`.
+seconds from :func:`time.monotonic` (``SharedState.clock``), which is what the standard
+event loop's clock reads too. Not uvloop's loop clock: it is cached per loop iteration at
+millisecond resolution, so a release and the capacity sample it asks for would often carry
+the same stamp and the ledger's "sample after the last release" rule could not be met. The
+rules (veto hysteresis, pressure learning and its pause, unseen GPU work, readiness) are pure
+code in :mod:`vacancyd.core`; this module only stores their inputs and tells subscribers
+about each transition with a typed event from :mod:`vacancyd.core.events`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -40,7 +45,7 @@ from vacancyd.core.holds import Hold
 from vacancyd.core.ledger import Job, Ledger
 from vacancyd.core.lifecycle import Hold as JobHold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
-from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
+from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import (
     Attribution,
     PressureEdge,
@@ -158,7 +163,7 @@ class SharedState:
     ) -> None:
         self.resources = dict(resources)
         self.upstreams = dict(upstreams)
-        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self.clock = clock or time.monotonic
         self.lending_enabled = True
         #: Set once by the daemon's shutdown: refuse new work, report not ready.
         self.stopping = False
@@ -175,6 +180,10 @@ class SharedState:
         #: per upstream: what kind of socket serves its target (vacancyd.core.exposure)
         self.target_exposure: dict[str, Exposure] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
+        self._presence_view: PresenceView | None = None
+        self._presence_view_of: Observation[PresenceReading] | None = None
+        #: When each key's sample was last asked for (monotonic s).
+        self._requested_at: dict[str, float] = {}
         self._observed: dict[str, asyncio.Event] = {}
         self._subscribers: list[Listener] = []
         #: Pool name -> its member upstreams, first member first (``[[pool]]``).
@@ -468,6 +477,9 @@ class SharedState:
         """
         if job.model is None or (job.credit is not None and job.credit.applied):
             return
+        policy = self.resources.get(job.resources[0])
+        if policy is None or policy.kind is not ResourceKind.GPU:
+            return  # system memory moves with every process on the host: a drop proves nothing
         if any(job.resources[0] in j.resources for j in self.ledger.jobs()):
             return
         drop = footprint.observed_drop(job.free_before_mib, after.free_mib)
@@ -614,8 +626,10 @@ class SharedState:
         return self._sample_wanted.setdefault(key, asyncio.Event())
 
     def request_sample(self, key: str) -> None:
+        """Wake ``key``'s collector for a sample now (a probe that starts after this call)."""
         event = self._sample_wanted.get(key)
         if event is not None:
+            self._requested_at[key] = self.clock()
             event.set()
 
     def _observed_at(self, key: str) -> float | None:
@@ -625,24 +639,38 @@ class SharedState:
         capacity = self.capacity.get(key)
         return None if capacity is None else capacity.observed_at
 
-    async def fresh_sample(self, key: str, timeout_s: float) -> bool:
-        """Ask for a sample of ``key`` (a resource, or ``server:NAME``) started after this
-        call, and wait for it. A probe already running when asked does not count.
+    async def fresh_sample(self, key: str, timeout_s: float, *, after: float | None = None) -> bool:
+        """Wait for a sample of ``key`` (a resource, or ``server:NAME``) newer than needed.
+
+        Without ``after``: one started after this call (a probe already running does not
+        count), asked for now. With ``after`` (monotonic s): one started later than that;
+        when a sample was already asked for at or after ``after`` (a release asks for one,
+        so the next request's post-completion check finds it under way or done), that one
+        is waited for instead of asking again.
 
         Returns False when none arrived within ``timeout_s`` seconds or nobody samples it.
         """
         if key not in self._sample_wanted:
             return False
-        asked_at = self.clock()
+        since = self.clock() if after is None else after
+
+        def arrived() -> bool:
+            last = self._observed_at(key)
+            if last is None:
+                return False
+            return last >= since if after is None else last > since
+
+        if after is not None and arrived():
+            return True
         observed = self._observed.setdefault(key, asyncio.Event())
         try:
             async with asyncio.timeout(timeout_s):
                 while True:
                     observed.clear()
-                    self.request_sample(key)
+                    if after is None or self._requested_at.get(key, -math.inf) < since:
+                        self.request_sample(key)
                     await observed.wait()
-                    last = self._observed_at(key)
-                    if last is not None and last >= asked_at:
+                    if arrived():
                         return True
         except TimeoutError:
             return False
@@ -656,7 +684,23 @@ class SharedState:
     # -- readers -------------------------------------------------------------------------
 
     def presence_view(self, now: float) -> PresenceView:
+        """The gate's view of owner presence. It changes only with the reading (each one a
+        new immutable Observation) and the veto, so the view of the last ones is kept."""
         obs = self.presence.reading
+        kept = self._presence_view
+        if (
+            kept is not None
+            and self._presence_view_of is obs
+            and kept.veto_active is self.veto.engaged
+            and kept.refuses is self.presence.refuses
+            and kept.source == self.presence.source
+        ):
+            return kept
+        view = self._build_presence_view(obs)
+        self._presence_view, self._presence_view_of = view, obs
+        return view
+
+    def _build_presence_view(self, obs: Observation[PresenceReading]) -> PresenceView:
         reading = obs.value
         sampled = reading is not None
         failed = obs.failed_at is not None and (

@@ -2,13 +2,18 @@
 the real ``openai`` client as the borrower: four streams admitted and completing at once,
 the fifth refused ``resource_busy`` or waiting, per the config.
 
-The tiny model streams about 1000 tokens per request (``ignore_eos`` and context shift), so
-the four streams are still running when the fifth request arrives."""
+The four streams start together (about 800 tokens each, ``ignore_eos`` and context shift);
+once llama-server shows all four slots processing, the server process is paused (SIGSTOP)
+for the moment the fifth request needs, so a fast machine cannot finish a stream first, and
+resumed (SIGCONT) before anything waits on it."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +27,7 @@ from tests.support.llamacpp import LlamaServer, require_llama_server, running_ll
 pytestmark = pytest.mark.llama
 
 MESSAGES: Any = [{"role": "user", "content": "tell me everything"}]
-LONG = {"max_tokens": 1000, "extra_body": {"ignore_eos": True}}
+LONG = {"max_tokens": 800, "extra_body": {"ignore_eos": True}}
 
 
 @pytest.fixture
@@ -67,15 +72,26 @@ def client(d: RunningDaemon) -> openai.AsyncOpenAI:
 
 
 async def start_streams(c: openai.AsyncOpenAI, n: int) -> list[Any]:
-    """Open ``n`` streams and read the first chunk of each (all admitted and running)."""
-    streams = [
-        await c.chat.completions.create(model="tiny", messages=MESSAGES, stream=True, **LONG)  # type: ignore[call-overload]
-        for _ in range(n)
-    ]
+    """Open ``n`` streams at once and read the first chunk of each (all admitted, running)."""
+    streams = await asyncio.gather(
+        *(
+            c.chat.completions.create(model="tiny", messages=MESSAGES, stream=True, **LONG)  # type: ignore[call-overload]
+            for _ in range(n)
+        )
+    )
     iterators = [s.__aiter__() for s in streams]
-    for it in iterators:
-        await it.__anext__()
+    await asyncio.gather(*(it.__anext__() for it in iterators))
     return iterators
+
+
+@contextlib.contextmanager
+def paused(llama: LlamaServer) -> Iterator[None]:
+    """Stop the server process for the duration (its streams cannot end meanwhile)."""
+    os.kill(llama.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(llama.process.pid, signal.SIGCONT)
 
 
 async def finish(it: Any) -> int:
@@ -96,10 +112,11 @@ async def test_four_streams_at_once_and_the_fifth_is_refused(llama: LlamaServer)
         await d.wait_until(lambda: "llama" in d.state.servers, 10)
         async with client(d) as c:
             streams = await start_streams(c, 4)
-            assert len(d.state.ledger.jobs()) == 4
             assert await processing_slots(llama) == 4  # the server really runs all four
-            with pytest.raises(openai.APIStatusError) as info:
-                await c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+            with paused(llama):
+                assert len(d.state.ledger.jobs()) == 4
+                with pytest.raises(openai.APIStatusError) as info:
+                    await c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
             error = info.value.response.json()["error"]
             assert info.value.status_code == 503 and error["code"] == "resource_busy"
             assert "at most 4 may run on it at once" in error["message"]
@@ -116,11 +133,13 @@ async def test_the_fifth_waits_for_a_slot_and_completes(llama: LlamaServer) -> N
         await d.wait_until(lambda: "llama" in d.state.servers, 10)
         async with client(d) as c:
             streams = await start_streams(c, 4)
-            fifth = asyncio.create_task(
-                c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4)
-            )
-            await d.wait_until(lambda: d.daemon.waiting.waiting("llama") == 1, 10)
-            assert not fifth.done() and len(d.state.ledger.jobs()) == 4
+            with paused(llama):
+                assert len(d.state.ledger.jobs()) == 4
+                fifth = asyncio.create_task(
+                    c.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=4)
+                )
+                await d.wait_until(lambda: d.daemon.waiting.waiting("llama") == 1, 10)
+            assert not fifth.done()
             chunks = await asyncio.gather(*(finish(s) for s in streams))
             assert all(n > 100 for n in chunks), chunks
             reply = await fifth

@@ -4,8 +4,10 @@ A synchronous probe (psutil, pynvml) runs in the collector's own single-thread e
 ``asyncio.timeout``. If it overruns, the sample is recorded as failed (unknown quality) and
 the stuck call is left to finish in its thread: the loop skips samples until it does, so one
 slow probe can never stall another collector or the presence loop (docs/architecture.md).
-Samples are stamped with the loop time at which the probe *started*, so a sample is never
-credited as newer than it is (the ledger's post-completion rule relies on it).
+Samples are stamped with the :func:`time.monotonic` time at which the probe *started*, so a
+sample is never credited as newer than it is: the ledger's post-completion rule (a sample
+taken after the last release) relies on it, and uvloop's own loop clock is too coarse for
+that (see :mod:`vacancyd.state`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -50,7 +53,7 @@ async def run_probe_loop(
     stuck: asyncio.Future[T] | None = None
     try:
         while True:
-            started = loop.time()
+            started = time.monotonic()
             if stuck is not None and not stuck.done():
                 on_error(f"previous probe still running past its {timeout_s:g} s deadline", started)
             else:
@@ -85,9 +88,8 @@ async def run_async_probe_loop(
     wake: asyncio.Event | None = None,
 ) -> None:
     """Like :func:`run_probe_loop` for an async probe (an HTTP call to an upstream)."""
-    loop = asyncio.get_running_loop()
     while True:
-        started = loop.time()
+        started = time.monotonic()
         try:
             async with asyncio.timeout(timeout_s):
                 value = await probe()

@@ -349,11 +349,10 @@ async def run_logind_loop(
     Each sample has ``timeout_s`` seconds; past it the connection is dropped (a late reply is
     discarded with it) and the attempt is a failure. Never returns; cancel to stop.
     """
-    loop = asyncio.get_running_loop()
     try:
         while True:
             wake.clear()  # a signal that arrives during the sample wakes the next one
-            started = loop.time()
+            started = time.monotonic()  # the state's clock (vacancyd.state)
             try:
                 async with asyncio.timeout(timeout_s):
                     reading = await presence.sample()

@@ -50,7 +50,7 @@ class _Room(Generic[J]):
 class WaitRooms(Generic[J]):
     """Every waiting upstream's queue and the futures of the requests in it.
 
-    ``clock``: monotonic seconds (the loop's clock). ``request_sample(key)``: ask a collector
+    ``clock``: monotonic seconds (``SharedState.clock``). ``request_sample(key)``: ask a collector
     for a sample now (a refusal's ``refresh`` hint names the key). ``observe(upstream,
     outcome, waited_s)``: called once per finished wait, for metrics. ``counts``: a mapping
     kept equal to the number of waiting requests per upstream (the ledger reads it for the

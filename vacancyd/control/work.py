@@ -22,7 +22,7 @@ this module is its only executor and the only writer of the admission ledger. It
   (:mod:`vacancyd.control.sharing`).
 
 The proxy keeps only its own HTTP objects; a reclaim reads jobs and asks for cuts here.
-Times are the event loop's monotonic clock in seconds.
+Times are monotonic seconds from ``SharedState.clock``.
 """
 
 from __future__ import annotations
@@ -160,8 +160,10 @@ class Work:
         upstream says so, a wait for a slot and the exclusive job's unload.
 
         A refusal that says a fresher sample could change it (``extra["refresh"]``) waits up
-        to :data:`REFRESH_WAIT_S` seconds for a sample taken after the request arrived and
-        decides once more; the second decision stands. With ``busy = "wait"``, a
+        to :data:`REFRESH_WAIT_S` seconds for one and decides once more; the second decision
+        stands. The sample waited for is the one the refusal needs: after the last release
+        for the post-completion rule (asked for by that release, so usually under way or
+        done already), otherwise one taken after the request arrived. With ``busy = "wait"``, a
         ``resource_busy`` refusal (and any request arriving while others wait) joins the
         upstream's FIFO instead; only ``resource_busy`` ever waits. Raises CancelledError
         when the client goes away (nothing stays reserved for it).
@@ -232,8 +234,12 @@ class Work:
         return Refuse.of(Reason.RESOURCE_BUSY, "other requests wait for this upstream")
 
     async def _admit_once(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
+        """Decide, taking a fresh sample of each input a refusal names at most once — or
+        again when another job was released on the upstream's resources since that sample
+        (concurrent jobs release often), within :data:`REFRESH_WAIT_S` × 2 in all."""
         policy = self.state.upstreams[upstream]
-        refreshed: set[str] = set()
+        refreshed: dict[str, float | None] = {}
+        started = self.state.clock()
         while True:
             snap = self.state.snapshot()
             decision = self._decide(facts, snap, policy)
@@ -243,10 +249,21 @@ class Work:
             if refresh is None:
                 return decision
             key = f"server:{upstream}" if refresh == "server" else decision.resource
-            if key is None or key in refreshed:
+            released = max(
+                (v.released_at or 0.0 for n in policy.resources if (v := snap.resources.get(n))),
+                default=None,
+            )
+            if key is None or (
+                key in refreshed
+                and (
+                    refreshed[key] == released or self.state.clock() - started > 2 * REFRESH_WAIT_S
+                )
+            ):
                 return decision
-            refreshed.add(key)
-            if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
+            refreshed[key] = released
+            view = snap.resources.get(key) if refresh == "capacity" else None
+            after = view.released_at if view is not None else None
+            if not await self.state.fresh_sample(key, REFRESH_WAIT_S, after=after):
                 return decision
 
     def _attempt(

@@ -155,3 +155,28 @@ def classify(method: str, raw_path: str, query: str, table: RouteTable) -> Class
             klass = RouteClass.MANAGEMENT
         return Classification(klass, path, candidate)
     return Classification(RouteClass.UNRECOGNIZED, path, why="route is not listed")
+
+
+class Classifier:
+    """:func:`classify` against one route table, remembering recent answers.
+
+    Borrowers repeat the same few paths; classifying one costs more than the rest of a
+    refusal. The answer depends on the method, the raw path and only whether a query is
+    present (``no_query`` routes), so that is the key. At most ``max_entries`` answers are
+    kept; past that the oldest is forgotten, so varied paths cannot grow it.
+    """
+
+    def __init__(self, table: RouteTable, max_entries: int = 1024) -> None:
+        self.table = table
+        self.max_entries = max_entries
+        self._seen: dict[tuple[str, str, bool], Classification] = {}
+
+    def __call__(self, method: str, raw_path: str, query: str) -> Classification:
+        key = (method, raw_path, bool(query))
+        found = self._seen.get(key)
+        if found is None:
+            found = classify(method, raw_path, query, self.table)
+            if len(self._seen) >= self.max_entries:
+                del self._seen[next(iter(self._seen))]
+            self._seen[key] = found
+        return found

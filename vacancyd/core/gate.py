@@ -43,6 +43,19 @@ from vacancyd.core.snapshot import RequestFacts, ResourceView, ServerState, Snap
 RESIDENCY_PROOF_MAX_AGE_S = 4.0
 
 
+def decide_switches(stopping: bool, lending_enabled: bool) -> Refuse | None:
+    """Step 1 alone, from the daemon's two switches (shutting down, global lending switch).
+
+    It needs no snapshot, so the proxy asks it first: a flood of requests against a lender
+    with lending off is refused without building one per request.
+    """
+    if stopping:
+        return Refuse.of(Reason.LENDING_DISABLED, "vacancyd on this host is shutting down")
+    if not lending_enabled:
+        return Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
+    return None
+
+
 def decide_before_body(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
     """Steps 1–5: everything that does not depend on the request body.
 
@@ -50,10 +63,9 @@ def decide_before_body(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | Non
     change costs the borrower no upload. Returns None when the request may proceed to step 6.
     """
     now = snap.now
-    if snap.stopping:
-        return Refuse.of(Reason.LENDING_DISABLED, "vacancyd on this host is shutting down")
-    if not snap.lending_enabled:
-        return Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
+    refusal = decide_switches(snap.stopping, snap.lending_enabled)
+    if refusal is not None:
+        return refusal
 
     refusal = decide_holds(snap.holds, upstream.resources)
     if refusal is not None:

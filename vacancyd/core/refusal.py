@@ -11,9 +11,12 @@ Refusals use ``type = "no_vacancy"`` and ``code`` = the gate's reason.
 
 from __future__ import annotations
 
+import functools
+import json
+from dataclasses import dataclass
 from typing import Any
 
-from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
+from vacancyd.core.reasons import Credit, ErrorCode, ErrorType, Reason, Refuse
 
 SOURCE = "vacancyd"
 
@@ -79,3 +82,70 @@ def render_refusal(
         f"No vacancy: {refusal.detail}", ErrorType.NO_VACANCY, refusal.reason, **extra
     )
     return status, headers, body
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedRefusal:
+    """A refusal ready for the wire: status, headers (``Content-Type`` included) and the
+    JSON body as UTF-8 bytes. Shared between requests: never mutate ``headers``."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+#: Distinct refusals rendered ahead of time; the details of most refusals repeat exactly
+#: (a switch, a reason, a resource), so a flood of them is served from here.
+RENDERED_CACHE_SIZE = 512
+
+
+def render_refusal_bytes(
+    refusal: Refuse, upstream: str, status: int = 503, retry_after_max_s: int | None = None
+) -> RenderedRefusal:
+    """:func:`render_refusal`, serialized, and remembered per distinct refusal value (every
+    field counts, ``extra`` included); a refusal whose ``extra`` holds an unhashable value
+    is rendered afresh."""
+    key = (
+        refusal.reason,
+        refusal.retry_after_s,
+        refusal.detail,
+        refusal.resource,
+        refusal.credit,
+        tuple(sorted(refusal.extra.items())),
+        upstream,
+        status,
+        retry_after_max_s,
+    )
+    try:
+        hash(key)
+    except TypeError:
+        return _serialize(refusal, upstream, status, retry_after_max_s)
+    return _rendered(key)
+
+
+_Key = tuple[
+    Reason,
+    int,
+    str,
+    str | None,
+    Credit | None,
+    tuple[tuple[str, object], ...],
+    str,
+    int,
+    int | None,
+]
+
+
+@functools.lru_cache(maxsize=RENDERED_CACHE_SIZE)
+def _rendered(key: _Key) -> RenderedRefusal:
+    reason, retry_after_s, detail, resource, credit, extra, upstream, status, cap = key
+    refusal = Refuse(reason, retry_after_s, detail, resource, credit, dict(extra))
+    return _serialize(refusal, upstream, status, cap)
+
+
+def _serialize(
+    refusal: Refuse, upstream: str, status: int, retry_after_max_s: int | None
+) -> RenderedRefusal:
+    code, headers, body = render_refusal(refusal, upstream, status, retry_after_max_s)
+    headers["Content-Type"] = "application/json; charset=utf-8"
+    return RenderedRefusal(code, headers, json.dumps(body).encode())

@@ -1,7 +1,7 @@
 """The frozen view of shared state that the gate decides on.
 
 ``vacancyd.state.SharedState.snapshot(now)`` builds one per request; tests build them
-directly. All times are monotonic seconds on the daemon's event-loop clock.
+directly. All times are monotonic seconds from the daemon's clock (``SharedState.clock``).
 """
 
 from __future__ import annotations

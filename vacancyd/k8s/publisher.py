@@ -8,15 +8,23 @@ server. The task writes
 * the Node conditions, on every change and at least every ``heartbeat_s`` seconds, as a
   strategic-merge patch of ``nodes/NODE/status`` carrying only our condition types;
 * one EndpointSlice per upstream and Service, by server-side apply, on every change and at
-  least every ``resync_s`` seconds (a re-apply puts back whatever an outside edit changed),
-  and deletes the slices of this lender that are no longer wanted.
+  least every ``resync_s`` seconds. Each pass reads this lender's slices from the server
+  and applies only those that differ from what is wanted (so an outside edit is put back,
+  and a flip costs one write), and deletes the slices of this lender no longer wanted.
+
+Node conditions and slices are written side by side in one pass; the wake-up signal is
+cleared before a pass, so an update that arrives while a pass waits on the API server is
+written right after it. A return to lendable is published only after
+``lendable_stable_s`` seconds of it (:class:`~vacancyd.core.conditions.LendableDamper`);
+not-lendable is published at once.
 
 Failed writes are retried with exponential backoff (1 s doubling, capped at
 ``backoff_max_s``, with jitter); each distinct failure is logged once with what to do about it,
 and recovery is logged. Nothing here raises out of :meth:`Publisher.run`.
 
-At start every condition is Unknown (``Starting``); :meth:`Publisher.shutdown` writes a last
-not-lendable state (``Stopped``) before the process exits.
+At start every condition is Unknown (``Starting``) and no slice is written until the first
+observation; :meth:`Publisher.shutdown` writes the lender terminating, then a last
+not-lendable state (``Stopped``), before the process exits.
 """
 
 from __future__ import annotations

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from aiohttp import web
-from aiohttp.web_urldispatcher import _default_expect_handler
+from aiohttp import hdrs, web
 from yarl import URL
 
 from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError, Waker
@@ -37,12 +36,12 @@ from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES, run_cooperatively
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.control.work import Work
 from vacancyd.core import gate
-from vacancyd.core.classify import Classification, RouteClass, classify
+from vacancyd.core.classify import Classification, Classifier, RouteClass
 from vacancyd.core.lifecycle import Ending, JobState
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
-from vacancyd.core.refusal import error_body, render_refusal
+from vacancyd.core.refusal import error_body, render_refusal_bytes
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.proxy import bodies, headers, observe, probe, tunnel
 from vacancyd.state import SharedState
@@ -54,6 +53,10 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 #: aiohttp warns about (and may stall the loop on) raw bytes bodies past 1 MiB.
 LARGE_BODY_BYTES = 1024 * 1024
+#: Upstream URLs remembered per listener (oldest forgotten first).
+URL_CACHE_SIZE = 256
+#: Statuses whose responses carry no body (RFC 9110 §6.4.1): always streamed as they are.
+NO_BODY_STATUSES = frozenset({204, 304})
 
 
 @dataclass(frozen=True)
@@ -87,16 +90,20 @@ def origin_form(raw_target: str) -> str:
 
 
 class _Exchange:
-    """The proxy's own view of one job's exchange: the response the borrower already has.
+    """The proxy's own view of one job's exchange: the response the borrower already has,
+    whether :class:`Work` has been told it ended, and whether a reclaim's cut is what
+    cancelled the handler.
 
     Written only by the forwarding code; the job's life is in :class:`Work`.
     """
 
-    __slots__ = ("job", "response")
+    __slots__ = ("cutting", "ended", "job", "response")
 
     def __init__(self, job: JobState) -> None:
         self.job = job
         self.response: web.StreamResponse | None = None
+        self.ended = False
+        self.cutting = False
 
 
 def json_error(
@@ -139,10 +146,12 @@ class Proxy:
         settings = upstream.settings
         self.allowed_origins = frozenset(o.rstrip("/").lower() for o in settings.allowed_origins)
         self.pass_response = frozenset(h.lower() for h in settings.pass_response_headers)
+        self.classify = Classifier(upstream.adapter.table)
+        self._urls: dict[tuple[str, str], URL] = {}
 
     # -- entry point ---------------------------------------------------------------------
 
-    def probe(self, request: web.Request) -> web.Response:
+    def probe(self, request: web.BaseRequest) -> web.Response:
         """The lendability probe for this upstream (:mod:`vacancyd.proxy.probe`)."""
         if not self.upstream.settings.public_probe:
             denied = self.auth.check(request, probe.SCOPE)
@@ -161,8 +170,10 @@ class Proxy:
         ]
         return next((a for a in answers if a.status == 200), answers[0])
 
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        if origin_form(request.raw_path).partition("?")[0] == probe.PATH:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The listener's only route: every request, whatever its path."""
+        path, _, query = origin_form(request.raw_path).partition("?")
+        if path == probe.PATH:
             return self.probe(request)  # not a proxied request: no upstream, no counters
         klass = "unauthenticated"
         response: web.StreamResponse | None = None
@@ -171,18 +182,17 @@ class Proxy:
             if denied is not None:
                 response = denied
                 return denied
-            path, _, query = origin_form(request.raw_path).partition("?")
-            c = classify(request.method, path, query, self.upstream.adapter.table)
+            c = self.classify(request.method, path, query)
             klass = c.klass.value
             request[observe.ROUTE_CLASS] = klass
             response = await self._dispatch(request, c, query)
             return response
         finally:
             code = str(response.status) if response is not None else "disconnected"
-            self.metrics.proxied.labels(self.upstream.name, klass, code).inc()
+            self.metrics.request(self.upstream.name, klass, code)
 
     async def _dispatch(
-        self, request: web.Request, c: Classification, query: str
+        self, request: web.BaseRequest, c: Classification, query: str
     ) -> web.StreamResponse:
         allow_management = self.upstream.settings.management == "allow"
         if c.klass is RouteClass.WORK:
@@ -222,7 +232,7 @@ class Proxy:
         )
 
     async def _pass(
-        self, request: web.Request, c: Classification, query: str
+        self, request: web.BaseRequest, c: Classification, query: str
     ) -> web.StreamResponse:
         """Forward a non-work request; a WebSocket upgrade on it is tunneled."""
         if tunnel.is_upgrade(request):
@@ -257,18 +267,19 @@ class Proxy:
         finally:
             reservation.release()
 
-    async def expect(self, request: web.Request) -> web.StreamResponse | None:
+    async def expect(self, request: web.BaseRequest) -> web.StreamResponse | None:
         """``Expect: 100-continue`` (RFC 9110 §10.1.1): a work request that would be refused
         whatever its body says is answered now, before the borrower uploads the body.
 
-        Anything else gets aiohttp's usual treatment (100 Continue, or 417 for an unknown
-        expectation); a returned response replaces the handler.
+        Anything else gets aiohttp's usual treatment: ignored before HTTP/1.1, 417 for an
+        unknown expectation (raises ``HTTPExpectationFailed``). A returned response replaces
+        the handler.
         """
-        if (
-            request.version != aiohttp.HttpVersion11
-            or request.headers.get("Expect", "").lower() != "100-continue"
-        ):
-            return await _default_expect_handler(request)  # type: ignore[func-returns-value]
+        if request.version != aiohttp.HttpVersion11:
+            return None
+        expect = request.headers.get(hdrs.EXPECT, "")
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
         answer = self._answer_before_body(request)
         if answer is not None:
             return answer
@@ -276,11 +287,11 @@ class Proxy:
         request.writer.output_size = 0
         return None
 
-    def _answer_before_body(self, request: web.Request) -> web.Response | None:
+    def _answer_before_body(self, request: web.BaseRequest) -> web.Response | None:
         if self.auth.check(request, "borrow", record=False) is not None:
             return self.auth.check(request, "borrow")
         path, _, query = origin_form(request.raw_path).partition("?")
-        c = classify(request.method, path, query, self.upstream.adapter.table)
+        c = self.classify(request.method, path, query)
         if c.klass is not RouteClass.WORK:
             return None
         answer: web.Response | None = None
@@ -293,14 +304,14 @@ class Proxy:
             if refusal is not None:
                 answer = self._refusal_response(request, refusal)
         if answer is not None:
-            self.metrics.proxied.labels(self.upstream.name, c.klass.value, str(answer.status)).inc()
+            self.metrics.request(self.upstream.name, c.klass.value, str(answer.status))
         return answer
 
     # -- work ----------------------------------------------------------------------------
 
-    def _refusal_response(self, request: web.Request, refusal: Refuse) -> web.Response:
+    def _refusal_response(self, request: web.BaseRequest, refusal: Refuse) -> web.Response:
         settings = self.upstream.settings
-        status, hdrs, body = render_refusal(
+        rendered = render_refusal_bytes(
             refusal, self.upstream.name, settings.refusal_status, settings.retry_after_max_s
         )
         request[observe.REFUSAL] = refusal
@@ -315,13 +326,13 @@ class Proxy:
             refusal.reason,
             refusal.detail,
         )
-        return web.json_response(body, status=status, headers=hdrs)
+        return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
 
-    async def _refuse(self, request: web.Request, refusal: Refuse) -> web.StreamResponse:
+    async def _refuse(self, request: web.BaseRequest, refusal: Refuse) -> web.StreamResponse:
         return await self._answer_and_drain(request, self._refusal_response(request, refusal))
 
     async def _answer_and_drain(
-        self, request: web.Request, response: web.StreamResponse
+        self, request: web.BaseRequest, response: web.StreamResponse
     ) -> web.StreamResponse:
         """Send ``response`` now, then drop what is left of the body (up to 2× the limit)."""
         if request.body_exists and not request.content.is_eof():
@@ -331,7 +342,7 @@ class Proxy:
         return response
 
     async def _work(
-        self, request: web.Request, c: Classification, query: str
+        self, request: web.BaseRequest, c: Classification, query: str
     ) -> web.StreamResponse:
         assert c.route is not None
         name = self.upstream.name
@@ -424,6 +435,9 @@ class Proxy:
         """Gate steps 1–5 and the reclaim check, before the body is read: a refusal no fresh
         sample can change. A pool refuses only when every member does (the one that frees up
         first answers)."""
+        switched_off = gate.decide_switches(self.state.stopping, self.state.lending_enabled)
+        if switched_off is not None:
+            return switched_off  # the same for every member, and no snapshot needed
         proxies = list(self.members.values()) or [self]
         refusals: list[Refuse] = []
         snap = self.state.snapshot()
@@ -439,7 +453,7 @@ class Proxy:
 
     async def _run_job(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         c: Classification,
         query: str,
         job: JobState,
@@ -447,33 +461,50 @@ class Proxy:
         key: str | None,
         on_sent: Callable[[], None],
     ) -> web.StreamResponse:
-        """Forward an admitted job on its own task, so a reclaim's cut closes the upstream
-        connection at once; tells :class:`Work` how the exchange ended."""
+        """Forward an admitted job; tells :class:`Work` how the exchange ended.
+
+        A reclaim's cut cancels the handler's own task (no task per request), which closes
+        the upstream connection at once even while the borrower is stalled; that one
+        cancellation is then taken back and the borrower told (503, or an aborted stream).
+        """
         exchange = _Exchange(job)
-        fwd = asyncio.get_running_loop().create_task(
-            self._forward(
-                request, c, query, body=body, on_sent=on_sent, exchange=exchange, tracked=key
-            ),
-            name=f"forward {self.upstream.name} job {job.id}",
-        )
-        self.work.forwarding(job.id, key, fwd.cancel)
+        task = asyncio.current_task()
+        assert task is not None
+
+        def cut() -> bool:
+            if exchange.ended or exchange.cutting:
+                return False
+            exchange.cutting = True
+            task.cancel()
+            return True
+
+        self.work.forwarding(job.id, key, cut)
         ending = Ending.ABORTED
         try:
             try:
-                response = await fwd
+                response = await self._forward(
+                    request, c, query, body=body, on_sent=on_sent, exchange=exchange, tracked=key
+                )
             except asyncio.CancelledError:
                 edge = self.work.cut_by(job.id)
-                if edge is None or not fwd.cancelled():
+                if edge is None or not exchange.cutting:
                     raise
+                task.uncancel()  # the cut's own cancellation, delivered: the request goes on
                 ending = Ending.CUT
                 return self._after_cut(request, exchange, edge)
             ending = Ending.COMPLETED
             return response
         finally:
-            self.work.exchange_ended(job.id, ending)
+            self._end_exchange(exchange, ending)
+
+    def _end_exchange(self, exchange: _Exchange, ending: Ending) -> None:
+        """Tell :class:`Work` once that ``exchange`` ended (releasing or tracking its job)."""
+        if not exchange.ended:
+            exchange.ended = True
+            self.work.exchange_ended(exchange.job.id, ending)
 
     def _after_cut(
-        self, request: web.Request, exchange: _Exchange, edge: Edge
+        self, request: web.BaseRequest, exchange: _Exchange, edge: Edge
     ) -> web.StreamResponse:
         """503 with the edge's reason before headers; an aborted stream after them."""
         name = self.upstream.name
@@ -489,16 +520,16 @@ class Proxy:
             edge.reason, f"the lender reclaimed {name!r} ({edge.trigger}) before the reply"
         )
         settings = self.upstream.settings
-        status, hdrs, rbody = render_refusal(
+        rendered = render_refusal_bytes(
             refusal, name, settings.refusal_status, settings.retry_after_max_s
         )
         request[observe.REFUSAL] = refusal
         self.metrics.decision(name, "cancelled", refusal.reason.value)
-        return web.json_response(rbody, status=status, headers=hdrs)
+        return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
 
     # -- forwarding ----------------------------------------------------------------------
 
-    def _request_headers(self, request: web.Request) -> Any:
+    def _request_headers(self, request: web.BaseRequest) -> Any:
         up = self.upstream
         return headers.request_headers(
             request.headers,
@@ -511,14 +542,22 @@ class Proxy:
         )
 
     def _url(self, c: Classification, query: str) -> URL:
-        target = self.upstream.target
-        return URL.build(
-            scheme=target.scheme,
-            authority=target.raw_authority,
-            path=c.path,
-            query_string=query,
-            encoded=True,
-        )
+        """The upstream URL for a request (remembered for recent path/query pairs)."""
+        key = (c.path, query)
+        url = self._urls.get(key)
+        if url is None:
+            target = self.upstream.target
+            url = URL.build(
+                scheme=target.scheme,
+                authority=target.raw_authority,
+                path=c.path,
+                query_string=query,
+                encoded=True,
+            )
+            if len(self._urls) >= URL_CACHE_SIZE:
+                del self._urls[next(iter(self._urls))]
+            self._urls[key] = url
+        return url
 
     async def _wake(self, waker: Waker) -> web.Response | None:
         """Wake a server a reclaim put to sleep before forwarding borrowed work to it; a 502
@@ -544,7 +583,7 @@ class Proxy:
 
     async def _forward(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         c: Classification,
         query: str,
         *,
@@ -577,7 +616,7 @@ class Proxy:
             # that is not a valid HTTP response (garbage, oversized headers, a hang-up).
             unreachable = isinstance(exc, aiohttp.ClientConnectorError | TimeoutError)
             stage = "connect" if unreachable else "response"
-            self.metrics.upstream_errors.labels(up.name, stage).inc()
+            self.metrics.upstream_error(up.name, stage)
             log.warning(
                 "upstream %s %s for %s %s: %r",
                 up.name,
@@ -603,21 +642,41 @@ class Proxy:
                 edge = self.work.reply_arrived(exchange.job.id, upstream_resp.status)
                 if edge is not None:
                     return self._after_cut(request, exchange, edge)
-            response = web.StreamResponse(
-                status=upstream_resp.status,
-                reason=upstream_resp.reason,
-                headers=headers.response_headers(
-                    upstream_resp.headers, target=up.target, allow=self.pass_response
-                ),
+            out_headers = headers.response_headers(
+                upstream_resp.headers, target=up.target, allow=self.pass_response
             )
+            complete = _complete_body(request, upstream_resp)
+            response: web.StreamResponse
+            if complete is not None:
+                # The whole reply arrived with its headers (a small JSON answer): send both
+                # in one write instead of two. Nothing is held back that was not already here.
+                response = web.Response(
+                    status=upstream_resp.status,
+                    reason=upstream_resp.reason,
+                    headers=out_headers,
+                    body=complete,
+                )
+            else:
+                response = web.StreamResponse(
+                    status=upstream_resp.status, reason=upstream_resp.reason, headers=out_headers
+                )
             if exchange is not None:
                 exchange.response = response
+                if complete is not None:
+                    # The upstream has finished: end the job now rather than after the
+                    # borrower has the reply, so the fresh capacity sample its release asks
+                    # for is under way while the reply travels (the next back-to-back
+                    # request needs one taken after this release).
+                    self._end_exchange(exchange, Ending.COMPLETED)
             await response.prepare(request)
             stalled = self.limits.write_stall_timeout_s
             try:
-                async for chunk in upstream_resp.content.iter_any():
-                    async with asyncio.timeout(stalled):
-                        await response.write(chunk)
+                if complete is None:
+                    async for chunk in upstream_resp.content.iter_any():
+                        async with asyncio.timeout(stalled):
+                            await response.write(chunk)
+                async with asyncio.timeout(stalled):
+                    await response.write_eof()
             except TimeoutError:
                 log.warning(
                     "%s: borrower stopped reading for %g s; disconnecting", up.name, stalled
@@ -627,11 +686,10 @@ class Proxy:
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
                 if request.transport is None or request.transport.is_closing():
                     return response  # the borrower went away; nothing left to tell it
-                self.metrics.upstream_errors.labels(up.name, "stream").inc()
+                self.metrics.upstream_error(up.name, "stream")
                 log.warning("%s: upstream broke mid-response: %s", up.name, exc)
                 self._cut(request)
                 return response
-            await response.write_eof()
             return response
         finally:
             # A fully read response returns its connection to the pool; anything else
@@ -643,9 +701,23 @@ class Proxy:
                 upstream_resp.close()
 
     @staticmethod
-    def _cut(request: web.Request) -> None:
+    def _cut(request: web.BaseRequest) -> None:
         """Reset the borrower's connection so a cut stream never looks like a clean end."""
         reset_connection(request.transport)
+
+
+def _complete_body(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -> bytes | None:
+    """The upstream's whole body when it is already buffered, else None (stream it).
+
+    Never for HEAD or bodiless statuses, whose headers must pass exactly as sent.
+    """
+    status = upstream.status
+    if request.method == "HEAD" or status < 200 or status in NO_BODY_STATUSES:
+        return None
+    content = upstream.content
+    if not content.is_eof() or content.exception() is not None:
+        return None
+    return content.read_nowait()
 
 
 def make_app(proxy: Proxy) -> web.Application:

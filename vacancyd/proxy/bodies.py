@@ -82,7 +82,7 @@ class Reservation:
 _IDENTITY = frozenset({"", "identity"})
 
 
-def check_forwarded_body(request: web.Request, max_bytes: int) -> None:
+def check_forwarded_body(request: web.BaseRequest, max_bytes: int) -> None:
     """Rules for a body the proxy forwards without reading it (pass-through, management).
 
     Raises :class:`BodyError`: 400 for a body on GET or HEAD (such a body has no meaning, and
@@ -108,7 +108,7 @@ def check_forwarded_body(request: web.Request, max_bytes: int) -> None:
     check_declared_length(request, max_bytes)
 
 
-def check_declared_length(request: web.Request, max_bytes: int) -> None:
+def check_declared_length(request: web.BaseRequest, max_bytes: int) -> None:
     """Refuse early (413) when Content-Length already exceeds the limit."""
     declared = request.content_length
     if declared is not None and declared > max_bytes:
@@ -120,7 +120,7 @@ def check_declared_length(request: web.Request, max_bytes: int) -> None:
 
 
 async def read_body(
-    request: web.Request,
+    request: web.BaseRequest,
     *,
     max_bytes: int,
     budget: BodyBudget,
@@ -205,7 +205,7 @@ def _exhausted() -> BodyError:
     )
 
 
-async def drain(request: web.Request, limit_bytes: int, timeout_s: float) -> None:
+async def drain(request: web.BaseRequest, limit_bytes: int, timeout_s: float) -> None:
     """Read and drop what is left of a refused request's body, at most ``limit_bytes``.
 
     This lets a client that is still sending receive the refusal rather than a reset.

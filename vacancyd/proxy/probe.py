@@ -62,7 +62,7 @@ def _not_found(message: str, code: ErrorCode, **extra: object) -> web.Response:
 
 
 def answer(
-    request: web.Request,
+    request: web.BaseRequest,
     work: Work,
     policy: UpstreamPolicy,
     *,

@@ -40,10 +40,13 @@ HANDSHAKE_HEADERS = frozenset(
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 
-def is_upgrade(request: web.Request) -> bool:
+def is_upgrade(request: web.BaseRequest) -> bool:
     """True for a WebSocket upgrade request (RFC 6455 §4.1)."""
+    upgrade = request.headers.get("Upgrade")
+    if upgrade is None or upgrade.lower() != "websocket":
+        return False  # the common case, answered without splitting Connection
     connection = {t.strip().lower() for t in request.headers.get("Connection", "").split(",")}
-    return "upgrade" in connection and request.headers.get("Upgrade", "").lower() == "websocket"
+    return "upgrade" in connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,7 @@ class Tunnels:
 
     async def serve(
         self,
-        request: web.Request,
+        request: web.BaseRequest,
         session: aiohttp.ClientSession,
         url: URL,
         out_headers: CIMultiDict[str],

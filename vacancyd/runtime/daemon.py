@@ -83,7 +83,7 @@ from vacancyd.proxy.app import Proxy, Upstream, make_app
 from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, durable, learned, lendability, sdnotify
+from vacancyd.runtime import calibration, durable, learned, lendability, memory, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import PressureSample, SharedState
@@ -237,7 +237,7 @@ class Daemon:
     owner: OwnerControls = field(init=False)
     bound: dict[str, str] = field(default_factory=dict)
     #: runner per listener name ("api" and each upstream's name)
-    _runners: dict[str, web.AppRunner] = field(default_factory=dict)
+    _runners: dict[str, web.BaseRunner] = field(default_factory=dict)
     #: the listeners' shared TLS context (None: plain HTTP) and the files it was loaded from
     tls: ssl.SSLContext | None = None
     _tls_files: TlsFiles | None = None
@@ -290,8 +290,7 @@ class Daemon:
     async def start(self) -> None:
         """Bind every listener and start every loop. Raises StartupError / ConfigError."""
         settings = self.settings
-        loop = asyncio.get_running_loop()
-        started_at = loop.time()
+        started_at = self.state.clock()
         secrets = read_secrets(settings)
         tokens = read_tokens(secrets)
         server = settings.server
@@ -362,6 +361,9 @@ class Daemon:
                 timeout=timeout,
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
                 connector=aiohttp.TCPConnector(limit=0),
+                # A proxy must not keep one borrower's cookies for the next (and storing
+                # them costs a jar lookup per request): Set-Cookie passes through untouched.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
             self._sessions.append(session)
             controller = None
@@ -580,6 +582,8 @@ class Daemon:
         probe: Probe | None = None,
         access_log_class: type[AbstractAccessLogger] = AccessLogger,
     ) -> str:
+        """Bind ``listen`` for the API application or a proxy (an aiohttp low-level server:
+        the proxy routes every request itself). Raises StartupError when it cannot bind."""
         limits = self.settings.server.limits
         app.on_response_prepare.append(_server_header)
         runner = web.AppRunner(
@@ -910,6 +914,7 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     SIGHUP re-reads and validates ``config_path`` and logs the verdict
     (:func:`recheck_config`); it never stops the daemon.
     """
+    memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -20,6 +20,7 @@ without a CORS preflight that vacancyd never grants. See THREAT_MODEL.md.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 from collections.abc import Iterable
@@ -46,10 +47,14 @@ class Token:
         return scope in self.scopes or any(scope in IMPLIED.get(s, ()) for s in self.scopes)
 
 
-def is_loopback_peer(request: web.Request) -> bool:
+def is_loopback_peer(request: web.BaseRequest) -> bool:
     peer = request.remote
-    if not peer:
-        return False
+    return bool(peer) and _is_loopback_address(peer)
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_loopback_address(peer: str) -> bool:
+    """Parsing an address costs more than the rest of a refusal; peers repeat, so remember."""
     try:
         return ipaddress.ip_address(peer.split("%", 1)[0]).is_loopback
     except ValueError:
@@ -96,13 +101,14 @@ class Authenticator:
         allowed_origins: Iterable[str] = (),
     ) -> None:
         self._tokens = tokens
+        self._secrets = [(token, token.secret.encode()) for token in tokens]
         self._trust_loopback = trust_loopback
         self._allow_unauthenticated = allow_unauthenticated_remote
         self._metrics = metrics
         self._server_names = frozenset(host_name(n) for n in server_names)
         self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
 
-    def host_allowed(self, request: web.Request) -> bool:
+    def host_allowed(self, request: web.BaseRequest) -> bool:
         """Whether ``Host`` names this host: an IP literal, a single-label name (``localhost``,
         the machine's own name: a web page cannot make such a name resolve where it wants),
         a name under ``localhost``, or a configured ``server_names`` entry. A request without
@@ -118,7 +124,7 @@ class Authenticator:
             or _is_ip(name)
         )
 
-    def _position_trusted(self, request: web.Request, scope: str) -> bool | None:
+    def _position_trusted(self, request: web.BaseRequest, scope: str) -> bool | None:
         """True/False when the request is trusted for its position (and its Host passes or
         not); None when a token must decide."""
         has_auth = "Authorization" in request.headers
@@ -135,7 +141,7 @@ class Authenticator:
         return False
 
     def check(
-        self, request: web.Request, scope: str, *, record: bool = True
+        self, request: web.BaseRequest, scope: str, *, record: bool = True
     ) -> web.Response | None:
         """None when ``request`` holds ``scope``; else the 401/403 JSON response to send.
 
@@ -174,8 +180,8 @@ class Authenticator:
         # compare as bytes (and never match), not raise.
         presented_bytes = presented.strip().encode("utf-8", "surrogateescape")
         match = None
-        for token in self._tokens:
-            if hmac.compare_digest(token.secret.encode(), presented_bytes):
+        for token, secret in self._secrets:
+            if hmac.compare_digest(secret, presented_bytes):
                 match = token
         if match is None:
             self._record(record, scope, "invalid")
@@ -202,7 +208,7 @@ class Authenticator:
         mark_authenticated(request)
         return None
 
-    def check_mutation(self, request: web.Request) -> web.Response | None:
+    def check_mutation(self, request: web.BaseRequest) -> web.Response | None:
         """The browser guards for an admin mutation (after :meth:`check` allowed it).
 
         None when it may proceed; else a 403 (foreign Origin or fetch site) or 415 (a body
@@ -236,7 +242,7 @@ class Authenticator:
             )
         return None
 
-    def _trust_loopback_only(self, request: web.Request) -> bool:
+    def _trust_loopback_only(self, request: web.BaseRequest) -> bool:
         # a loopback request with a token header is still trusted for its position first
         return self._trust_loopback and is_loopback_peer(request)
 

@@ -17,7 +17,7 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd import __version__
@@ -43,6 +43,38 @@ class BuildCollector(Collector):
         )
 
 
+class LoopCounter(Collector):
+    """A labelled counter that the request path increments: a plain count per label tuple,
+    exported as a Prometheus counter (``NAME_total``) when the registry is collected.
+
+    prometheus_client's ``Counter`` validates the labels and takes a lock on every increment;
+    these counters are written only from the event loop (and scraped from it), so a dict
+    does. Every label here has a small closed set of values (config names, enums, HTTP
+    status codes), so the dict stays small.
+    """
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self._counts: dict[tuple[str, ...], int] = {}
+
+    def inc(self, *labels: str) -> None:
+        """Count one event for ``labels`` (one value per label name, in order)."""
+        counts = self._counts
+        counts[labels] = counts.get(labels, 0) + 1
+
+    def value(self, *labels: str) -> int:
+        """The count for ``labels`` so far (0 when never counted)."""
+        return self._counts.get(labels, 0)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, count in list(self._counts.items()):
+            family.add_metric(labels, float(count))
+        yield family
+
+
 class Metrics:
     """The daemon's private registry and its counters."""
 
@@ -50,30 +82,28 @@ class Metrics:
         # ``*_created`` series only add cardinality for our always-running counters.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
-        self.decisions = Counter(
+        self.decisions = LoopCounter(
             "vacancyd_admission_decisions",
             "Gate and ledger decisions on borrowed work, by outcome and reason.",
-            ["upstream", "outcome", "reason"],
-            registry=self.registry,
+            ("upstream", "outcome", "reason"),
         )
-        self.auth_decisions = Counter(
+        self.auth_decisions = LoopCounter(
             "vacancyd_auth",
             "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
-            ["scope", "outcome"],
-            registry=self.registry,
+            ("scope", "outcome"),
         )
-        self.proxied = Counter(
+        self.proxied = LoopCounter(
             "vacancyd_proxy_requests",
             "Requests answered by a proxy listener, by route class and status code.",
-            ["upstream", "route_class", "code"],
-            registry=self.registry,
+            ("upstream", "route_class", "code"),
         )
-        self.upstream_errors = Counter(
+        self.upstream_errors = LoopCounter(
             "vacancyd_upstream_errors",
             "Forwarded requests that failed to reach the upstream or broke mid-response.",
-            ["upstream", "stage"],
-            registry=self.registry,
+            ("upstream", "stage"),
         )
+        for counter in (self.decisions, self.auth_decisions, self.proxied, self.upstream_errors):
+            self.registry.register(counter)
         self.wake_seconds = Histogram(
             "vacancyd_wake_duration_seconds",
             "Time a sleeping upstream (vLLM sleep mode) took to wake before a borrowed request "
@@ -109,13 +139,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
-        self.residency_credits = Counter(
+        self.residency_credits = LoopCounter(
             "vacancyd_residency_credits",
             "Residency proofs at the per-model step, by outcome (applied, denied) and reason "
             "code (resident, allocator, not_loaded, stale, expiring, context_unknown, ...).",
-            ["upstream", "outcome", "reason"],
-            registry=self.registry,
+            ("upstream", "outcome", "reason"),
         )
+        self.registry.register(self.residency_credits)
         self.request_duration = Histogram(
             "vacancyd_request_duration_seconds",
             "Time from a request's arrival to the end of its response (streams included), "
@@ -131,12 +161,20 @@ class Metrics:
         PlatformCollector(registry=self.registry)
 
     def auth(self, scope: str, outcome: str) -> None:
-        self.auth_decisions.labels(scope, outcome).inc()
+        self.auth_decisions.inc(scope, outcome)
 
     def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
-        self.decisions.labels(upstream, outcome, reason).inc()
+        self.decisions.inc(upstream, outcome, reason)
+
+    def request(self, upstream: str, route_class: str, code: str) -> None:
+        """One request answered by ``upstream``'s listener (``vacancyd_proxy_requests``)."""
+        self.proxied.inc(upstream, route_class, code)
+
+    def upstream_error(self, upstream: str, stage: str) -> None:
+        """A forwarded request that failed at ``stage`` (``vacancyd_upstream_errors``)."""
+        self.upstream_errors.inc(upstream, stage)
 
     def residency(self, upstream: str, credit: Credit) -> None:
         """Count one residency proof's outcome (admitted or refused at the per-model step)."""
         outcome = "applied" if credit.applied else "denied"
-        self.residency_credits.labels(upstream, outcome, credit.code or "unknown").inc()
+        self.residency_credits.inc(upstream, outcome, credit.code or "unknown")

@@ -1,0 +1,223 @@
+"""Refusals per second on one pinned core: vacancyd (lending off) against a bare handler.
+
+Every server runs pinned to CPU ``--server-cpu`` (taskset) and the load generator to
+``--client-cpu``; the targets take turns, ``--rounds`` times, in one run:
+
+* ``vacancyd``: a real ``vacancyd run`` (one ``openai`` upstream, loopback trusted) after
+  ``PUT /admin/lending {"enabled": false}``: every borrowed request is refused by the gate;
+* ``bare``: bench/bare_refusal.py, an aiohttp handler answering the very envelope vacancyd
+  sent (status, Retry-After, JSON body) and nothing else;
+* ``nginx``: ``return 503`` with the same body, when installed (a ceiling, not a goal).
+
+Each target runs on asyncio's loop and, when installed, on uvloop. The load is ``wrk``
+(``-t1 -c32``, a POST chat completion with a JSON body) when installed, else
+bench/loadgen.py. Prints requests/s (median of rounds), the ratio vacancyd / bare on the same
+loop, CPU seconds per 1,000 refusals (user + system of the server process, from /proc), and
+the server's RSS before the first round and after the last. Usage::
+
+    .venv/bin/python bench/refusal_rate.py [--seconds 5] [--rounds 3] [--connections 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import importlib.util
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import (
+    CHAT_BODY,
+    CHAT_PATH,
+    ROOT,
+    Client,
+    Processes,
+    free_port,
+    iter_rotated,
+    proc_cpu_s,
+    proc_rss_mib,
+    start_nginx,
+    start_upstream,
+    start_vacancyd,
+    wait_admitted,
+    wait_port,
+)
+
+HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
+LOOPS = ["asyncio", "uvloop"] if HAVE_UVLOOP else ["asyncio"]
+#: Headers aiohttp adds by itself (and that change per response): not part of the envelope.
+OWN_HEADERS = {"date", "server", "content-length"}
+
+
+def lending_off(api_port: int) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", api_port, timeout=10)
+    conn.request(
+        "PUT",
+        "/admin/lending",
+        json.dumps({"enabled": False}),
+        {"Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    if resp.status != 200:
+        raise RuntimeError(f"PUT /admin/lending answered {resp.status}: {data!r}")
+
+
+def envelope(port: int) -> dict[str, object]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("POST", CHAT_PATH, CHAT_BODY, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    body = resp.read()
+    conn.close()
+    if resp.status != 503 or b"lending_disabled" not in body:
+        raise RuntimeError(f"expected a 503 lending_disabled refusal, got {resp.status}: {body!r}")
+    headers = {k: v for k, v in resp.getheaders() if k.lower() not in OWN_HEADERS}
+    return {"status": resp.status, "headers": headers, "body": body.decode()}
+
+
+def nginx_location(env: dict[str, object]) -> str:
+    headers = env["headers"]
+    assert isinstance(headers, dict)
+    body = str(env["body"]).replace("\\", "\\\\").replace("'", "\\'")
+    adds = "".join(
+        f"add_header {k} '{v}' always;\n" for k, v in headers.items() if k.lower() != "content-type"
+    )
+    return f"location / {{\n default_type application/json;\n {adds} return 503 '{body}';\n}}"
+
+
+def load(port: int, tmp: Path, args: argparse.Namespace) -> tuple[int, float, int]:
+    """(requests, seconds, non-503 answers) of one run of the load generator."""
+    pin = ["taskset", "-c", args.client_cpu]
+    url = f"http://127.0.0.1:{port}{CHAT_PATH}"
+    if shutil.which("wrk"):
+        script = tmp / "post.lua"
+        script.write_text(
+            f'wrk.method = "POST"\nwrk.body = {json.dumps(CHAT_BODY.decode())}\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
+        argv = [*pin, "wrk", "-t1", f"-c{args.connections}", f"-d{args.seconds}s", "-s"]
+        out = subprocess.run([*argv, str(script), url], capture_output=True, text=True, check=True)
+        total = re.search(r"(\d+) requests in ([\d.]+)(m?s)", out.stdout)
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out.stdout)
+        errors = re.search(r"Socket errors: (.*)", out.stdout)
+        if total is None:
+            raise RuntimeError(f"cannot read wrk's output:\n{out.stdout}")
+        n = int(total.group(1))
+        secs = float(total.group(2)) / (1000 if total.group(3) == "ms" else 1)
+        refused = int(non2xx.group(1)) if non2xx else 0
+        if errors:
+            print(f"  note: wrk on {port}: socket errors {errors.group(1)}")
+        return n, secs, n - refused
+    body = tmp / "body.json"
+    body.write_bytes(CHAT_BODY)
+    argv = [*pin, sys.executable, str(ROOT / "bench" / "loadgen.py"), str(port), CHAT_PATH]
+    argv += [str(body), str(args.connections), str(args.seconds)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout)
+    return data["requests"], data["seconds"], data["requests"] - data["statuses"].get("503", 0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=int, default=5, help="length of one load run")
+    parser.add_argument("--rounds", type=int, default=3, help="turns per target")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--server-cpu", default="0")
+    parser.add_argument("--client-cpu", default="1")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = parser.parse_args()
+    if not shutil.which("wrk"):
+        print("note: wrk is not installed; using bench/loadgen.py (a lower ceiling)")
+    with tempfile.TemporaryDirectory() as tmpdir, Processes() as procs:
+        tmp = Path(tmpdir)
+        upstream = start_upstream(procs)
+        pids: dict[str, int] = {}
+        ports: dict[str, int] = {}
+        env: dict[str, object] | None = None
+        for loop in LOOPS:
+            port, api, proc = start_vacancyd(procs, upstream, tmp, pin=args.server_cpu, loop=loop)
+            wait_admitted(port)
+            lending_off(api)
+            env = env or envelope(port)
+            ports[f"vacancyd/{loop}"], pids[f"vacancyd/{loop}"] = port, proc.pid
+        assert env is not None
+        (tmp / "envelope.json").write_text(json.dumps(env))
+        for loop in LOOPS:
+            port = free_port()
+            argv = [sys.executable, str(ROOT / "bench" / "bare_refusal.py"), str(port)]
+            argv.append(str(tmp / "envelope.json"))
+            if loop == "uvloop":
+                argv.append("--uvloop")
+            proc = procs.start(argv, pin=args.server_cpu)
+            wait_port(port, proc)
+            ports[f"bare/{loop}"], pids[f"bare/{loop}"] = port, proc.pid
+        nginx = start_nginx(procs, tmp, location=nginx_location(env), pin=args.server_cpu)
+        if nginx is None:
+            print("note: nginx is not installed; skipping it (apt-get install nginx-light)")
+        else:
+            ports["nginx"] = nginx
+            pids["nginx"] = procs.procs[-1].pid
+        for name, port in ports.items():  # every target answers the same envelope
+            status, _, data = Client(port).post(CHAT_PATH, CHAT_BODY)
+            if status != 503 or json.loads(data) != json.loads(str(env["body"])):
+                raise RuntimeError(f"{name} answered {status} {data!r}")
+        rss_before = {name: proc_rss_mib(pid) for name, pid in pids.items()}
+        rates: dict[str, list[float]] = {name: [] for name in ports}
+        cpu: dict[str, float] = dict.fromkeys(ports, 0.0)
+        total: dict[str, int] = dict.fromkeys(ports, 0)
+        names = list(ports)
+        for r in range(args.rounds):
+            for name in iter_rotated(names, r):
+                c0 = proc_cpu_s(pids[name])
+                n, secs, wrong = load(ports[name], tmp, args)
+                cpu[name] += proc_cpu_s(pids[name]) - c0
+                if wrong:
+                    raise RuntimeError(f"{name}: {wrong} of {n} answers were not 503")
+                rates[name].append(n / secs)
+                total[name] += n
+        rss_after = {name: proc_rss_mib(pid) for name, pid in pids.items()}
+
+    print(
+        f"\nrefusals on one pinned core (server CPU {args.server_cpu}, load on CPU "
+        f"{args.client_cpu}, {args.connections} connections, {args.rounds} x {args.seconds} s)"
+    )
+    print(
+        f"  {'target':16s} {'req/s p50':>10s} {'min':>8s} {'max':>8s} {'CPU s/1k':>9s}"
+        f" {'RSS before':>11s} {'RSS after':>10s}"
+    )
+    rows: dict[str, dict[str, float]] = {}
+    for name in ports:
+        med = statistics.median(rates[name])
+        per_k = cpu[name] / total[name] * 1000
+        rows[name] = {
+            "rps_median": med,
+            "rps_min": min(rates[name]),
+            "rps_max": max(rates[name]),
+            "cpu_s_per_1000": per_k,
+            "rss_before_mib": rss_before[name],
+            "rss_after_mib": rss_after[name],
+        }
+        print(
+            f"  {name:16s} {med:10.0f} {min(rates[name]):8.0f} {max(rates[name]):8.0f}"
+            f" {per_k:9.4f} {rss_before[name]:9.1f} M {rss_after[name]:8.1f} M"
+        )
+    for loop in LOOPS:
+        ratio = rows[f"vacancyd/{loop}"]["rps_median"] / rows[f"bare/{loop}"]["rps_median"]
+        rows[f"vacancyd/{loop}"]["ratio_to_bare"] = ratio
+        print(f"  ratio vacancyd / bare (both on {loop}): {ratio:.2f}")
+    if args.json:
+        print(json.dumps({"cpus": os.cpu_count(), "results": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
