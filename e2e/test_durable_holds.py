@@ -159,4 +159,4 @@ async def _saved(state_dir: Path) -> dict[str, Any] | None:
 
 async def _saved_empty(state_dir: Path) -> bool:
     saved = json.loads((state_dir / "holds.json").read_text(encoding="utf-8"))
-    return saved["version"] == 1 and saved["holds"] == []
+    return bool(saved["version"] == 1 and saved["holds"] == [])

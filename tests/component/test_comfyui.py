@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import struct
+from typing import Any
 
 import aiohttp
 import pytest
@@ -21,7 +22,7 @@ WORKFLOW = {"3": {"class_type": "KSampler", "inputs": {"seed": 1}}}
 
 async def submit(
     client: aiohttp.ClientSession, d: RunningDaemon, path: str = "/prompt", **extra: object
-) -> tuple[int, dict[str, object]]:
+) -> tuple[int, dict[str, Any]]:
     async with client.post(d.proxy_url("up") + path, json={"prompt": WORKFLOW, **extra}) as r:
         return r.status, await r.json()
 

@@ -207,7 +207,8 @@ def test_unknown_refuses_at_once_and_raises_the_edge_after_the_gap() -> None:
     events: list[tuple[str, dict[str, object]]] = []
     state.subscribe(lambda e: events.append((e.kind, e.payload())))
     state.record_pressure("gpu0", sample(), 0.0)
-    assert state.pressure_view("gpu0", 0.5).quality.value == "ready"
+    ready = state.pressure_view("gpu0", 0.5)
+    assert ready is not None and ready.quality.value == "ready"
     state.record_pressure_failure("gpu0", "NVML query failed: GPU is lost", 1.0)
     view = state.pressure_view("gpu0", 1.0)
     assert view is not None and view.quality.value == "unknown" and "lost" in view.detail

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -159,7 +160,7 @@ def server() -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
         proc.stdin.close()
 
 
-def test_upstream_tree_is_subtracted(nvml: Scenario, server: tuple) -> None:
+def test_upstream_tree_is_subtracted(nvml: Scenario, server: tuple[Any, ...]) -> None:
     proc, child, port = server
     owner = 4_000_000  # a pid no process has here: the owner's game, say
     nvml.procs = [(0, "compute", child, 4000), (0, "graphics", owner, 200)]
@@ -180,7 +181,9 @@ def test_upstream_tree_is_subtracted(nvml: Scenario, server: tuple) -> None:
     assert again.seen == {"llm": True}  # the child is still in the compute list
 
 
-def test_remote_or_named_target_selects_no_local_process(nvml: Scenario, server: tuple) -> None:
+def test_remote_or_named_target_selects_no_local_process(
+    nvml: Scenario, server: tuple[Any, ...]
+) -> None:
     _, child, port = server
     nvml.sample(child, 60)
     nvml.write()
@@ -194,7 +197,7 @@ def test_remote_or_named_target_selects_no_local_process(nvml: Scenario, server:
     assert is_local_target("localhost", frozenset())
 
 
-def test_process_exits_between_listing_and_reading(nvml: Scenario, server: tuple) -> None:
+def test_process_exits_between_listing_and_reading(nvml: Scenario, server: tuple[Any, ...]) -> None:
     _, child, port = server
     nvml.sample(child, 50)
     nvml.write()
@@ -255,7 +258,7 @@ def test_probe_is_fast(nvml: Scenario) -> None:
 
 
 def test_trees_are_cached_and_a_new_child_is_attributed_on_first_sight(
-    nvml: Scenario, server: tuple
+    nvml: Scenario, server: tuple[Any, ...]
 ) -> None:
     proc, child, port = server
     probe = GpuPressureProbe(NvmlGpu(GpuSelector.parse(0)), {"llm": ("127.0.0.1", port)})
@@ -281,7 +284,7 @@ def test_trees_are_cached_and_a_new_child_is_attributed_on_first_sight(
     assert att.owner_load == 0
 
 
-def test_reused_pid_counts_as_the_owners(nvml: Scenario, server: tuple) -> None:
+def test_reused_pid_counts_as_the_owners(nvml: Scenario, server: tuple[Any, ...]) -> None:
     """The tree was read with the child's start time; by the time its sample is attributed,
     the pid belongs to a process with another start time (it exited and the number was
     reused), so its load is the owner's and the trees are read again on the next poll."""

@@ -21,7 +21,7 @@ from tests.support.gpu import Gpu, Scenario, write_smi
 def _free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+    port: int = s.getsockname()[1]
     s.close()
     return port
 

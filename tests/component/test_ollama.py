@@ -23,7 +23,7 @@ async def ollama_client(url: str) -> AsyncIterator[ollama.AsyncClient]:
     try:
         yield borrower
     finally:
-        await borrower.close()
+        await borrower.close()  # type: ignore[no-untyped-call]
 
 
 async def test_routes_host_header_and_the_real_client_through_the_proxy() -> None:

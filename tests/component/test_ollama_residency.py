@@ -80,7 +80,7 @@ async def world(
         try:
             yield d, fake, borrower
         finally:
-            await borrower.close()
+            await borrower.close()  # type: ignore[no-untyped-call]
 
 
 def free_mib(d: RunningDaemon) -> float:

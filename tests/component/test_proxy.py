@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yarl
 from aiohttp import web
 
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
@@ -167,7 +168,7 @@ async def test_management_and_unrecognized_routes(
         assert r.status == 501 and (await r.json())["error"]["code"] == "unrecognized_route"
     # a dot-segment path that resolves to a listed route is classified as that route
     async with http.post(
-        aiohttp.client.URL(base + "/v1/x/../chat/completions", encoded=True),
+        yarl.URL(base + "/v1/x/../chat/completions", encoded=True),
         json={"model": "m"},
         headers=AUTH,
     ) as r:

@@ -64,7 +64,7 @@ def make(
         request_timeout_s=request_timeout_s,
         backoff_max_s=0.2,
         backoff_initial_s=0.05,
-        **({"wall": wall} if wall else {}),
+        **({"wall": wall} if wall else {}),  # type: ignore[arg-type]
     )
 
 

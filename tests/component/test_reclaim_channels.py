@@ -10,43 +10,19 @@ import asyncio
 
 import aiohttp
 
+from tests.support.config import RAM, daemon_toml, resource, upstream
 from tests.support.daemon import running_daemon, serve_app
 from tests.support.lender import owner_returns
 from tests.support.slow_openai import SlowOpenAI
 
 
 def config(a: str, b: str) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-release_after_s = 3600
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[resource]]
-name = "ram2"
-kind = "memory"
-[[upstream]]
-name = "a"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{a}"
-resource = "ram"
-on_owner_return = "cancel"
-[[upstream]]
-name = "b"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{b}"
-resource = "ram2"
-owner_scope = "resource"
-on_owner_return = "cancel"
-"""
+    return daemon_toml(
+        upstream("a", a, on_owner_return="cancel"),
+        upstream("b", b, resource="ram2", owner_scope="resource", on_owner_return="cancel"),
+        resources=(RAM, resource("ram2")),
+        owner={"release_after_s": 3600},
+    )
 
 
 async def test_a_pressure_edge_reclaims_only_the_upstreams_on_its_resource() -> None:

@@ -98,7 +98,11 @@ async def test_waiters_are_served_in_arrival_order() -> None:
         queued = []
         for i in range(3):
             queued.append(asyncio.create_task(chat(d, client, f"w{i}")))
-            await d.wait_until(lambda i=i: waiting(d) == i + 1)
+
+            def queued_n(n: int = i + 1) -> bool:
+                return waiting(d) == n
+
+            await d.wait_until(queued_n)
         assert 'vacancyd_waiting{upstream="up"} 3.0' in await metrics(d, client)
         fake.release("first")
         for i in range(3):

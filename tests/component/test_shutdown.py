@@ -9,6 +9,7 @@ import time
 
 import aiohttp
 
+from tests.support.config import daemon_toml, resource, upstream
 from tests.support.daemon import RunningDaemon, serve_app
 from tests.support.slow_openai import SlowOpenAI
 from vacancyd.config import parse_config
@@ -16,28 +17,11 @@ from vacancyd.runtime.daemon import SHUTDOWN_GRACE_S, Daemon
 
 
 def config(target: str, upstreams: int) -> str:
-    text = """
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-"""
-    for i in range(upstreams):
-        text += f"""
-[[resource]]
-name = "r{i}"
-kind = "memory"
-[[upstream]]
-name = "u{i}"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "r{i}"
-"""
-    return text
+    return daemon_toml(
+        *(upstream(f"u{i}", target, resource=f"r{i}") for i in range(upstreams)),
+        resources=tuple(resource(f"r{i}") for i in range(upstreams)),
+        collectors={"poll_s": 0.2},
+    )
 
 
 async def test_listeners_stop_together_and_refuse_new_work() -> None:

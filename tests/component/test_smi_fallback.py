@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -100,7 +101,7 @@ def test_missing_executable_is_a_probe_error(tmp_path: Path) -> None:
 def _free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
+    port: int = s.getsockname()[1]
     s.close()
     return port
 
@@ -132,7 +133,7 @@ def test_daemon_without_nvml_uses_nvidia_smi_and_refuses_unmeasured_pressure(
         stderr=subprocess.PIPE,
     )
     try:
-        doc: dict = {}
+        doc: dict[str, Any] = {}
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:

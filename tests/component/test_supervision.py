@@ -1,43 +1,26 @@
-"""Supervision: every background task is named and declared essential or not, and a
-listener that dies (its socket stops accepting) stops the daemon with exit status 1."""
+"""Supervision: every background task is named and declared essential or not, a listener
+that dies (its socket stops accepting) stops the daemon with exit status 1, and the
+component suite fails a test in which daemon code blocks the event loop."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import aiohttp
 import pytest
+from blockbuster import BlockingError
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, serve_app
 from vacancyd.config import parse_config
+from vacancyd.runtime import durable
 from vacancyd.runtime.daemon import Daemon
 
 
 def config(target: str) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "a"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-[[upstream]]
-name = "b"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-"""
+    return daemon_toml(upstream("a", target), upstream("b", target), collectors={"poll_s": 0.2})
 
 
 async def started(target: str) -> Daemon:
@@ -93,3 +76,13 @@ async def test_a_clean_shutdown_is_not_a_listener_failure() -> None:
         assert await daemon.wait() == 0
         await daemon.shutdown()
         assert daemon.supervisor.failure is None
+
+
+async def test_blocking_the_loop_from_daemon_code_fails_the_test(tmp_path: Path) -> None:
+    """The component suite's blockbuster fixture is active: the durable-state writer, which
+    the daemon only ever runs in a worker thread, raises when called on the loop itself."""
+    with pytest.raises(BlockingError):
+        durable.write_state(tmp_path / "on-loop.json", {"version": 1})
+    assert not (tmp_path / "on-loop.json").exists()
+    await asyncio.to_thread(durable.write_state, tmp_path / "off-loop.json", {"version": 1})
+    assert json.loads((tmp_path / "off-loop.json").read_text()) == {"version": 1}

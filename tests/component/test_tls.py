@@ -78,7 +78,10 @@ async def test_the_openai_client_borrows_over_https(tmp_path: Path) -> None:
             verify=ssl.create_default_context(cafile=tmp_path / "ca.pem")
         ) as http:
             client = openai.AsyncOpenAI(
-                base_url=https(d, "up") + "/v1", api_key=TOKEN, http_client=http, max_retries=0
+                base_url=https(d, "up") + "/v1",
+                api_key=TOKEN,
+                http_client=http,  # type: ignore[arg-type]  # openai vendors its own httpx
+                max_retries=0,
             )
             reply = await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}]

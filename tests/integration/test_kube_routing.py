@@ -155,7 +155,7 @@ def token_kubeconfig(api: Any, token: str, path: Path) -> Path:
 
 
 async def kubectl_json(api: Any, *args: str) -> Any:
-    proc = await asyncio.to_thread(api.kubectl, *args, "-o", "json")
+    proc = await asyncio.to_thread(api.kubectl, *args, "-o", "json")  # type: ignore[call-arg]
     return json.loads(proc.stdout)
 
 

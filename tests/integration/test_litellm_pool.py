@@ -41,7 +41,7 @@ def router_for(lender: str, direct: str) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the library's own deprecation noise at import
         import litellm
-        from litellm import Router
+        from litellm import Router  # type: ignore[attr-defined]
 
     # httpx's own transport: LiteLLM's aiohttp one leaves sessions for the garbage collector,
     # which would then warn inside whichever test runs next.
@@ -66,7 +66,7 @@ async def close_clients() -> None:
 
     from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
 
-    await close_litellm_async_clients()
+    await close_litellm_async_clients()  # type: ignore[no-untyped-call]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         gc.collect()

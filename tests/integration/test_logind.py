@@ -19,6 +19,7 @@ import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -85,7 +86,7 @@ async def lender(
     sessions: list[SessionSpec],
     *,
     app: web.Application | None = None,
-    **owner: object,
+    **owner: Any,
 ) -> AsyncIterator[tuple[RunningDaemon, FakeLogind, aiohttp.ClientSession]]:
     fake = await FakeLogind.start(bus.address, sessions)
     upstream_app = app if app is not None else openai_like_app()[0]

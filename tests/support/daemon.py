@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -83,14 +84,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def openai_like_app(
     *, slots_busy: bool = False, extra: dict[tuple[str, str], Handler] | None = None
-) -> tuple[web.Application, list[dict[str, object]]]:
+) -> tuple[web.Application, list[dict[str, Any]]]:
     """A minimal OpenAI-compatible upstream that records what it received.
 
     Answers ``POST /v1/chat/completions`` (JSON, or SSE chunks ending with ``data: [DONE]``
     when ``stream`` is true, the OpenAI wire format), ``GET /v1/models``, ``GET /slots``
     (llama-server's shape: a list of slots with ``is_processing``) and ``GET /health``.
     """
-    seen: list[dict[str, object]] = []
+    seen: list[dict[str, Any]] = []
 
     async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()

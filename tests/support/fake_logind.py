@@ -37,8 +37,8 @@ from dbus_fast.annotations import (
     DBusUInt32,
     DBusUInt64,
 )
+from dbus_fast.constants import PropertyAccess
 from dbus_fast.service import (
-    PropertyAccess,
     ServiceInterface,
     dbus_method,
     dbus_property,
@@ -367,4 +367,4 @@ class FakeLogind:
     async def stop(self) -> None:
         if self.bus.connected:
             self.bus.disconnect()
-            await self.bus.wait_for_disconnect()
+            await self.bus.wait_for_disconnect()  # type: ignore[no-untyped-call]

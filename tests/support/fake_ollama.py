@@ -46,6 +46,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from tests.support.gpu import Scenario
 
@@ -268,7 +269,7 @@ class FakeOllama:
     # -- routes -------------------------------------------------------------------------
 
     @web.middleware
-    async def _host_guard(self, request: web.Request, handler: web.Handler) -> web.StreamResponse:
+    async def _host_guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host", "")
         self.hosts_seen.append(host)
         name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"

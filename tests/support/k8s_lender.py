@@ -4,6 +4,8 @@ token for borrowers, on ephemeral loopback ports."""
 
 from __future__ import annotations
 
+from tests.support.config import daemon_toml, upstream
+
 READ = "r" * 24
 BORROW = "b" * 24
 
@@ -11,29 +13,13 @@ BORROW = "b" * 24
 def lender_toml(target: str, kubernetes: str = "") -> str:
     """Config text for ``running_daemon``; ``kubernetes`` is appended verbatim (a
     ``[kubernetes]`` table for host-side publishing)."""
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-[[server.tokens]]
-name = "reader"
-token = "{READ}"
-scopes = ["read"]
-[[server.tokens]]
-name = "borrower"
-token = "{BORROW}"
-scopes = ["borrow"]
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-{kubernetes}
-"""
+    tokens = [
+        {"name": "reader", "token": READ, "scopes": ["read"]},
+        {"name": "borrower", "token": BORROW, "scopes": ["borrow"]},
+    ]
+    return daemon_toml(
+        upstream("chat", target),
+        server={"trust_loopback": None, "tokens": tokens},
+        collectors={"poll_s": 0.2},
+        extra=kubernetes,
+    )

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from vacancyd.state import PresenceReading
 
@@ -20,29 +21,17 @@ def config(
     """One memory-gated upstream named ``up`` behind a loopback-trusting daemon.
 
     Presence is headless (nobody there) and polled every 0.1 s; the veto engaged by
-    :func:`owner_returns` releases ``release_s`` seconds after it.
+    :func:`owner_returns` releases ``release_s`` seconds after it. ``extra``: more keys of
+    the ``[[upstream]]`` table, as TOML lines.
     """
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-release_after_s = {release_s}
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "{adapter}"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-on_owner_return = "{policy}"
-{extra}
-"""
+    return (
+        daemon_toml(
+            upstream("up", target, adapter=adapter, on_owner_return=policy),
+            owner={"release_after_s": release_s},
+        )
+        + extra
+        + "\n"
+    )
 
 
 @asynccontextmanager

@@ -93,7 +93,7 @@ def test_unmeasured_gpu_and_unsampled_presence_are_unknown() -> None:
 
 
 def test_engaged_pressure_guard_counts_even_behind_an_earlier_refusal() -> None:
-    gpu = {
+    gpu: dict[str, Any] = {
         "kind": "gpu",
         "quality": "ready",
         "pressure": {"quality": "ready", "calibrated": True, "engaged": True, "detail": "game"},

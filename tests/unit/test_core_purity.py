@@ -53,7 +53,7 @@ def violations(source: str) -> list[str]:
             prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
             hit = sorted(prefixes & FORBIDDEN)
             if hit:
-                found.append(f"line {node.lineno}: imports {hit[0]}")
+                found.append(f"line {getattr(node, 'lineno', 0)}: imports {hit[0]}")
                 break
         if (
             isinstance(node, ast.Call)

@@ -109,10 +109,11 @@ def test_trigger_cleared_reuses_admissions_owner_and_pressure_checks() -> None:
     from vacancyd.core.snapshot import PresenceView, PressureView, ResourceView, Snapshot
 
     def snap(*, veto: bool, pressure: PressureView | None) -> Snapshot:
+        empty: Observation[CapacityReading] = Observation()
         view = ResourceView(
             policy=ResourcePolicy("gpu0", ResourceKind.GPU),
             switch_on=True,
-            capacity=Observation().succeeded(CapacityReading(free_mib=8000, total_mib=8000), 9.0),
+            capacity=empty.succeeded(CapacityReading(free_mib=8000, total_mib=8000), 9.0),
             pressure=pressure,
         )
         return Snapshot(

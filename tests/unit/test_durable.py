@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,7 @@ def test_a_full_disk_leaves_the_old_file_and_no_temporary(
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(durable.os, "fsync", full)
+    monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError) as caught:
         durable.write_state(path, {"version": 1, "old": False})
     assert caught.value.errno == errno.ENOSPC
@@ -75,7 +76,7 @@ def test_a_read_only_directory_raises(tmp_path: Path, monkeypatch: pytest.Monkey
     def read_only(*args: object, **kw: object) -> tuple[int, str]:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-    monkeypatch.setattr(durable.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
     with pytest.raises(OSError, match="Read-only"):
         durable.write_state(tmp_path / "x.json", {"version": 1})
 

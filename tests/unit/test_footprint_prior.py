@@ -22,7 +22,7 @@ def state(kind: ResourceKind) -> SharedState:
 def load(s: SharedState, before: float, after: float, credit: Credit | None = None) -> None:
     job = s.ledger.reserve("up", ("r",), 1.0, "m", free_before_mib=before, credit=credit)
     assert not isinstance(job, type(None)) and hasattr(job, "id")
-    released = s.ledger.release(job.id, 2.0)  # type: ignore[union-attr]
+    released = s.ledger.release(job.id, 2.0)
     assert released is not None
     s.after_release(released, 2.0)
     s.record_capacity("r", CapacityReading(after, 16_000), 3.0)

@@ -3,6 +3,7 @@ means "no battery" (mains) or "a battery that cannot be read" (held)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ import psutil
 import pytest
 
 from vacancyd.collectors import power
+from vacancyd.core.power import PowerReading
 
 
 def supplies(root: Path, **kinds: str) -> Path:
@@ -21,7 +23,7 @@ def supplies(root: Path, **kinds: str) -> Path:
 
 @pytest.fixture
 def linux(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(power.sys, "platform", "linux")
+    monkeypatch.setattr(sys, "platform", "linux")
 
 
 def test_a_desktop_without_a_battery_is_on_mains(
@@ -29,7 +31,7 @@ def test_a_desktop_without_a_battery_is_on_mains(
 ) -> None:
     monkeypatch.setattr(psutil, "sensors_battery", lambda: None)
     root = supplies(tmp_path / "ps", AC="Mains")
-    assert power.read_power(root) == power.PowerReading(False)
+    assert power.read_power(root) == PowerReading(False)
 
 
 def test_a_listed_battery_psutil_cannot_read_is_unknown(
@@ -46,7 +48,7 @@ def test_a_laptop_on_battery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, li
     battery = SimpleNamespace(percent=42.0, secsleft=3600, power_plugged=False)
     monkeypatch.setattr(psutil, "sensors_battery", lambda: battery)
     root = supplies(tmp_path / "ps", BAT0="Battery")
-    assert power.read_power(root) == power.PowerReading(True, False, 42.0)
+    assert power.read_power(root) == PowerReading(True, False, 42.0)
 
 
 def test_a_failing_sensor_is_an_error_not_mains(
@@ -61,6 +63,6 @@ def test_a_failing_sensor_is_an_error_not_mains(
 
 
 def test_other_platforms_take_the_os_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(power.sys, "platform", "darwin")
+    monkeypatch.setattr(sys, "platform", "darwin")
     monkeypatch.setattr(psutil, "sensors_battery", lambda: None)
-    assert power.read_power() == power.PowerReading(False)
+    assert power.read_power() == PowerReading(False)

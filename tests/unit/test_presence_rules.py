@@ -4,6 +4,8 @@ owner-process name validation and source resolution."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from vacancyd.core import presence as p
@@ -33,11 +35,11 @@ def props(**over: object) -> dict[str, p.Property]:
             base.pop(key)
         else:
             assert isinstance(value, tuple)
-            base[key] = value  # type: ignore[assignment]
+            base[key] = value
     return base
 
 
-def session(policy: p.PresencePolicy = POLICY, **over: object) -> p.SessionFacts:
+def session(policy: p.PresencePolicy = POLICY, /, **over: Any) -> p.SessionFacts:
     return p.parse_session("1", 1000, "owner", props(**over), policy)
 
 

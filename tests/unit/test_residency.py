@@ -44,7 +44,7 @@ def decide(
     obs: Observation[ServerState] | None = None,
     learning: ContextLearning | None = None,
     free: float = 1_500,
-    **view_kw: object,
+    **view_kw: Any,
 ) -> Admit | Refuse:
     snap = snapshot(
         resource(free=free, **view_kw),
@@ -368,6 +368,7 @@ def test_comfyui_system_stats() -> None:
     assert parse_system_stats({"devices": [gpu, cpu]}) == (2048.0, 1)
     assert parse_system_stats({"devices": [gpu, gpu]}) == (None, 2)
     assert parse_system_stats({"devices": []}) == (None, 0)
+    bad: object
     for bad in ({"devices": "gpu"}, [], {"devices": [1]}, {"devices": [{"type": "cuda"}]}):
         with pytest.raises(ProbeError):
             parse_system_stats(bad)

@@ -25,7 +25,7 @@ WEEKDAYS = frozenset({MON, TUE, WED, THU, FRI})
 
 
 def at(tz: dt.tzinfo, *fields: int) -> float:
-    return dt.datetime(*fields, tzinfo=tz).timestamp()  # type: ignore[misc]
+    return dt.datetime(*fields, tzinfo=tz).timestamp()  # type: ignore[misc, arg-type]
 
 
 def night_and_weekend(tz: dt.tzinfo = BERLIN, **kw: object) -> Schedule:

@@ -29,10 +29,11 @@ STALE = PressureView(Quality.STALE, calibrated=True, engaged=False)
 
 
 def gpu(name: str, pressure: PressureView | None, *, free_mib: float = 8000) -> ResourceView:
+    empty: Observation[CapacityReading] = Observation()
     return ResourceView(
         policy=ResourcePolicy(name, ResourceKind.GPU, min_free_mib=1000),
         switch_on=True,
-        capacity=Observation().succeeded(CapacityReading(free_mib=free_mib, total_mib=8000), 9.0),
+        capacity=empty.succeeded(CapacityReading(free_mib=free_mib, total_mib=8000), 9.0),
         pressure=pressure,
     )
 
