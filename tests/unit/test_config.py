@@ -226,3 +226,11 @@ credential_file = "{tmp_path}"
     assert "server.tokens[4].token_file:" in err and "larger than 64 KiB" in err
     assert "server.tokens[5].token_file:" in err and "is empty" in err
     assert "upstream[0].credential_file (up):" in err
+
+
+@pytest.mark.parametrize("value", ['"yes"', "1", '"true"', "0"])
+def test_switches_take_only_true_or_false(value: str) -> None:
+    """A security switch written as a string or a number is an error naming the key, never
+    read as "on" (pydantic's lax mode would turn "yes" and 1 into True)."""
+    ps = problems(f"[server]\ntrust_loopback = {value}\n")
+    assert any("server.trust_loopback" in p for p in ps), ps

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StrictBool,
     field_validator,
     model_validator,
 )
@@ -157,8 +158,8 @@ class ServerSettings(_Model):
 
     listen: str = "127.0.0.1:9470"
     tokens: list[TokenSettings] = []
-    trust_loopback: bool = False
-    allow_unauthenticated_remote: bool = False
+    trust_loopback: StrictBool = False
+    allow_unauthenticated_remote: StrictBool = False
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
@@ -221,8 +222,8 @@ class OwnerSettings(_Model):
     processes: list[str] = []
     idle_after_s: float = Field(0.0, ge=0, le=86400)
     remote_graphical: Literal["ignore", "count"] = "count"
-    signals: bool = True
-    lend_on_battery: bool = False
+    signals: StrictBool = True
+    lend_on_battery: StrictBool = False
     min_battery_percent: float | None = Field(None, gt=0, le=100)
     exclusive_apps: list[ExclusiveAppSettings] = []
     exclusive_grace_s: float = Field(5.0, ge=0, le=3600)
@@ -259,7 +260,7 @@ class WindowSettings(_Model):
     days: list[str] = Field(min_length=1)
     start: str = "00:00"
     end: str | None = None
-    across_midnight: bool = False
+    across_midnight: StrictBool = False
 
     def to_window(self) -> schedule_rules.Window:
         """The core's window; raises ValueError naming the bad value."""
@@ -279,7 +280,7 @@ class ScheduleExceptionSettings(_Model):
     by default), lending is ``lend`` (default false: a holiday) whatever the windows say."""
 
     date: dt.date
-    lend: bool = False
+    lend: StrictBool = False
     start: str = "00:00"
     end: str | None = None
 
@@ -345,7 +346,7 @@ class PressureSettings(_Model):
     ``half_life_h``: observed hours after which a sample weighs half in the histogram.
     """
 
-    enabled: bool = True
+    enabled: StrictBool = True
     poll_ms: int = Field(2000, ge=100, le=60_000)
     engage_after_s: float = Field(4.0, ge=0, le=3600)
     release_after_s: float = Field(30.0, ge=0, le=86400)
@@ -378,7 +379,7 @@ class ResourceSettings(_Model):
 
     name: Name
     kind: Literal["gpu", "memory", "cpu"]
-    enabled: bool = True
+    enabled: StrictBool = True
     device: int | str | None = None
     min_free_mib: int = Field(0, ge=0)
     max_utilization: float | None = Field(None, ge=0, le=1)
@@ -438,21 +439,21 @@ class UpstreamSettings(_Model):
     resident_min_free_mib: int = Field(0, ge=0)
     owner_scope: Literal["host", "resource"] = "host"
     management: Literal["deny", "allow"] = "deny"
-    forward_authorization: bool = False
+    forward_authorization: StrictBool = False
     credential: SecretStr | None = None
     credential_file: Path | None = None
     refusal_status: Literal[503, 429] = 503
     retry_after_max_s: int | None = Field(None, ge=1, le=86400)
     #: A host-scoped upstream that lends small models while the owner is present
     #: (``[owner] present_max_model_mib``; docs/presence.md).
-    lend_while_present: bool = False
+    lend_while_present: StrictBool = False
     #: The lendability probe (docs/balancers.md) answers without a token.
-    public_probe: bool = False
+    public_probe: StrictBool = False
     # Reclaim keys (docs/reclaim.md; docs/configuration.md "[[upstream]] (reclaim keys)").
     on_owner_return: Literal["drain", "cancel", "finish"] = "drain"
     drain_timeout_s: float = Field(30.0, ge=0, le=86400)
     completion_timeout_s: float | None = Field(None, ge=0, le=7 * 86400)
-    yield_on_veto: bool = False
+    yield_on_veto: StrictBool = False
     warm_model: str | None = Field(None, min_length=1, max_length=300)
     websocket_max_tunnels: int = Field(32, ge=0, le=10_000)
     websocket_idle_timeout_s: float = Field(300.0, gt=0, le=86400)
@@ -588,7 +589,7 @@ class ClusterSettings(_Model):
     namespace: str = Field("default", pattern=DNS_LABEL_PATTERN)
     service_prefix: str = Field("vacancyd", pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
     services: dict[Name, Annotated[str, Field(pattern=DNS_LABEL_PATTERN)]] = {}
-    direct_services: bool = True
+    direct_services: StrictBool = True
     heartbeat_s: float = Field(60.0, ge=0.5, le=3600)
     resync_s: float = Field(30.0, ge=0.5, le=3600)
     request_timeout_s: float = Field(10.0, gt=0, le=300)
