@@ -76,6 +76,7 @@ class ErrorCode(StrEnum):
     # the upstream failed
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
     WEBSOCKET_HANDSHAKE_REFUSED = "websocket_handshake_refused"
     # the API listener
     INVALID_BODY = "invalid_body"
@@ -121,6 +122,7 @@ class HoldReason(StrEnum):
 
     CUT_UNCERTAIN = "cut_uncertain"  #: a reclaim cut it; the server may still be working
     TRACKING_LOST = "tracking_lost"  #: the server's queue could no longer be read
+    UPSTREAM_SILENT = "upstream_silent"  #: no byte from the server for its silence limit
 
 
 class GuardReason(StrEnum):
