@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.support import config as cfg
 from tests.support import kube
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.k8s_lender import READ, lender_toml
@@ -186,18 +187,17 @@ async def test_host_side_publishing_with_the_documented_chart_rbac(
     kubeconfig = token_kubeconfig(api, token, tmp_path / "host.kubeconfig")
     make_node(api, "gaming-pc")
     make_node(api, "someone-else")
-    section = f"""
-[kubernetes]
-kubeconfig = "{kubeconfig}"
-namespace = "{NS}"
-node = "gaming-pc"
-address = "192.0.2.30"
-lender = "gaming-pc"
-resync_s = 0.5
-"""
+    section = {
+        "kubeconfig": str(kubeconfig),
+        "namespace": NS,
+        "node": "gaming-pc",
+        "address": "192.0.2.30",
+        "lender": "gaming-pc",
+        "resync_s": 0.5,
+    }
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        async with running_daemon(lender_toml(target, section)) as d:
+        async with running_daemon(lender_toml(target, kubernetes=section)) as d:
             await d.wait_ready()
 
             async def published() -> Any:
@@ -358,28 +358,22 @@ async def test_fifty_lenders_behind_one_service_converge_when_half_flip(
     api.kubectl("create", "namespace", "many", check=False)
     lenders = [SimulatedLender(i) for i in range(LENDERS)]
     async with serving(lenders) as urls:
-        blocks = "".join(
-            f"""
-[[lender]]
-name = "{lender.name}"
-url = "{url}"
-token = "{READ}"
-address = "{lender.address}"
-"""
-            for lender, url in zip(lenders, urls, strict=True)
+        toml = cfg.companion_toml(
+            *(
+                cfg.lender(lender.name, url, READ, lender.address)
+                for lender, url in zip(lenders, urls, strict=True)
+            ),
+            kubernetes={
+                "kubeconfig": str(api.kubeconfig),
+                "namespace": "many",
+                "direct_services": True,
+                "heartbeat_s": 60,
+                "resync_s": 60,
+                "request_timeout_s": 10,
+            },
+            lender_timeout_s=10,
+            status_poll_s=30,
         )
-        toml = f"""
-listen = "127.0.0.1:0"
-lender_timeout_s = 10
-status_poll_s = 30
-[kubernetes]
-kubeconfig = "{api.kubeconfig}"
-namespace = "many"
-direct_services = true
-heartbeat_s = 60
-resync_s = 60
-request_timeout_s = 10
-{blocks}"""
         companion = Companion(parse_companion_config(toml, "<test>"))
         await companion.start()
         loop = asyncio.get_running_loop()

@@ -4,22 +4,24 @@ token for borrowers, on ephemeral loopback ports."""
 
 from __future__ import annotations
 
-from tests.support.config import daemon_toml, upstream
+from collections.abc import Mapping
+from typing import Any
+
+from tests.support.config import daemon_toml, token, upstream
 
 READ = "r" * 24
 BORROW = "b" * 24
 
 
-def lender_toml(target: str, kubernetes: str = "") -> str:
-    """Config text for ``running_daemon``; ``kubernetes`` is appended verbatim (a
-    ``[kubernetes]`` table for host-side publishing)."""
-    tokens = [
-        {"name": "reader", "token": READ, "scopes": ["read"]},
-        {"name": "borrower", "token": BORROW, "scopes": ["borrow"]},
-    ]
+def lender_toml(
+    target: str, *, kubernetes: Mapping[str, Any] | None = None, **upstream_keys: Any
+) -> str:
+    """Config text for ``running_daemon``; ``kubernetes``: the ``[kubernetes]`` table for
+    host-side publishing, when given; ``upstream_keys``: more keys of the ``chat`` upstream."""
     return daemon_toml(
-        upstream("chat", target),
-        server={"trust_loopback": None, "tokens": tokens},
+        upstream("chat", target, **upstream_keys),
+        server={"trust_loopback": None},
+        tokens=(token("reader", READ, "read"), token("borrower", BORROW, "borrow")),
         collectors={"poll_s": 0.2},
-        extra=kubernetes,
+        kubernetes=kubernetes,
     )
