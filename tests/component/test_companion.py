@@ -21,7 +21,7 @@ from tests.support import config as cfg
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
 from tests.support.gpu import Scenario
-from tests.support.k8s_lender import BORROW, READ, lender_toml
+from tests.support.k8s_lender import BORROW, follower_toml, lender_toml
 from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions as c
 from vacancyd.k8s import companion as comp
@@ -31,12 +31,7 @@ NS = "vacancy"
 
 
 def companion_toml(url: str, *, timeout_s: float = 1.0, poll_s: float = 30.0) -> str:
-    return cfg.companion_toml(
-        cfg.lender("pc", url, READ, "192.0.2.10", node="pc"),
-        kubernetes={"namespace": NS, "heartbeat_s": 60, "resync_s": 60},
-        lender_timeout_s=timeout_s,
-        status_poll_s=poll_s,
-    )
+    return follower_toml(url, timeout_s=timeout_s, poll_s=poll_s, ns=NS)
 
 
 @asynccontextmanager

@@ -13,10 +13,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.support import config as cfg
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
-from tests.support.k8s_lender import READ, lender_toml
+from tests.support.k8s_lender import follower_toml, lender_toml
 from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions as c
 from vacancyd.core import gate
@@ -30,12 +29,7 @@ SLOW_API_S = 0.1
 
 
 def companion_toml(url: str, *, timeout_s: float = 2.0) -> str:
-    return cfg.companion_toml(
-        cfg.lender("pc", url, READ, "192.0.2.10", node="pc"),
-        kubernetes={"namespace": NS, "heartbeat_s": 60, "resync_s": 60},
-        lender_timeout_s=timeout_s,
-        status_poll_s=30,
-    )
+    return follower_toml(url, timeout_s=timeout_s, ns=NS)
 
 
 HOST_SECTION = {

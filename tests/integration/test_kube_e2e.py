@@ -9,7 +9,6 @@ Endpoint addresses are TEST-NET-1 (192.0.2.0/24), written as data only; no traff
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import socket
@@ -116,22 +115,7 @@ def make_node(api: Any, name: str) -> None:
 def sa_kubeconfig(api: Any, path: Path) -> Path:
     """A kubeconfig for the chart's ServiceAccount: only the chart's RBAC applies."""
     token = api.kubectl("-n", NS, "create", "token", SA, "--duration=1h").stdout.strip()
-    ca = base64.b64encode(api.ca_file.read_bytes()).decode()
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": api.url, "certificate-authority-data": ca}}
-                ],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
-                "current-context": "sa",
-            }
-        )
-    )
-    return path
+    return kube.token_kubeconfig(api, token, path, user="sa")
 
 
 def companion_toml(

@@ -11,7 +11,6 @@ starts a Pod: ``helm test`` and the companion Deployment's Pod are not exercised
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import random
 import re
@@ -136,25 +135,6 @@ def make_node(api: Any, name: str) -> None:
     api.kubectl("create", "-f", "-", input=json.dumps(manifest))
 
 
-def token_kubeconfig(api: Any, token: str, path: Path) -> Path:
-    ca = base64.b64encode(api.ca_file.read_bytes()).decode()
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": api.url, "certificate-authority-data": ca}}
-                ],
-                "users": [{"name": "u", "user": {"token": token}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    return path
-
-
 async def kubectl_json(api: Any, *args: str) -> Any:
     proc = await asyncio.to_thread(api.kubectl, *args, "-o", "json")  # type: ignore[call-arg]
     return json.loads(proc.stdout)
@@ -184,7 +164,7 @@ async def test_host_side_publishing_with_the_documented_chart_rbac(
     assert secret["type"] == "kubernetes.io/service-account-token"
     # No token controller runs here to fill that Secret; the TokenRequest API stands in.
     token = api.kubectl("-n", NS, "create", "token", "vacancyd-host-publisher").stdout.strip()
-    kubeconfig = token_kubeconfig(api, token, tmp_path / "host.kubeconfig")
+    kubeconfig = kube.token_kubeconfig(api, token, tmp_path / "host.kubeconfig")
     make_node(api, "gaming-pc")
     make_node(api, "someone-else")
     section = {

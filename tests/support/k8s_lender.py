@@ -1,13 +1,13 @@
-"""The lender configuration the Kubernetes tests run: one ``chat`` upstream (openai adapter)
-gated on system memory, presence ``headless``, a read token for the companion and a borrow
-token for borrowers, on ephemeral loopback ports."""
+"""The configurations the Kubernetes tests run: a lender with one ``chat`` upstream (openai
+adapter) gated on system memory, presence ``headless``, a read token for the companion and a
+borrow token for borrowers, on ephemeral loopback ports; and a companion following it."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from tests.support.config import daemon_toml, token, upstream
+from tests.support.config import companion_toml, daemon_toml, lender, token, upstream
 
 READ = "r" * 24
 BORROW = "b" * 24
@@ -24,4 +24,16 @@ def lender_toml(
         tokens=(token("reader", READ, "read"), token("borrower", BORROW, "borrow")),
         collectors={"poll_s": 0.2},
         kubernetes=kubernetes,
+    )
+
+
+def follower_toml(url: str, *, timeout_s: float, poll_s: float = 30.0, ns: str = "vacancy") -> str:
+    """A companion (against a fake API server: no kubeconfig) following one lender ``pc`` at
+    ``url`` for node ``pc`` (192.0.2.10) in namespace ``ns``, with heartbeats and resyncs
+    far apart; ``timeout_s`` bounds each read of the lender, ``poll_s`` is its cadence."""
+    return companion_toml(
+        lender("pc", url, READ, "192.0.2.10", node="pc"),
+        kubernetes={"namespace": ns, "heartbeat_s": 60, "resync_s": 60},
+        lender_timeout_s=timeout_s,
+        status_poll_s=poll_s,
     )
