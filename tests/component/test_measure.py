@@ -159,7 +159,7 @@ async def test_an_upstream_that_is_down_is_a_clear_error() -> None:
 
 async def test_nothing_to_measure_is_an_error_naming_why() -> None:
     """No model listed and none asked for: an error saying so, not an empty table."""
-    settings = parse_config(config("http://127.0.0.1:9", models=""), "<test>")
+    settings = parse_config(config("http://127.0.0.1:9", footprints={}), "<test>")
     with pytest.raises(measure.MeasureError, match=r"nothing to measure: up: no models listed"):
         await measure.run_measure(
             settings, upstreams=[], models=[], num_ctx=4096, headroom_mib=0, lender_status=IDLE
@@ -168,7 +168,7 @@ async def test_nothing_to_measure_is_an_error_naming_why() -> None:
 
 async def test_the_command_fails_when_there_is_nothing_to_measure(tmp_path: Path) -> None:
     path = tmp_path / "vacancyd.toml"
-    path.write_text(config("http://127.0.0.1:9", api=free_port(), models=""), encoding="utf-8")
+    path.write_text(config("http://127.0.0.1:9", api=free_port(), footprints={}), encoding="utf-8")
     out = tmp_path / "footprints.toml"
     async with running_daemon(path.read_text(encoding="utf-8")) as d:
         await d.wait_ready()
