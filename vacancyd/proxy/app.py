@@ -152,6 +152,10 @@ class Proxy:
         self.allowed_origins = frozenset(o.rstrip("/").lower() for o in settings.allowed_origins)
         self.pass_response = frozenset(h.lower() for h in settings.pass_response_headers)
         self.classify = Classifier(upstream.adapter.table)
+        #: Borrowed jobs' silence limit (seconds, None: none): no byte from the upstream for
+        #: that long, counted from the end of the request body and paused while the borrower
+        #: is not reading, gives the job up (vacancyd.proxy.client).
+        self.silence_s = settings.silence_limit
         self._urls: dict[tuple[str, str], URL] = {}
         #: The controller when it wakes a sleeping server before work (decided once: a
         #: runtime-checkable Protocol's isinstance costs more than the rest of the check).
@@ -609,8 +613,15 @@ class Proxy:
         observe.inject_trace_context(out_headers)
         try:
             upstream_resp = await self.client.request(
-                request.method, _target(c, query), out_headers.items(), body
+                request.method,
+                _target(c, query),
+                out_headers.items(),
+                body,
+                silence_s=None if exchange is None else self.silence_s,
             )
+        except client.UpstreamSilent:
+            assert exchange is not None  # only borrowed jobs have a silence limit
+            return self._silent(request, exchange, c)
         except (client.ForwardError, ValueError) as exc:
             # Connecting failed (refused, timed out) or the server answered with something
             # that is not a valid HTTP response (garbage, oversized headers, a hang-up).
@@ -677,6 +688,9 @@ class Proxy:
                             await response.write(chunk)
                 async with asyncio.timeout(stalled):
                     await response.write_eof()
+            except client.UpstreamSilent:
+                assert exchange is not None  # only borrowed jobs have a silence limit
+                return self._silent(request, exchange, c)
             except TimeoutError:
                 log.warning(
                     "%s: borrower stopped reading for %g s; disconnecting", up.name, stalled
@@ -696,6 +710,41 @@ class Proxy:
             # (cancelled by a client disconnect, cut, stalled) aborts it, which is what
             # tells the upstream to stop.
             upstream_resp.release()
+
+    def _silent(
+        self, request: web.BaseRequest, exchange: _Exchange, c: Classification
+    ) -> web.StreamResponse:
+        """The upstream sent nothing for ``upstream_silence_s``: :class:`Work` holds the job
+        (the server may still be working), and the borrower gets 504 before the reply's
+        headers, or a reset connection after them (a stream must never end cleanly)."""
+        name = self.upstream.name
+        job_id = exchange.job.id
+        self.metrics.upstream_error(name, "silent")
+        if not exchange.ended:
+            exchange.ended = True
+            self.work.upstream_silent(job_id)
+        log.warning(
+            "%s: upstream sent nothing for %g s on job %d (%s %s)%s",
+            name,
+            self.silence_s,
+            job_id,
+            request.method,
+            c.path,
+            "; cutting the stream" if exchange.response is not None else "; answering 504",
+        )
+        if exchange.response is not None:
+            self._cut(request)
+            return exchange.response
+        return json_error(
+            504,
+            f"the upstream server of {name!r} sent nothing for {self.silence_s:g} s; "
+            "vacancyd gave up waiting and keeps its resources reserved in case it is still "
+            "working",
+            ErrorType.UPSTREAM,
+            ErrorCode.UPSTREAM_TIMEOUT,
+            upstream=name,
+            job=job_id,
+        )
 
     @staticmethod
     def _cut(request: web.BaseRequest) -> None:

@@ -13,10 +13,12 @@ by httptools (llhttp, the C parser Node.js uses). What it keeps from a general c
 * cancellation: cancelling a caller that waits for a reply or reads a body, or
   :meth:`Response.close`, aborts the connection at once, which is what tells the upstream
   to stop;
-* a connect deadline; classified failures: :class:`ConnectFailed` (nothing listens, the
-  connect timed out), :class:`BadResponse` (no valid HTTP reply: garbage, oversized
-  headers, the connection closed before a reply), :class:`BrokenBody` (the reply broke
-  off after its headers).
+* a connect deadline, and for borrowed jobs a silence limit: no byte from the upstream
+  for that long (counted once the request has gone out, and not while the reply waits for
+  a slow consumer) ends the exchange with :class:`UpstreamSilent`;
+* classified failures: :class:`ConnectFailed` (nothing listens, the connect timed out),
+  :class:`BadResponse` (no valid HTTP reply: garbage, oversized headers, the connection
+  closed before a reply), :class:`BrokenBody` (the reply broke off after its headers).
 
 A request that fails on a *reused* connection before any byte of a reply arrived is sent
 once more on a fresh connection: the server closed that kept-alive connection as the
@@ -62,6 +64,11 @@ class BadResponse(ForwardError):
 
 class BrokenBody(ForwardError):
     """The upstream's reply broke off after its headers (reset, closed early, bad framing)."""
+
+
+class UpstreamSilent(ForwardError):
+    """The upstream sent nothing for the exchange's silence limit (before its reply or
+    between two pieces of it); the connection is aborted."""
 
 
 class _ClosedBeforeReply(BadResponse):
@@ -194,7 +201,11 @@ class _Connection(asyncio.Protocol):
         self._reading_paused = False
         self._complete = False
         #: Resolved once the socket is closed.
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.lost: asyncio.Future[None] = self._loop.create_future()
+        self._silence_s: float | None = None
+        self._silence_timer: asyncio.TimerHandle | None = None
+        self._last_byte_at = 0.0
 
     # -- asyncio.Protocol ---------------------------------------------------------------
 
@@ -211,6 +222,8 @@ class _Connection(asyncio.Protocol):
             self.abort()  # bytes nobody asked for on an idle connection: not reusable
             return
         self._received += len(data)
+        if self._silence_timer is not None:
+            self._last_byte_at = self._loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -289,6 +302,7 @@ class _Connection(asyncio.Protocol):
             # llhttp cannot be told that a HEAD reply has no body: end it here and never
             # reuse the connection (its parser would wait for the announced body).
             self._complete = True
+            self._stop_silence()
             if self._no_body:
                 self.keep_alive = False
             response._finish()
@@ -308,6 +322,7 @@ class _Connection(asyncio.Protocol):
             return
         if not self._complete:
             self._complete = True
+            self._stop_silence()
             self._response._finish()
 
     # -- used by the pool and the response ---------------------------------------------
@@ -323,7 +338,9 @@ class _Connection(asyncio.Protocol):
             and "chunked" not in headers.get("Transfer-Encoding", "").lower()
         )
 
-    def start(self, head: bytes, body: bytes | None, no_body: bool) -> asyncio.Future[Response]:
+    def start(
+        self, head: bytes, body: bytes | None, no_body: bool, silence_s: float | None
+    ) -> asyncio.Future[Response]:
         """Send a request; the future resolves with the reply once its headers are in."""
         if self.transport is None or self.transport.is_closing():
             raise _ClosedBeforeReply("the pooled connection was already closed")
@@ -338,7 +355,40 @@ class _Connection(asyncio.Protocol):
             self.transport.writelines((head, body))
         else:
             self.transport.write(head)
+        self._silence_s = silence_s
+        if silence_s is not None:
+            self._last_byte_at = self._loop.time()
+            self._silence_timer = self._loop.call_at(
+                self._last_byte_at + silence_s, self._check_silence
+            )
         return waiter
+
+    def _check_silence(self) -> None:
+        """The silence timer fired. A byte that arrived since (``data_received`` notes
+        when) moves the deadline to the limit after it; a request body still going out or a
+        reply waiting for its consumer starts the count again; otherwise the upstream has
+        been silent for the whole limit."""
+        self._silence_timer = None
+        limit = self._silence_s
+        if limit is None or self._complete or self.closed:
+            return
+        loop = self._loop
+        now = loop.time()
+        transport = self.transport
+        if self._reading_paused or (
+            transport is not None and transport.get_write_buffer_size() > 0
+        ):
+            self._last_byte_at = now  # waiting on the borrower or the send: not silence
+        due = self._last_byte_at + limit
+        if due > now + 0.001:
+            self._silence_timer = loop.call_at(due, self._check_silence)
+            return
+        self._fail(UpstreamSilent(f"the upstream sent nothing for {limit:g} s"))
+
+    def _stop_silence(self) -> None:
+        if self._silence_timer is not None:
+            self._silence_timer.cancel()
+            self._silence_timer = None
 
     def resume(self) -> None:
         if self._reading_paused:
@@ -369,11 +419,13 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
         elif self._response is not None and not self._complete:
-            self._response._finish(BrokenBody(str(error)))
+            silent = isinstance(error, UpstreamSilent)
+            self._response._finish(error if silent else BrokenBody(str(error)))
         self.abort()
 
     def abort(self) -> None:
         self._cancel_idle_timer()
+        self._stop_silence()
         self.closed = True
         self.pool.forget(self)
         if self.transport is not None:
@@ -411,35 +463,44 @@ class UpstreamClient:
         target: str,
         headers: Iterable[tuple[str, str]],
         body: bytes | None,
+        *,
+        silence_s: float | None = None,
     ) -> Response:
         """Send ``method target`` (origin form: path and query, as sent by the borrower)
         with ``headers`` (``Host`` included; ``Content-Length`` is set here) and ``body``
-        (None: no body). Returns once the reply's headers are in.
+        (None: no body). Returns once the reply's headers are in. ``silence_s``: the most
+        seconds the upstream may send nothing (None: no limit).
 
-        Raises :class:`ConnectFailed`, :class:`BadResponse` or ValueError (a header value
-        that would break the request's framing). A request that fails on a reused
-        connection before any reply byte is sent again once on a fresh connection.
+        Raises :class:`ConnectFailed`, :class:`BadResponse`, :class:`UpstreamSilent` or
+        ValueError (a header value that would break the request's framing). A request that
+        fails on a reused connection before any reply byte is sent again once on a fresh
+        connection.
         """
         head = _request_head(method, target, headers, body)
         no_body = method in _NO_BODY_METHODS
         conn = self._take_idle()
         if conn is not None:
             try:
-                return await self._exchange(conn, head, body, no_body)
+                return await self._exchange(conn, head, body, no_body, silence_s)
             except _ClosedBeforeReply:
                 pass  # the server closed the kept-alive connection as we sent: once more
         conn = await self._connect()
         try:
-            return await self._exchange(conn, head, body, no_body)
+            return await self._exchange(conn, head, body, no_body, silence_s)
         except _ClosedBeforeReply as exc:
             raise BadResponse(str(exc)) from None
 
     async def _exchange(
-        self, conn: _Connection, head: bytes, body: bytes | None, no_body: bool
+        self,
+        conn: _Connection,
+        head: bytes,
+        body: bytes | None,
+        no_body: bool,
+        silence_s: float | None,
     ) -> Response:
         self._busy.add(conn)
         try:
-            return await conn.start(head, body, no_body)
+            return await conn.start(head, body, no_body, silence_s)
         except BaseException:
             conn.abort()
             raise
