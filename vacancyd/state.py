@@ -816,7 +816,7 @@ class SharedState:
             learning=dict(self.learning),
             priors={k: dict(v) for k, v in self.priors.items()},
             holds=self.holds,
-            active_jobs=dict(self.ledger.jobs_per_upstream()),
+            active_jobs=self.ledger.active_per_upstream(),
         )
 
     def ready(self, now: float) -> tuple[bool, list[str]]:

@@ -36,3 +36,15 @@ def test_phases_and_counts() -> None:
     assert holder is not None and holder.phase is Phase.HELD
     ledger.set_phase(999, Phase.TRACKING)  # unknown job: ignored
     assert [j.id for j in ledger.jobs()] == [job.id]
+
+
+def test_active_jobs_per_upstream_count_only_upstreams_with_jobs() -> None:
+    ledger = Ledger()
+    assert ledger.active_per_upstream() == {}
+    first = ledger.reserve("a", ("gpu0",), now=0.0)
+    ledger.reserve("a", ("gpu1",), now=0.0)
+    ledger.reserve("b", ("ram",), now=0.0)
+    assert ledger.active_per_upstream() == {"a": 2, "b": 1}
+    assert isinstance(first, Job)
+    ledger.release(first.id, now=1.0)
+    assert ledger.active_per_upstream() == {"a": 1, "b": 1} == dict(ledger.jobs_per_upstream())

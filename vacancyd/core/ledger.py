@@ -206,6 +206,17 @@ class Ledger:
     def jobs_per_upstream(self) -> Counter[str]:
         return Counter(j.upstream for j in self._jobs.values())
 
+    def active_per_upstream(self) -> dict[str, int]:
+        """Upstream -> number of its jobs in the ledger (only upstreams that have one).
+
+        A plain dict built in one pass: every snapshot takes it, and a Counter costs more
+        than the rest of the count.
+        """
+        counts: dict[str, int] = {}
+        for job in self._jobs.values():
+            counts[job.upstream] = counts.get(job.upstream, 0) + 1
+        return counts
+
     def counts(self) -> Counter[tuple[str, Phase]]:
         """Active jobs per (upstream, phase)."""
         return Counter((j.upstream, j.phase) for j in self._jobs.values())
