@@ -229,9 +229,9 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._fail(BadResponse("the upstream switched protocols on a plain request"))
         except httptools.HttpParserError as exc:
-            self._fail(BadResponse(f"invalid HTTP response: {exc}"))
-        except ForwardError as exc:
-            self._fail(exc)
+            # An error raised in a callback (oversized headers) reaches here wrapped.
+            own = exc.__context__ if isinstance(exc.__context__, ForwardError) else None
+            self._fail(own or BadResponse(f"invalid HTTP response: {exc}"))
 
     def eof_received(self) -> bool:
         self.closed = True  # never pooled again; a close-delimited body ends on the close
