@@ -238,3 +238,43 @@ def test_a_header_value_that_would_break_the_framing_is_refused() -> None:
         client._request_head("GET", "/", [("X-A", "v\r\nX-Injected: 1")], None)
     head = client._request_head("POST", "/v1/x?a=1", HOST, b"abc")
     assert head == b"POST /v1/x?a=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 3\r\n\r\n"
+
+
+async def test_a_large_body_is_sent_whole_in_slices() -> None:
+    received = b""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal received
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(f.split(b":", 1)[1])
+            for f in head.split(b"\r\n")
+            if f.lower().startswith(b"content-length:")
+        )
+        while len(received) < length:
+            received += await reader.read(65536)
+            await asyncio.sleep(0)  # a server that reads at its own pace
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    body = bytes(range(256)) * (24 * 1024)  # 6 MiB, past LARGE_BODY_BYTES
+    assert len(body) > client.LARGE_BODY_BYTES
+    async with raw_server(handle) as upstream:
+        response = await upstream.request("POST", "/v1/upload", HOST, body)
+        assert response.status == 200 and await body_of(response) == b"ok"
+    assert received == body
+
+
+async def test_an_early_reply_to_a_large_upload_is_delivered() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # reads none of the body
+        writer.write(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 3\r\n\r\nbig")
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.close()
+
+    async with raw_server(handle) as upstream:
+        response = await upstream.request("POST", "/v1/upload", HOST, b"x" * (32 * 1024 * 1024))
+        assert response.status == 413
+        assert await body_of(response) == b"big"

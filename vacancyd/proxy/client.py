@@ -45,6 +45,10 @@ IDLE_TIMEOUT_S = 15.0
 #: The most header bytes (names and values) and header lines a reply may carry.
 MAX_HEADER_BYTES = 64 * 1024
 MAX_HEADERS = 256
+#: A request body larger than this is handed to the socket in slices of SEND_SLICE_BYTES,
+#: each after the last has drained, so a large upload never copies tens of MiB on the loop.
+LARGE_BODY_BYTES = 1024 * 1024
+SEND_SLICE_BYTES = 256 * 1024
 #: Methods whose replies never carry a body, whatever their headers say.
 _NO_BODY_METHODS = frozenset({"HEAD"})
 
@@ -203,6 +207,9 @@ class _Connection(asyncio.Protocol):
         #: Resolved once the socket is closed.
         self._loop = asyncio.get_running_loop()
         self.lost: asyncio.Future[None] = self._loop.create_future()
+        self._sender: asyncio.Task[None] | None = None
+        self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
         self._silence_s: float | None = None
         self._silence_timer: asyncio.TimerHandle | None = None
         self._last_byte_at = 0.0
@@ -233,6 +240,15 @@ class _Connection(asyncio.Protocol):
             own = exc.__context__ if isinstance(exc.__context__, ForwardError) else None
             self._fail(own or BadResponse(f"invalid HTTP response: {exc}"))
 
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
     def eof_received(self) -> bool:
         self.closed = True  # never pooled again; a close-delimited body ends on the close
         return False  # close the transport: HTTP/1.1 has no half-closed replies
@@ -240,6 +256,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.transport = None
+        self.resume_writing()  # a body sender waiting to drain sees the close and stops
         self.pool.forget(self, lost=True)
         if not self.lost.done():
             self.lost.set_result(None)
@@ -351,7 +368,10 @@ class _Connection(asyncio.Protocol):
         self._no_body = no_body
         waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._head_waiter = waiter
-        if body:
+        if body and len(body) > LARGE_BODY_BYTES:
+            self.transport.write(head)
+            self._sender = self._loop.create_task(self._send_body(body))
+        elif body:
             self.transport.writelines((head, body))
         else:
             self.transport.write(head)
@@ -362,6 +382,29 @@ class _Connection(asyncio.Protocol):
                 self._last_byte_at + silence_s, self._check_silence
             )
         return waiter
+
+    async def _send_body(self, body: bytes) -> None:
+        """Hand a large body to the socket slice by slice, waiting for each to drain (a
+        server that stops reading holds the rest back, not the loop); stops when the
+        connection closes, whose loss reports the failure."""
+        view = memoryview(body)
+        for offset in range(0, len(view), SEND_SLICE_BYTES):
+            transport = self.transport
+            if transport is None or transport.is_closing():
+                return
+            transport.write(view[offset : offset + SEND_SLICE_BYTES])
+            if self._write_paused:
+                self._drained = self._loop.create_future()
+                await self._drained
+                self._drained = None
+
+    def _sending(self) -> bool:
+        """The request is still going out (body slices left, or bytes in the socket's
+        write buffer)."""
+        if self._sender is not None and not self._sender.done():
+            return True
+        transport = self.transport
+        return transport is not None and transport.get_write_buffer_size() > 0
 
     def _check_silence(self) -> None:
         """The silence timer fired. A byte that arrived since (``data_received`` notes
@@ -374,10 +417,7 @@ class _Connection(asyncio.Protocol):
             return
         loop = self._loop
         now = loop.time()
-        transport = self.transport
-        if self._reading_paused or (
-            transport is not None and transport.get_write_buffer_size() > 0
-        ):
+        if self._reading_paused or self._sending():
             self._last_byte_at = now  # waiting on the borrower or the send: not silence
         due = self._last_byte_at + limit
         if due > now + 0.001:
@@ -399,8 +439,8 @@ class _Connection(asyncio.Protocol):
     def finished(self) -> None:
         """The reply was read to its end: pool the connection if it stays alive."""
         self._response = None
-        if self.closed or not self.keep_alive or not self._complete:
-            self.abort()
+        if self.closed or not self.keep_alive or not self._complete or self._sending():
+            self.abort()  # a reply before the whole request went out: not reusable
             return
         self.reused = True
         self.resume()
@@ -426,6 +466,8 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         self._cancel_idle_timer()
         self._stop_silence()
+        if self._sender is not None and not self._sender.done():
+            self._sender.cancel()
         self.closed = True
         self.pool.forget(self)
         if self.transport is not None:
