@@ -38,6 +38,7 @@ status_poll_s = {poll_s}
 namespace = "{NS}"
 heartbeat_s = 60
 resync_s = 60
+lendable_stable_s = 0
 [[lender]]
 name = "pc"
 url = "{url}"

@@ -6,6 +6,7 @@ lender whose /events stream and /status stall is published not ready after its t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,6 +38,7 @@ status_poll_s = 30
 namespace = "{NS}"
 heartbeat_s = 60
 resync_s = 60
+lendable_stable_s = 0
 [[lender]]
 name = "pc"
 url = "{url}"
@@ -54,6 +56,7 @@ lender = "pc"
 namespace = "{NS}"
 heartbeat_s = 60
 resync_s = 60
+lendable_stable_s = 0
 """
 
 
@@ -132,6 +135,33 @@ async def test_host_side_publishes_a_new_lender_within_a_second(
     app, _ = openai_like_app()
     async with serve_app(app) as target, running_daemon(lender_toml(target, HOST_SECTION)) as d:
         await published_within_a_second(d, kube)
+
+
+async def test_with_the_default_damping_a_new_lender_is_still_published_within_a_second(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lendable_stable_s (10 s by default) damps returns to lendable, not a new lender: the
+    refusals of a daemon whose first samples are not in yet do not start the damping."""
+    monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
+    default_companion = companion_toml("{url}").replace("lendable_stable_s = 0\n", "")
+    default_host = HOST_SECTION.replace("lendable_stable_s = 0\n", "")
+    assert "lendable_stable_s" not in default_companion + default_host
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        for mode in ("companion", "host"):
+            kube.slices.clear()
+            section = default_host if mode == "host" else ""
+            async with running_daemon(lender_toml(target, section)) as d:
+                async with contextlib.AsyncExitStack() as stack:
+                    if mode == "companion":
+                        toml = default_companion.replace("{url}", d.api_url)
+                        await stack.enter_async_context(running_companion(toml, kube))
+                    lendable_at = await moment(lambda: admits(d))
+                    published_at = await moment(
+                        lambda: (gated(kube) or {}).get("ready") is True, 5.0
+                    )
+                    assert published_at - lendable_at < 1.0, mode
+                    assert kube.conditions("pc")[c.LENDABLE]["reason"] == "Lendable"
 
 
 async def test_a_stopping_lender_tells_its_companion_at_once(kube: FakeKube) -> None:

@@ -285,3 +285,13 @@ def test_host_publishing_renders_its_own_least_privilege_rbac() -> None:
         CHART / "ci" / "host-publishing-values.yaml", "--api-versions", "monitoring.coreos.com/v1"
     )
     assert [d["kind"] for d in with_operator].count("PrometheusRule") == 1
+
+
+def test_the_chart_and_the_daemon_share_one_lendable_stable_default() -> None:
+    """companion.lendableStableSeconds and lendable_stable_s have one default (10 s), so a
+    companion from the chart and a host-side lender damp a return to lendable alike."""
+    from vacancyd.config.model import ClusterSettings
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    default = ClusterSettings.model_fields["lendable_stable_s"].default
+    assert values["companion"]["lendableStableSeconds"] == default == 10.0

@@ -379,6 +379,7 @@ direct_services = true
 heartbeat_s = 60
 resync_s = 60
 request_timeout_s = 10
+lendable_stable_s = 0
 {blocks}"""
         companion = Companion(parse_companion_config(toml, "<test>"))
         await companion.start()

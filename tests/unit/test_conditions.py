@@ -250,3 +250,28 @@ def test_dns_name_is_a_valid_label_even_when_long() -> None:
 )
 def test_address_problem(address: str, bad: bool) -> None:
     assert (c.address_problem(address) is not None) is bad
+
+
+def _one(lendable: bool, reason: str | None = None, owner: bool | None = False) -> LenderState:
+    up = c.UpstreamState("chat", lendable=lendable, bound=True, port=1, reason=reason)
+    return LenderState(Phase.ALIVE, owner_present=owner, upstreams={"chat": up})
+
+
+def test_the_damper_ignores_start_up_refusals_but_damps_a_real_return() -> None:
+    damper = c.LendableDamper(10.0)
+    # a daemon that has just started: presence not sampled, a resource not measured yet
+    damper.observe(_one(False, "owner_active", owner=None), 0.0)
+    damper.observe(_one(False, "resource_unmeasured"), 1.0)
+    damper.observe(_one(True), 2.0)
+    shown, next_at = damper.apply(_one(True), 2.0)
+    assert shown.upstreams["chat"].lendable and next_at is None
+    # once it was lendable, even an unmeasured spell starts the stable period
+    damper.observe(_one(False, "resource_unmeasured"), 3.0)
+    damper.observe(_one(True), 4.0)
+    shown, next_at = damper.apply(_one(True), 5.0)
+    assert shown.upstreams["chat"].reason == "settling" and next_at == 14.0
+    # a real refusal before the first lendable state is damped, as before
+    owner_first = c.LendableDamper(10.0)
+    owner_first.observe(_one(False, "owner_active", owner=True), 0.0)
+    owner_first.observe(_one(True), 1.0)
+    assert owner_first.apply(_one(True), 2.0)[0].upstreams["chat"].reason == "settling"

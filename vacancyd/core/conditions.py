@@ -653,13 +653,17 @@ class LendableDamper:
     A flapping lender (free memory around a policy's limit, an owner who comes and goes)
     would otherwise rewrite every Service's endpoints on each flip. The first lendable
     observation of an upstream is published at once; the damping starts with its first
-    not-lendable one (or the lender becoming unreachable or stopped). Times are monotonic
-    seconds, passed in.
+    not-lendable one (or the lender becoming unreachable or stopped). Until an upstream has
+    been lendable once, a refusal that only says "not measured yet" (presence never
+    sampled, ``resource_unmeasured``) does not count: a daemon that has just started refuses
+    so until its first samples arrive, and its first lendable state must not wait for
+    ``stable_s``. Times are monotonic seconds, passed in.
     """
 
     stable_s: float = 0.0
     _lendable_since: dict[str, float] = field(default_factory=dict)
     _seen_unlendable: set[str] = field(default_factory=set)
+    _seen_lendable: set[str] = field(default_factory=set)
 
     def observe(self, lender: LenderState, now: float) -> None:
         """Record ``lender`` as observed at ``now``."""
@@ -668,9 +672,14 @@ class LendableDamper:
         for name, up in lender.upstreams.items():
             if lender.alive and not lender.terminating and up.lendable:
                 self._lendable_since.setdefault(name, now)
-            else:
+                self._seen_lendable.add(name)
+                continue
+            self._lendable_since.pop(name, None)
+            unmeasured = lender.alive and (
+                lender.owner_present is None or up.reason == "resource_unmeasured"
+            )
+            if name in self._seen_lendable or not unmeasured:
                 self._seen_unlendable.add(name)
-                self._lendable_since.pop(name, None)
 
     def apply(self, lender: LenderState, now: float) -> tuple[LenderState, float | None]:
         """(``lender`` as it should be published at ``now``, when that may change next).
