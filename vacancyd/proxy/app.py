@@ -618,6 +618,8 @@ class Proxy:
             unreachable = isinstance(exc, aiohttp.ClientConnectorError | TimeoutError)
             stage = "connect" if unreachable else "response"
             self.metrics.upstream_error(up.name, stage)
+            if unreachable:  # the lendability probe answers upstream_unreachable from now
+                self.state.record_reach(up.name, False, self.state.clock(), repr(exc))
             log.warning(
                 "upstream %s %s for %s %s: %r",
                 up.name,

@@ -51,7 +51,7 @@ from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import render_status
-from vacancyd.collectors import exposure, logind, presence, system
+from vacancyd.collectors import exposure, logind, presence, reach, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError, load_config
@@ -404,6 +404,7 @@ class Daemon:
                 access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
             )
             self.state.set_listener(up.name, address, bound=True)
+            self._start_reach_check(upstream)
             if adapter.observable:
                 self._start_observer(upstream, credential)
             proxies[up.name] = proxy
@@ -649,6 +650,28 @@ class Daemon:
         )
         self._sessions.append(session)
         return session
+
+    def _start_reach_check(self, upstream: Upstream) -> None:
+        """Check on the collectors' cadence (at most every 2 s) that the upstream's server
+        accepts connections, for the lendability probe (vacancyd.core.reach)."""
+        name = upstream.name
+        state = self.state
+        cfg = self.settings.collectors
+        interval = min(cfg.poll_s, 2.0)
+        state.reach_max_age_s = max(state.reach_max_age_s, 5 * (interval + cfg.probe_timeout_s))
+        host, port = reach.target_address(upstream.target)
+        self.supervisor.spawn(
+            run_async_probe_loop(
+                f"connection check {name}",
+                lambda: reach.connect_check(host, port),
+                interval_s=interval,
+                timeout_s=cfg.probe_timeout_s,
+                on_sample=lambda _ok, t: state.record_reach(name, True, t),
+                on_error=lambda e, t: state.record_reach(name, False, t, e),
+            ),
+            name=f"connection check {name}",
+            essential=False,
+        )
 
     def _start_observer(self, upstream: Upstream, credential: str | None) -> None:
         adapter = upstream.adapter
