@@ -454,6 +454,85 @@ def retired_conditions(current: Sequence[Mapping[str, Any]]) -> list[str]:
     )
 
 
+#: The reason of a condition the stale-condition check marked Unknown: nobody has refreshed
+#: it within the staleness limit (its publisher stopped, or cannot reach the API server).
+PUBLISHER_STALE = "PublisherStale"
+
+
+def parse_rfc3339(value: Any) -> float | None:
+    """A Kubernetes timestamp (``2026-11-29T14:02:30Z``, or a datetime) as epoch seconds;
+    None when it is missing or not a timestamp."""
+    if isinstance(value, datetime):
+        stamp = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return stamp.timestamp()
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def stale_patch(
+    current: Sequence[Mapping[str, Any]], now_wall: float, stale_after_s: float
+) -> dict[str, Any] | None:
+    """The strategic-merge patch that marks our stale conditions Unknown, or None.
+
+    A condition of ours (``CONDITION_TYPES``) is stale when its ``lastHeartbeatTime`` (or,
+    without one, its ``lastTransitionTime``) is more than ``stale_after_s`` seconds before
+    ``now_wall`` (epoch seconds), or when it carries neither. One already ``Unknown`` is
+    left alone. The patch keeps ``lastHeartbeatTime`` (it says when the publisher last
+    vouched for the condition, as the node lifecycle controller keeps kubelet's), sets
+    ``lastTransitionTime`` to now and the reason to ``PublisherStale``.
+    """
+    stamp = rfc3339(now_wall)
+    out = []
+    for cond in current:
+        if not isinstance(cond, Mapping) or cond.get("type") not in CONDITION_TYPES:
+            continue
+        if cond.get("status") == Status.UNKNOWN.value:
+            continue
+        heartbeat = cond.get("lastHeartbeatTime") or cond.get("lastTransitionTime")
+        seen = parse_rfc3339(heartbeat)
+        if seen is not None and now_wall - seen <= stale_after_s:
+            continue
+        since = "ever" if seen is None else f"{max(0.0, now_wall - seen):.0f} s"
+        message = (
+            f"no heartbeat from the publisher for {since} (stale after {stale_after_s:.0f} s); "
+            f"it last said {cond.get('status')} ({cond.get('reason') or 'no reason'})"
+        )
+        entry: dict[str, Any] = {
+            "type": cond["type"],
+            "status": Status.UNKNOWN.value,
+            "reason": PUBLISHER_STALE,
+            "message": _message(message),
+            "lastTransitionTime": stamp,
+        }
+        if heartbeat:
+            entry["lastHeartbeatTime"] = _as_rfc3339(heartbeat)
+        out.append(entry)
+    return {"status": {"conditions": out}} if out else None
+
+
+def cleanup_patch(current: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The strategic-merge patch that removes every condition vacancyd set on a Node (any
+    type with the ``Vacancy`` prefix, current or retired), or None when there is none.
+    Conditions of every other type are never in it."""
+    ours = sorted(
+        {
+            str(c.get("type"))
+            for c in current
+            if isinstance(c, Mapping) and str(c.get("type", "")).startswith(CONDITION_PREFIX)
+        }
+    )
+    if not ours:
+        return None
+    return {"status": {"conditions": [{"type": kind, "$patch": "delete"} for kind in ours]}}
+
+
 def _as_rfc3339(value: Any) -> str:
     if isinstance(value, datetime):
         if value.tzinfo is None:

@@ -308,12 +308,20 @@ class Publisher:
     def _count(self, kind: str) -> None:
         self.calls[kind] = self.calls.get(kind, 0) + 1
 
-    async def _write_node(self, api: KubeApi, lender: LenderState) -> None:
-        """Read the Node's conditions, then patch ours in (and retired ones of ours out)."""
+    async def _write_node(
+        self, api: KubeApi, lender: LenderState, *, only_existing: bool = False
+    ) -> None:
+        """Read the Node's conditions, then patch ours in (and retired ones of ours out).
+
+        ``only_existing``: write nothing to a Node that carries none of our conditions (a
+        last write at shutdown must not bring back what an uninstall removed)."""
         node = self.target.node
         assert node is not None
         self._count("read")
         current = await self._call(f"get node {node}", api.get_node_conditions(node))
+        if only_existing and conditions.cleanup_patch(current) is None:
+            log.info("node %s has no vacancyd conditions (removed?): not writing them back", node)
+            return
         desired = conditions.node_conditions(lender)
         patch = conditions.condition_patch(desired, current, self.wall())
         retired = conditions.retired_conditions(current)
@@ -359,13 +367,17 @@ class Publisher:
                 )
         return out
 
-    async def _write_slices(self, api: KubeApi, lender: LenderState | None) -> LenderState:
+    async def _write_slices(
+        self, api: KubeApi, lender: LenderState | None, *, only_existing: bool = False
+    ) -> LenderState:
         """Read this lender's slices from the server; apply only those that differ from what
         is wanted, delete those no longer wanted. The comparison is with what the server
         holds, never with what was last written, so no needed write is skipped.
 
         ``lender`` None: the latest state as of the moment the server's copy arrived (so a
-        change during the read is included). Returns the state written.
+        change during the read is included). ``only_existing``: update slices the server
+        still holds, create none (a last write at shutdown must not bring back what an
+        uninstall deleted). Returns the state written.
         """
         namespace = self.target.namespace
         selector = (
@@ -384,6 +396,8 @@ class Publisher:
         for body in desired:
             name = body["metadata"]["name"]
             if conditions.slice_up_to_date(body, existing.get(name)):
+                continue
+            if only_existing and name not in existing:
                 continue
             try:
                 self._count("apply")
@@ -442,10 +456,12 @@ class Publisher:
                 api = await self._ensure_api(asyncio.get_running_loop().time())
             if api is None:
                 return False
+            # Update what the server holds, create nothing: after an uninstall's cleanup, a
+            # publisher that stops must not leave its objects behind again.
             if self.target.node is not None:
-                await self._write_node(api, lender)
+                await self._write_node(api, lender, only_existing=True)
             if self.target.address is not None:
-                await self._write_slices(api, lender)
+                await self._write_slices(api, lender, only_existing=True)
             log.info("published %s as %s", self.target.lender, what)
             return True
         except K8sApiError as exc:
