@@ -64,6 +64,7 @@ from vacancyd.core.snapshot import (
     ServerState,
     Snapshot,
 )
+from vacancyd.core.status import PublisherStatus
 from vacancyd.core.veto import VetoTracker
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,9 @@ class SharedState:
         self.upstream_views: dict[str, Callable[[], Mapping[str, object]]] = {}
         #: Renders the owner's controls for /status (set by vacancyd.control.owner).
         self.owner_view: Callable[[], Mapping[str, object]] | None = None
+        #: Host-side Kubernetes publishing's own state for /status and /metrics (set by
+        #: vacancyd.k8s.host when ``[kubernetes]`` is configured).
+        self.publisher_status: Callable[[], PublisherStatus] | None = None
 
     @property
     def reclaim_views(self) -> Mapping[str, dict[str, object]]:
