@@ -118,7 +118,11 @@ async def _k8s(args: argparse.Namespace) -> int:
             try:
                 if args.action == "cleanup":
                     outcome = await maintenance.cleanup(
-                        api, args.namespace, args.node, lenders=args.lender
+                        api,
+                        args.namespace,
+                        args.node,
+                        lenders=args.lender,
+                        stand_down_s=args.stand_down_s,
                     )
                 else:
                     outcome = await maintenance.mark_stale(api, args.node, args.stale_after_s)
@@ -816,6 +820,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="only this lender's EndpointSlices (repeat for more; default: every lender's)",
+    )
+    clean.add_argument(
+        "--stand-down-s",
+        type=float,
+        default=5.0,
+        help="first tell running publishers to stop writing and wait this long (default 5: "
+        "they look every 2 s); 0: remove at once",
     )
     _cluster_args(clean)
 

@@ -247,3 +247,24 @@ async def test_a_stalled_lender_is_published_not_ready_after_its_timeout(
         assert 0.8 <= at - began < 2.5  # lender_timeout_s is 1 s
         assert lendable_status(kube) == "Unknown"
         await moment(lambda: "nothing received for" in caplog.text, 8.0)
+
+
+async def test_a_host_side_lender_stands_down_for_an_uninstall(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The uninstall marker appears: the lender stops writing at once, and its shutdown
+    writes nothing either (an uninstall's cleanup must not be undone)."""
+    monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
+    kube.delay_s = 0.0
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        async with running_daemon(lender_toml(target, HOST_SECTION)) as d:
+            await moment(lambda: (gated(kube) or {}).get("ready") is True)
+            await kube.apply_endpoint_slice(c.uninstall_marker(NS), "vacancyd-cleanup")
+            await moment(lambda: "no more writes for pc" in caplog.text, 5.0)
+            kube.slices = {k: v for k, v in kube.slices.items() if k[1] == c.UNINSTALL_MARKER}
+            kube.nodes["pc"]["status"]["conditions"] = []
+            d.state.set_lending(False)  # a change that would be published at once
+            await asyncio.sleep(0.5)
+    assert list(kube.slices) == [(NS, c.UNINSTALL_MARKER)]
+    assert kube.nodes["pc"]["status"]["conditions"] == []

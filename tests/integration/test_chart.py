@@ -295,3 +295,77 @@ def test_the_chart_and_the_daemon_share_one_lendable_stable_default() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     default = ClusterSettings.model_fields["lendable_stable_s"].default
     assert values["companion"]["lendableStableSeconds"] == default == 10.0
+
+
+def _by_component(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in docs
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+    ]
+
+
+def _parses(args: list[str]) -> None:
+    """The container's args are a command vacancyd's own CLI accepts."""
+    from vacancyd.cli import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert parsed.func.__name__ == "cmd_k8s"
+
+
+def test_the_uninstall_hook_runs_as_the_identities_that_wrote() -> None:
+    companion = render(CHART / "ci" / "one-lender-values.yaml")
+    (job,) = _by_component(companion, "cleanup")
+    assert job["kind"] == "Job"
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    sa = pod["serviceAccountName"]
+    assert sa in {d["metadata"]["name"] for d in companion if d["kind"] == "ServiceAccount"}
+    args = pod["containers"][0]["args"]
+    assert args[:3] == ["k8s", "cleanup", "--namespace=vacancy"]
+    lenders = yaml.safe_load((CHART / "ci" / "one-lender-values.yaml").read_text())["lenders"]
+    assert sorted(a for a in args if a.startswith("--node=")) == sorted(
+        f"--node={x['node']}" for x in lenders if x.get("node")
+    )
+    _parses(args)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+    host = render(CHART / "ci" / "host-publishing-values.yaml")
+    (job,) = _by_component(host, "cleanup")
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "vacancyd-host-publisher"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--node=gaming-pc" in args and "--node=office-pc" in args
+    _parses(args)
+
+    off = render(
+        CHART / "ci" / "one-lender-values.yaml", "--set", "cleanupOnUninstall.enabled=false"
+    )
+    assert _by_component(off, "cleanup") == []
+    # the plain manifests have no hooks: applied with kubectl, the Job would run at once
+    manifests = (ROOT / "manifests" / "vacancyd.yaml").read_text()
+    assert "helm.sh/hook" not in manifests
+
+
+def test_host_side_publishing_gets_the_stale_condition_check() -> None:
+    host = render(CHART / "ci" / "host-publishing-values.yaml")
+    (cron,) = _by_component(host, "stale-conditions")
+    assert cron["kind"] == "CronJob" and cron["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "vacancyd-host-publisher"
+    args = pod["containers"][0]["args"]
+    assert args[:2] == ["k8s", "mark-stale"] and "--stale-after-s=180" in args
+    assert "--node=gaming-pc" in args and "--node=office-pc" in args
+    _parses(args)
+    # its identity may get and patch exactly those Nodes
+    (role,) = [d for d in host if d["kind"] == "ClusterRole"]
+    for rule in role["rules"]:
+        assert rule["resourceNames"] == ["gaming-pc", "office-pc"]
+    # not where the companion publishes (it turns a silent lender Unknown itself)
+    assert _by_component(render(CHART / "ci" / "one-lender-values.yaml"), "stale-conditions") == []
+    off = render(
+        CHART / "ci" / "host-publishing-values.yaml",
+        "--set",
+        "hostPublishing.staleConditions.enabled=false",
+    )
+    assert _by_component(off, "stale-conditions") == []

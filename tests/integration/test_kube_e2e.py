@@ -834,7 +834,7 @@ async def test_mark_stale_loses_to_a_publisher_that_writes_meanwhile(installed: 
 
 
 async def test_the_uninstall_hook_removes_vacancyds_objects_and_only_those(
-    installed: Any, tmp_path: Path
+    installed: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`helm uninstall` order: the pre-delete hook's command (rendered by the chart, run with
     the companion's ServiceAccount) while the companion still runs, then the companion
@@ -906,7 +906,9 @@ async def test_the_uninstall_hook_removes_vacancyds_objects_and_only_those(
                 "node/gone-pc",
             ]
             assert report["errors"] == []
-        # the companion has stopped (its last writes update, never recreate)
+            # the companion (resyncing every 0.5 s) saw the marker and stopped writing
+            assert "an uninstall is removing what vacancyd published" in caplog.text
+        # the companion has stopped: it wrote nothing back, not even its last state
     assert await slices(api, "vacancyd.io/lender=gone") == {}
     assert "someone-elses" in await slices(api, "kubernetes.io/service-name=vacancyd-chat")
     conds = node_conditions(api, "gone-pc")

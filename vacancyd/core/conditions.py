@@ -533,6 +533,44 @@ def cleanup_patch(current: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None
     return {"status": {"conditions": [{"type": kind, "$patch": "delete"} for kind in ours]}}
 
 
+#: The uninstall marker: an EndpointSlice with this label (no endpoints, no Service) that
+#: ``vacancyd k8s cleanup`` writes before it removes anything. Every publisher that sees it
+#: stops writing, so nothing it removes is written back.
+UNINSTALL_LABEL = "vacancyd.io/uninstall"
+UNINSTALL_MARKER = "vacancyd-uninstall"
+#: A marker older than this (seconds) is a leftover of a cleanup that did not finish, not
+#: an uninstall in progress: it silences nobody (a reinstall publishes again).
+UNINSTALL_MARKER_MAX_AGE_S = 600.0
+
+
+def uninstall_marker(namespace: str) -> dict[str, Any]:
+    """The uninstall marker EndpointSlice for ``namespace``. It carries our managed-by label
+    (so a cleanup removes it with the rest) but no lender or Service label (so no publisher
+    or kube-proxy mistakes it for a lender's endpoints)."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": UNINSTALL_MARKER,
+            "namespace": namespace,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY, UNINSTALL_LABEL: "true"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [],
+    }
+
+
+def uninstall_in_progress(markers: Mapping[str, Mapping[str, Any]], now_wall: float) -> bool:
+    """True when one of ``markers`` (EndpointSlices labelled ``UNINSTALL_LABEL``, by name,
+    as the server holds them) was created within ``UNINSTALL_MARKER_MAX_AGE_S`` of
+    ``now_wall`` (epoch seconds). A marker without a creation time counts."""
+    for body in markers.values():
+        created = parse_rfc3339((body.get("metadata") or {}).get("creationTimestamp"))
+        if created is None or now_wall - created <= UNINSTALL_MARKER_MAX_AGE_S:
+            return True
+    return False
+
+
 def _as_rfc3339(value: Any) -> str:
     if isinstance(value, datetime):
         if value.tzinfo is None:

@@ -12,7 +12,10 @@ Node alone). The chart runs it as a CronJob for host-side publishers.
 ``vacancyd k8s cleanup`` (:func:`cleanup`) removes what vacancyd wrote: the EndpointSlices
 labelled ``endpointslice.kubernetes.io/managed-by: companion.vacancyd.io`` in a namespace,
 and every ``Vacancy*`` condition on the named Nodes. Objects and conditions of anyone else
-are never touched. The chart runs it as a pre-delete hook.
+are never touched. Publishers still run while it does (the chart runs it as a pre-delete
+hook, before the companion is deleted), so it first writes an uninstall marker that makes
+every publisher stop writing (:func:`vacancyd.k8s.publisher.watch_uninstall`), waits for
+them to see it, and removes the marker last.
 
 Both report what they did as :class:`Outcome` and raise nothing but
 :class:`~vacancyd.k8s.api.K8sApiError` for a failure that stops the whole pass (an API
@@ -21,6 +24,7 @@ server that does not answer); a failure on one Node is recorded and the pass goe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +35,9 @@ from vacancyd.core import conditions
 from vacancyd.k8s.api import K8sApiError, KubeApi
 
 log = logging.getLogger(__name__)
+
+#: The field manager of the uninstall marker.
+CLEANUP_MANAGER = "vacancyd-cleanup"
 
 
 @dataclass
@@ -101,14 +108,25 @@ async def cleanup(
     nodes: Sequence[str],
     *,
     lenders: Sequence[str] = (),
+    stand_down_s: float = 0.0,
 ) -> Outcome:
     """Delete vacancyd's EndpointSlices in ``namespace`` (only those of ``lenders`` when
     given) and remove every ``Vacancy*`` condition from ``nodes``. A Node that does not
-    exist is skipped (nothing to clean); other per-object failures are recorded."""
+    exist is skipped (nothing to clean); other per-object failures are recorded.
+
+    ``stand_down_s`` > 0: first write the uninstall marker and wait that many seconds, so
+    that every publisher still running (a companion, a host-side lender) sees it and stops
+    writing (they look every ``UNINSTALL_POLL_S`` seconds); the marker is removed last.
+    """
     out = Outcome()
+    if stand_down_s > 0:
+        await api.apply_endpoint_slice(conditions.uninstall_marker(namespace), CLEANUP_MANAGER)
+        log.info("uninstall marker written; waiting %.0f s for publishers to stop", stand_down_s)
+        await asyncio.sleep(stand_down_s)
     names: set[str] = set()
     for selector in _selector(lenders):
         names.update(await api.list_endpoint_slices(namespace, selector))
+    names.discard(conditions.UNINSTALL_MARKER)
     for name in sorted(names):
         try:
             await api.delete_endpoint_slice(namespace, name)
@@ -134,6 +152,11 @@ async def cleanup(
         removed = [c["type"] for c in patch["status"]["conditions"]]
         log.info("node %s: removed %s", node, ", ".join(removed))
         out.changed.append(f"node/{node}")
+    if stand_down_s > 0:
+        try:
+            await api.delete_endpoint_slice(namespace, conditions.UNINSTALL_MARKER)
+        except K8sApiError as exc:
+            out.errors.append(f"{exc} ({exc.hint})")
     return out
 
 

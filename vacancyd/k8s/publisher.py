@@ -143,6 +143,8 @@ class Publisher:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _damper: conditions.LendableDamper = field(init=False)
     _damped_until: float | None = None
+    #: Set by :meth:`stand_down` (an uninstall is removing what we wrote): write nothing more.
+    stood_down: bool = False
     _connect: _Part = field(init=False)
     _node: _Part = field(init=False)
     _slices: _Part = field(init=False)
@@ -206,8 +208,21 @@ class Publisher:
             except TimeoutError:
                 pass
 
+    def stand_down(self) -> None:
+        """Write nothing more, not even at shutdown: an uninstall is removing this lender's
+        objects (see :func:`watch_uninstall`). For good; never raises."""
+        if not self.stood_down:
+            log.warning(
+                "an uninstall is removing what vacancyd published: no more writes for %s",
+                self.target.lender,
+            )
+        self.stood_down = True
+        self._changed.set()
+
     def _next_wake(self, now: float) -> float:
         times = [now + 3600.0]
+        if self.stood_down:
+            return times[0]
         if self._damped_until is not None:
             times.append(self._damped_until)
         if self._api is None:
@@ -227,6 +242,8 @@ class Publisher:
         return min(times)
 
     async def _pass(self, now: float) -> None:
+        if self.stood_down:
+            return
         api = await self._ensure_api(now)
         if api is None:
             return
@@ -449,6 +466,8 @@ class Publisher:
 
     async def _write_final(self, lender: LenderState, what: str) -> bool:
         self.latest = lender
+        if self.stood_down:
+            return False
         api = self._api
         try:
             if api is None:
@@ -491,3 +510,50 @@ class Publisher:
                 except Exception:  # closing must not fail a shutdown
                     log.debug("closing the Kubernetes client failed", exc_info=True)
             self._api = None
+
+
+#: Seconds between two looks for the uninstall marker; ``vacancyd k8s cleanup`` waits longer
+#: than this (``--stand-down-s``) before it removes anything.
+UNINSTALL_POLL_S = 2.0
+
+
+async def watch_uninstall(
+    connect: Callable[[], Awaitable[KubeApi]],
+    namespace: str,
+    publishers: list[Publisher],
+    *,
+    poll_s: float = UNINSTALL_POLL_S,
+    wall: Callable[[], float] = time.time,
+) -> None:
+    """Look for the uninstall marker in ``namespace`` every ``poll_s`` seconds (one list
+    call); once it is there, :meth:`Publisher.stand_down` every publisher. Runs until
+    cancelled (it idles after standing down); API failures are logged once and retried."""
+    api: KubeApi | None = None
+    last_error: str | None = None
+    selector = f"{conditions.UNINSTALL_LABEL}=true"
+    try:
+        while True:
+            try:
+                if api is None:
+                    async with asyncio.timeout(30.0):
+                        api = await connect()
+                async with asyncio.timeout(30.0):
+                    markers = await api.get_endpoint_slices(namespace, selector)
+            except (K8sApiError, TimeoutError) as exc:
+                text = str(exc) or "no answer within 30 s"
+                if text != last_error:
+                    log.debug("looking for the uninstall marker failed: %s", text)
+                last_error = text
+            else:
+                last_error = None
+                if conditions.uninstall_in_progress(markers, wall()):
+                    for publisher in publishers:
+                        publisher.stand_down()
+                    await asyncio.Event().wait()  # stood down for good: idle until cancelled
+            await asyncio.sleep(poll_s)
+    finally:
+        if api is not None:
+            try:
+                await api.close()
+            except Exception:  # closing must not fail a shutdown
+                log.debug("closing the Kubernetes client failed", exc_info=True)
