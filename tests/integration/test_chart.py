@@ -361,11 +361,20 @@ def test_host_side_publishing_gets_the_stale_condition_check() -> None:
     (role,) = [d for d in host if d["kind"] == "ClusterRole"]
     for rule in role["rules"]:
         assert rule["resourceNames"] == ["gaming-pc", "office-pc"]
-    # not where the companion publishes (it turns a silent lender Unknown itself)
-    assert _by_component(render(CHART / "ci" / "one-lender-values.yaml"), "stale-conditions") == []
+    # for the companion's lenders, as the companion (a companion whose Pod is gone)
+    companion = render(CHART / "ci" / "one-lender-values.yaml")
+    (cron,) = _by_component(companion, "stale-conditions")
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "vacancyd-companion"
+    assert "--node=gaming-pc" in pod["containers"][0]["args"]
     off = render(
-        CHART / "ci" / "host-publishing-values.yaml",
-        "--set",
-        "hostPublishing.staleConditions.enabled=false",
+        CHART / "ci" / "host-publishing-values.yaml", "--set", "staleConditions.enabled=false"
     )
     assert _by_component(off, "stale-conditions") == []
+    # a staleness limit the heartbeats cannot beat is refused at render time
+    helm = [tool("helm"), "template", "vacancyd", str(CHART), "-f"]
+    proc = run(
+        *helm, str(CHART / "ci" / "one-lender-values.yaml"),
+        "--set", "staleConditions.staleAfterSeconds=100", check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "more than twice companion.heartbeatSeconds" in proc.stderr
