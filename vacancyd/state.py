@@ -27,6 +27,7 @@ from vacancyd.core.events import (
     CapacityChanged,
     EdgeRaised,
     HoldChanged,
+    JobHoldChanged,
     LendabilityChanged,
     LendingSwitched,
     ListenerChanged,
@@ -626,6 +627,21 @@ class SharedState:
         for key in sorted(before - after):
             log.info("owner hold %s released", key)
             self._emit(HoldChanged(key, False, "", now))
+
+    def note_job_hold(self, job: int, upstream: str, hold: JobHold, *, held: bool) -> None:
+        """Tell subscribers that borrowed job ``job`` of ``upstream`` was held under
+        ``hold`` (``held``) or that this hold ended (event ``job_hold``)."""
+        self._emit(
+            JobHoldChanged(
+                job,
+                upstream,
+                held,
+                hold.reason.value,
+                hold.release_by.value,
+                hold.detail,
+                self.clock(),
+            )
+        )
 
     def publish_reclaim(self, reclaim: Reclaim) -> None:
         """Record an upstream's reclaim for /status and tell subscribers."""

@@ -258,8 +258,8 @@ class ServerStatus:
 
 @dataclass(frozen=True, slots=True)
 class HoldStatus:
-    """Why a job is held (``cut_uncertain``, ``tracking_lost``), since when (seconds ago),
-    and what releases it (``server_idle`` or ``admin``)."""
+    """Why a job is held (``cut_uncertain``, ``tracking_lost``, ``upstream_silent``), since
+    when (seconds ago), and what releases it (``server_idle`` or ``admin``)."""
 
     reason: str
     release_by: str

@@ -398,6 +398,7 @@ class Daemon:
                     tracked=controller is not None,
                     cut_is_uncertain=adapter.cut_is_uncertain,
                     idle_evidence=adapter.observable,
+                    silence_s=up.silence_limit,
                 ),
                 controller,
             )
