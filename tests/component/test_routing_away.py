@@ -16,7 +16,7 @@ from aiohttp import web
 
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
-from tests.support.k8s_lender import READ, lender_toml
+from tests.support.k8s_lender import follower_toml, lender_toml
 from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions as c
 from vacancyd.core import gate
@@ -30,34 +30,18 @@ SLOW_API_S = 0.1
 
 
 def companion_toml(url: str, *, timeout_s: float = 2.0) -> str:
-    return f"""
-listen = "127.0.0.1:0"
-lender_timeout_s = {timeout_s}
-status_poll_s = 30
-[kubernetes]
-namespace = "{NS}"
-heartbeat_s = 60
-resync_s = 60
-lendable_stable_s = 0
-[[lender]]
-name = "pc"
-url = "{url}"
-token = "{READ}"
-address = "192.0.2.10"
-node = "pc"
-"""
+    return follower_toml(url, timeout_s=timeout_s, ns=NS)
 
 
-HOST_SECTION = f"""
-[kubernetes]
-node = "pc"
-address = "192.0.2.10"
-lender = "pc"
-namespace = "{NS}"
-heartbeat_s = 60
-resync_s = 60
-lendable_stable_s = 0
-"""
+HOST_SECTION = {
+    "node": "pc",
+    "address": "192.0.2.10",
+    "lender": "pc",
+    "namespace": NS,
+    "heartbeat_s": 60,
+    "resync_s": 60,
+    "lendable_stable_s": 0,
+}
 
 
 @asynccontextmanager
@@ -133,7 +117,10 @@ async def test_host_side_publishes_a_new_lender_within_a_second(
 ) -> None:
     monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
     app, _ = openai_like_app()
-    async with serve_app(app) as target, running_daemon(lender_toml(target, HOST_SECTION)) as d:
+    async with (
+        serve_app(app) as target,
+        running_daemon(lender_toml(target, kubernetes=HOST_SECTION)) as d,
+    ):
         await published_within_a_second(d, kube)
 
 
@@ -143,18 +130,19 @@ async def test_with_the_default_damping_a_new_lender_is_still_published_within_a
     """lendable_stable_s (10 s by default) damps returns to lendable, not a new lender: the
     refusals of a daemon whose first samples are not in yet do not start the damping."""
     monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
-    default_companion = companion_toml("{url}").replace("lendable_stable_s = 0\n", "")
-    default_host = HOST_SECTION.replace("lendable_stable_s = 0\n", "")
-    assert "lendable_stable_s" not in default_companion + default_host
+    default_host = {k: v for k, v in HOST_SECTION.items() if k != "lendable_stable_s"}
     app, _ = openai_like_app()
     async with serve_app(app) as target:
         for mode in ("companion", "host"):
             kube.slices.clear()
-            section = default_host if mode == "host" else ""
-            async with running_daemon(lender_toml(target, section)) as d:
+            section = default_host if mode == "host" else None
+            async with running_daemon(lender_toml(target, kubernetes=section)) as d:
                 async with contextlib.AsyncExitStack() as stack:
                     if mode == "companion":
-                        toml = default_companion.replace("{url}", d.api_url)
+                        toml = follower_toml(
+                            d.api_url, timeout_s=2.0, ns=NS, lendable_stable_s=None
+                        )
+                        assert "lendable_stable_s" not in toml
                         await stack.enter_async_context(running_companion(toml, kube))
                     lendable_at = await moment(lambda: admits(d))
                     published_at = await moment(
@@ -196,7 +184,7 @@ async def test_host_side_sigterm_publishes_terminating_then_stopped(
     monkeypatch.setattr(kube, "apply_endpoint_slice", recording)
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        async with running_daemon(lender_toml(target, HOST_SECTION)):
+        async with running_daemon(lender_toml(target, kubernetes=HOST_SECTION)):
             await moment(lambda: (gated(kube) or {}).get("ready") is True)
     assert seen[-2:] == [
         {"ready": False, "serving": False, "terminating": True},
@@ -258,7 +246,7 @@ async def test_a_host_side_lender_stands_down_for_an_uninstall(
     kube.delay_s = 0.0
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        async with running_daemon(lender_toml(target, HOST_SECTION)) as d:
+        async with running_daemon(lender_toml(target, kubernetes=HOST_SECTION)) as d:
             await moment(lambda: (gated(kube) or {}).get("ready") is True)
             await kube.apply_endpoint_slice(c.uninstall_marker(NS), "vacancyd-cleanup")
             await moment(lambda: "no more writes for pc" in caplog.text, 5.0)
