@@ -149,6 +149,11 @@ class _ReclaimViews(Mapping[str, dict[str, object]]):
         return len(self._reclaims)
 
 
+#: Seconds after the last lendability probe during which an upstream's connection check
+#: keeps running; without probes it idles (it would only open connections nobody reads).
+REACH_DEMAND_S = 60.0
+
+
 class SharedState:
     """Mutable daemon state. Not thread-safe: touch it only from the event loop."""
 
@@ -179,6 +184,9 @@ class SharedState:
         self.reach: dict[str, Reach] = {}
         #: Evidence of reachability older than this (seconds) no longer counts.
         self.reach_max_age_s = 30.0
+        #: Per upstream: when the lendability probe last asked (monotonic s); the connection
+        #: check runs only while someone probes (vacancyd.collectors.reach).
+        self.reach_asked_at: dict[str, float] = {}
         self.presence = PresenceState(presence_source, refuses=presence_refuses)
         self.presence_max_age_s = presence_max_age_s
         self.veto = VetoTracker(release_after_s)
@@ -538,7 +546,16 @@ class SharedState:
                 log.info("upstream %s answers again", upstream)
 
     def upstream_unreachable(self, upstream: str) -> bool:
-        """True while the newest (recent) evidence says ``upstream``'s server is down."""
+        """True while the newest (recent) evidence says ``upstream``'s server is down.
+
+        Also records that someone asked, which keeps ``upstream``'s connection check
+        running (and wakes it when it was idle)."""
+        first = upstream not in self.reach_asked_at or (
+            self.clock() - self.reach_asked_at[upstream] > REACH_DEMAND_S
+        )
+        self.reach_asked_at[upstream] = self.clock()
+        if first:
+            self.sample_wanted(f"reach:{upstream}").set()
         reach = self.reach.get(upstream)
         return reach is not None and reach.unreachable(self.clock(), self.reach_max_age_s)
 

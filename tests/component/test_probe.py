@@ -279,6 +279,8 @@ async def test_probe_says_upstream_unreachable_while_the_server_is_down() -> Non
     try:
         async with running_daemon(config(f"http://127.0.0.1:{port}")) as d:
             await d.wait_ready()
+            await asyncio.sleep(0.5)
+            assert "llm" not in d.state.reach  # nobody probes: no connection is opened
             probe = d.proxy_url("llm") + PATH
             assert (await get(probe))[0] == 200
             await runner.cleanup()  # the inference server goes away
@@ -323,10 +325,10 @@ async def test_a_borrowed_request_that_cannot_connect_turns_the_probe_at_once() 
     # checks every 2 s (the cap), so the evidence below comes from the request
     slow_checks = config(f"http://127.0.0.1:{port}").replace("poll_s = 0.2", "poll_s = 30")
     async with running_daemon(slow_checks) as d:
-        await d.wait_until(lambda: d.state.reach.get("llm") is not None)
         await d.wait_ready(timeout_s=40)
         probe = d.proxy_url("llm") + PATH
-        assert (await get(probe))[0] == 200
+        assert (await get(probe))[0] == 200  # a probe starts the connection check
+        await d.wait_until(lambda: d.state.reach.get("llm") is not None)
         await runner.cleanup()
         async with aiohttp.ClientSession() as http:
             async with http.post(

@@ -3,12 +3,15 @@
 One TCP connection to the upstream's ``target`` host and port, opened and closed at once,
 per check: no HTTP request reaches the server, so it costs the inference server nothing
 (the lendability probe itself never calls the upstream; it reads what this check last
-found, see :mod:`vacancyd.core.reach`).
+found, see :mod:`vacancyd.core.reach`). The check runs only while someone asks the probe:
+without a balancer probing, nobody reads its answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 from yarl import URL
 
@@ -44,3 +47,34 @@ async def connect_check(host: str, port: int) -> bool:
     except OSError:
         pass  # the server hung up first: it accepted the connection, which is all we ask
     return True
+
+
+async def run_reach_loop(
+    host: str,
+    port: int,
+    *,
+    interval_s: float,
+    timeout_s: float,
+    wanted: Callable[[], bool],
+    wake: asyncio.Event,
+    on_result: Callable[[bool, float, str], None],
+) -> None:
+    """Check ``host``:``port`` every ``interval_s`` seconds while ``wanted()``; otherwise
+    wait for ``wake``. Each result goes to ``on_result(ok, started_monotonic, error)``.
+    Runs until cancelled; raises nothing else."""
+    while True:
+        if not wanted():
+            wake.clear()
+            await wake.wait()
+            continue
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await connect_check(host, port)
+        except TimeoutError:
+            on_result(False, started, f"cannot connect to {host}:{port} within {timeout_s:g} s")
+        except ProbeError as exc:
+            on_result(False, started, str(exc))
+        else:
+            on_result(True, started, "")
+        await asyncio.sleep(interval_s)

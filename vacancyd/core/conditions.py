@@ -797,7 +797,7 @@ class LendableDamper:
                 continue
             self._lendable_since.pop(name, None)
             unmeasured = lender.alive and (
-                lender.owner_present is None or up.reason == "resource_unmeasured"
+                lender.owner_present is None or up.reason == Reason.RESOURCE_UNMEASURED.value
             )
             if name in self._seen_lendable or not unmeasured:
                 self._seen_unlendable.add(name)

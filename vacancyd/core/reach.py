@@ -6,17 +6,20 @@ the proxy listener is there to run it. The lendability probe answers 503
 server has stopped out of rotation instead of sending it work that ends in a 502.
 
 Evidence comes from two places, and the newest wins: a TCP connection the daemon opens (and
-closes at once) to the upstream's ``target`` on the collectors' cadence, and a borrowed
-request whose connection to the upstream failed. Nothing here reads a clock: times are
-monotonic seconds, passed in.
+closes at once) to the upstream's ``target`` on the collectors' cadence while the probe is
+being asked, and a borrowed request whose connection to the upstream failed. Nothing here
+reads a clock: times are monotonic seconds, passed in.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: The probe's reason code while the upstream server does not answer.
-UPSTREAM_UNREACHABLE = "upstream_unreachable"
+from vacancyd.core.reasons import ErrorCode
+
+#: The probe's reason code while the upstream server does not answer (the same code a
+#: borrowed request that cannot connect gets with its 502).
+UPSTREAM_UNREACHABLE = ErrorCode.UPSTREAM_UNREACHABLE.value
 #: Retry-After (seconds) the probe sends with it: about two connection checks.
 UNREACHABLE_RETRY_AFTER_S = 5
 

@@ -107,7 +107,7 @@ from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, durable, learned, lendability, memory, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
-from vacancyd.state import PressureSample, SharedState
+from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
 from vacancyd.web.auth import Authenticator, Token
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import (
@@ -679,22 +679,29 @@ class Daemon:
         return session
 
     def _start_reach_check(self, upstream: Upstream) -> None:
-        """Check on the collectors' cadence (at most every 2 s) that the upstream's server
-        accepts connections, for the lendability probe (vacancyd.core.reach)."""
+        """While the lendability probe is asked (within the last minute), check on the
+        collectors' cadence (at most every 2 s) that the upstream's server accepts
+        connections (vacancyd.core.reach)."""
         name = upstream.name
         state = self.state
         cfg = self.settings.collectors
         interval = min(cfg.poll_s, 2.0)
         state.reach_max_age_s = max(state.reach_max_age_s, 5 * (interval + cfg.probe_timeout_s))
         host, port = reach.target_address(upstream.target)
+
+        def wanted() -> bool:
+            asked = state.reach_asked_at.get(name)
+            return asked is not None and state.clock() - asked <= REACH_DEMAND_S
+
         self.supervisor.spawn(
-            run_async_probe_loop(
-                f"connection check {name}",
-                lambda: reach.connect_check(host, port),
+            reach.run_reach_loop(
+                host,
+                port,
                 interval_s=interval,
                 timeout_s=cfg.probe_timeout_s,
-                on_sample=lambda _ok, t: state.record_reach(name, True, t),
-                on_error=lambda e, t: state.record_reach(name, False, t, e),
+                wanted=wanted,
+                wake=state.sample_wanted(f"reach:{name}"),
+                on_result=lambda ok, t, error: state.record_reach(name, ok, t, error),
             ),
             name=f"connection check {name}",
             essential=False,
