@@ -165,6 +165,12 @@ class ServerSettings(_Model):
     tls_client_ca_file: Path | None = None
     server_names: list[Annotated[str, Field(min_length=1, max_length=253)]] = []
     allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
+    #: After SIGTERM, the most seconds borrowed work in flight gets to finish (the drain).
+    shutdown_grace_s: float = Field(20.0, ge=0, le=3600)
+    #: After SIGTERM, the least seconds the listeners keep answering (with refusals) even
+    #: when nothing is in flight; None: 2 with ``[kubernetes]`` (the endpoints' change has to
+    #: reach kube-proxy), else 0.
+    shutdown_delay_s: float | None = Field(None, ge=0, le=600)
     limits: LimitsSettings = LimitsSettings()
 
     _listen = field_validator("listen")(_check_listen)
@@ -175,6 +181,12 @@ class ServerSettings(_Model):
             raise ValueError("set both tls_cert_file and tls_key_file, or neither")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        if self.shutdown_delay_s is not None and self.shutdown_delay_s > self.shutdown_grace_s:
+            raise ValueError(
+                f"shutdown_delay_s ({self.shutdown_delay_s:g}) cannot exceed "
+                f"shutdown_grace_s ({self.shutdown_grace_s:g}): the drain never outlasts "
+                "its grace"
+            )
         return self
 
 
@@ -771,6 +783,15 @@ class Settings(_Model):
     @property
     def stale_after_default_s(self) -> float:
         return max(5.0, 3 * self.collectors.poll_s)
+
+    @property
+    def shutdown_delay_s(self) -> float:
+        """``[server] shutdown_delay_s`` in force (seconds): as set, else 2 with
+        ``[kubernetes]`` host publishing, else 0; never more than the grace."""
+        delay = self.server.shutdown_delay_s
+        if delay is None:
+            delay = 2.0 if self.kubernetes is not None else 0.0
+        return min(delay, self.server.shutdown_grace_s)
 
     @property
     def presence_max_age_s(self) -> float:

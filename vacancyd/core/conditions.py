@@ -34,6 +34,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from vacancyd.core.reasons import Reason
+
 #: ``endpointslice.kubernetes.io/managed-by`` value on every EndpointSlice we write (a label
 #: value: no ``/``), named like the endpointslice controller's ``endpointslice-controller.k8s.io``.
 MANAGED_BY = "companion.vacancyd.io"
@@ -145,7 +147,7 @@ class LenderState:
         upstreams = self.upstreams
         if refusing:
             upstreams = {
-                name: replace(up, lendable=False, reason="lending_disabled", detail=detail)
+                name: replace(up, lendable=False, reason=Reason.SHUTTING_DOWN.value, detail=detail)
                 for name, up in upstreams.items()
             }
         return replace(self, terminating=True, detail=detail, upstreams=upstreams)
