@@ -803,9 +803,12 @@ class Settings(_Model):
 class LenderSettings(_Model):
     """One lender the companion follows (``[[lender]]`` in the companion's file).
 
-    ``url``: the lender's API listener (``http://HOST:9470``); ``token``/``token_file``: a
-    bearer token with the read scope. ``address``: the IP its proxy listeners are reached at
-    (default: ``url``'s host when it is an IP). ``node``: its Node name, for conditions.
+    ``url``: the lender's API listener (``http://HOST:9470``, or ``https://`` when the lender
+    serves TLS); ``token``/``token_file``: a bearer token with the read scope. ``address``:
+    the IP its proxy listeners are reached at (default: ``url``'s host when it is an IP).
+    ``node``: its Node name, for conditions. ``ca_file``: a PEM CA bundle to verify an
+    ``https://`` lender's certificate with, in place of the companion's ``ca_file`` (a
+    self-signed certificate or a private CA).
     """
 
     name: Name
@@ -814,6 +817,7 @@ class LenderSettings(_Model):
     token_file: Path | None = None
     address: str | None = None
     node: str | None = None
+    ca_file: Path | None = None
 
     _address = field_validator("address")(_check_endpoint_ip)
 
@@ -849,12 +853,15 @@ class CompanionSettings(_Model):
     ``lender_timeout_s``: a lender that answers neither its event stream nor /status for this
     long is published as unreachable (not ready). ``status_poll_s``: seconds between /status
     reads even while events flow. ``listen``: the companion's own health and metrics listener.
+    ``ca_file``: a PEM CA bundle that ``https://`` lenders' certificates are verified with
+    (None: the system's CAs); a lender's own ``ca_file`` replaces it for that lender.
     """
 
     kubernetes: ClusterSettings = ClusterSettings()
     lender_timeout_s: float = Field(15.0, ge=1, le=3600)
     status_poll_s: float = Field(10.0, ge=0.2, le=3600)
     listen: str = "0.0.0.0:9471"
+    ca_file: Path | None = None
     lender: list[LenderSettings] = Field(min_length=1)
 
     _listen = field_validator("listen")(_check_listen)
