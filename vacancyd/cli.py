@@ -149,7 +149,7 @@ def _client_tls(args: argparse.Namespace, what: str) -> ssl.SSLContext | int | N
         return 2
 
 
-def _unreachable(what: str, url: str, exc: BaseException) -> str:
+def _unreachable(what: str, url: str, exc: BaseException, failed: str = "cannot reach") -> str:
     """The message for a failed call: a refused certificate says which problem it has and
     how to trust a private CA."""
     from vacancyd.web.tls import CA_FILE_ENV, verify_failure
@@ -161,7 +161,7 @@ def _unreachable(what: str, url: str, exc: BaseException) -> str:
             f"daemon's certificate is self-signed or from a private CA, pass --ca-file (or "
             f"set {CA_FILE_ENV}) with that certificate or CA"
         )
-    return f"vacancyd {what}: cannot reach {url}: {exc}"
+    return f"vacancyd {what}: {failed} {url}: {exc}"
 
 
 def _fetch_status(
@@ -386,7 +386,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"vacancyd status: {url} answered {exc.code}: {detail}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        print(_unreachable("status", f"{url.rstrip('/')}/status", exc), file=sys.stderr)
+        print(
+            _unreachable("status", f"{url.rstrip('/')}/status", exc, "cannot read"),
+            file=sys.stderr,
+        )
         return 1
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -645,9 +648,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
     try:
         lender = _fetch_status(url or "http://" + settings.server.listen, token, tls=tls)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        failed = _unreachable("measure", "the daemon's /status", exc, "cannot read")
         print(
-            f"{_unreachable('measure', 'the daemon', exc)}; it must run, so that "
-            "measuring never starts while the owner is here or borrowed work runs",
+            f"{failed}; it must run, so that measuring never starts while the owner is here "
+            "or borrowed work runs",
             file=sys.stderr,
         )
         return 1
