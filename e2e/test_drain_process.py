@@ -76,11 +76,11 @@ def test_sigterm_drains_and_a_second_signal_ends_it_now(tmp_path: Path, slow_ups
     api, proxy = free_port(), free_port()
     config = tmp_path / "vacancyd.toml"
     config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n'
-        + daemon_toml(
+        daemon_toml(
             upstream("chat", slow_upstream, listen=f"127.0.0.1:{proxy}"),
             server={"listen": f"127.0.0.1:{api}", "shutdown_grace_s": 60},
             collectors={"poll_s": 0.2},
+            state_dir=tmp_path / "state",
         )
     )
     p = subprocess.Popen(

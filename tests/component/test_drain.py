@@ -35,7 +35,7 @@ async def drained_lender(
     *,
     slow: SlowOpenAI,
     comfy: FakeComfy | None = None,
-    extra: str = "",
+    kubernetes: dict[str, Any] | None = None,
     **server: Any,
 ) -> AsyncIterator[RunningDaemon]:
     """A daemon in front of ``slow`` (upstream ``chat``) and, when given, ``comfy``
@@ -45,19 +45,25 @@ async def drained_lender(
         if comfy is not None:
             async with serve_app(comfy.app()) as comfy_target:
                 ups.append(upstream("comfy", comfy_target, adapter="comfyui"))
-                async with _daemon(tmp_path, ups, extra, server) as d:
+                async with _daemon(tmp_path, ups, kubernetes, server) as d:
                     yield d
             return
-        async with _daemon(tmp_path, ups, extra, server) as d:
+        async with _daemon(tmp_path, ups, kubernetes, server) as d:
             yield d
 
 
 @asynccontextmanager
 async def _daemon(
-    tmp_path: Path, ups: list[Any], extra: str, server: dict[str, Any]
+    tmp_path: Path, ups: list[Any], kubernetes: dict[str, Any] | None, server: dict[str, Any]
 ) -> AsyncIterator[RunningDaemon]:
-    toml = daemon_toml(*ups, server=server, collectors={"poll_s": 0.2}, extra=extra)
-    settings = parse_config(toml, "<test>").model_copy(update={"state_dir": tmp_path})
+    toml = daemon_toml(
+        *ups,
+        server=server,
+        collectors={"poll_s": 0.2},
+        kubernetes=kubernetes,
+        state_dir=tmp_path,
+    )
+    settings = parse_config(toml, "<test>")
     daemon = Daemon(settings)
     await daemon.start()
     d = RunningDaemon(daemon)
@@ -220,15 +226,14 @@ async def test_a_second_stop_request_ends_the_drain_now(tmp_path: Path) -> None:
     assert events[-1] == ("shutdown", {**events[-1][1], "cut": 1, "hurried": True})
 
 
-HOST_KUBE = """
-[kubernetes]
-node = "pc"
-address = "192.0.2.10"
-lender = "pc"
-namespace = "vacancy"
-heartbeat_s = 60
-resync_s = 60
-"""
+HOST_KUBE = {
+    "node": "pc",
+    "address": "192.0.2.10",
+    "lender": "pc",
+    "namespace": "vacancy",
+    "heartbeat_s": 60,
+    "resync_s": 60,
+}
 
 
 async def test_kubernetes_hears_terminating_while_the_listeners_still_answer(
@@ -243,7 +248,7 @@ async def test_kubernetes_hears_terminating_while_the_listeners_still_answer(
         return None if body is None else dict(body["endpoints"][0]["conditions"])
 
     slow = SlowOpenAI()
-    async with drained_lender(tmp_path, slow=slow, extra=HOST_KUBE) as d:
+    async with drained_lender(tmp_path, slow=slow, kubernetes=HOST_KUBE) as d:
         await d.wait_until(lambda: (conditions() or {}).get("ready") is True, 10)
         assert d.daemon.settings.shutdown_delay_s == 2.0  # the default with [kubernetes]
         loop = asyncio.get_running_loop()

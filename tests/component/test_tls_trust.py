@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from tests.support.config import companion_toml, daemon_toml, lender, token, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
 from vacancyd.cli import main
@@ -34,33 +35,12 @@ ADMIN = "admin-token-0123456789a"
 
 
 def config(target: str, cert: Path, key: Path) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-tls_cert_file = "{cert}"
-tls_key_file = "{key}"
-[[server.tokens]]
-name = "reader"
-token = "{READ}"
-scopes = ["read"]
-[[server.tokens]]
-name = "ops"
-token = "{ADMIN}"
-scopes = ["admin"]
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-"""
+    return daemon_toml(
+        upstream("chat", target),
+        server={"trust_loopback": None, "tls_cert_file": str(cert), "tls_key_file": str(key)},
+        tokens=[token("reader", READ, "read"), token("ops", ADMIN, "admin")],
+        collectors={"poll_s": 0.2},
+    )
 
 
 def self_signed(where: Path) -> tuple[Path, Path]:
@@ -215,23 +195,15 @@ async def test_a_ca_bundle_that_cannot_be_used_is_an_error_at_once(
     assert code == 2 and f"${CA_FILE_ENV}: cannot load the CA bundle" in err
 
 
-def companion_toml(url: str, lender_ca: str = "", global_ca: str = "") -> str:
-    return f"""
-listen = "127.0.0.1:0"
-lender_timeout_s = 5
-status_poll_s = 0.5
-{global_ca}
-[kubernetes]
-namespace = "vacancy"
-heartbeat_s = 60
-resync_s = 60
-[[lender]]
-name = "pc"
-url = "{url}"
-token = "{READ}"
-address = "192.0.2.10"
-{lender_ca}
-"""
+def follower_toml(url: str, lender_ca: Path | None = None, global_ca: Path | None = None) -> str:
+    keys = {} if lender_ca is None else {"ca_file": str(lender_ca)}
+    return companion_toml(
+        lender("pc", url, READ, "192.0.2.10", **keys),
+        kubernetes={"namespace": "vacancy", "heartbeat_s": 60, "resync_s": 60},
+        lender_timeout_s=5,
+        status_poll_s=0.5,
+        ca_file=None if global_ca is None else str(global_ca),
+    )
 
 
 @asynccontextmanager
@@ -264,15 +236,15 @@ async def test_the_companion_trusts_the_ca_file_it_is_given(
 
         kube = FakeKube()
         # for all lenders
-        async with companion(companion_toml(url, global_ca=f'ca_file = "{ca}"'), kube) as c:
+        async with companion(follower_toml(url, global_ca=ca), kube) as c:
             assert await alive(c)
         # for this lender, over a wrong one for all
-        toml = companion_toml(url, lender_ca=f'ca_file = "{ca}"', global_ca=f'ca_file = "{wrong}"')
+        toml = follower_toml(url, lender_ca=ca, global_ca=wrong)
         async with companion(toml, FakeKube()) as c:
             assert await alive(c)
         # none: the certificate is refused, and the log names the problem
         caplog.set_level(logging.WARNING, "vacancyd.k8s.companion")
-        async with companion(companion_toml(url), FakeKube()) as c:
+        async with companion(follower_toml(url), FakeKube()) as c:
             assert not await alive(c)
         refused = [r.getMessage() for r in caplog.records if "cannot be verified" in r.getMessage()]
         assert refused, [r.getMessage() for r in caplog.records]
@@ -280,9 +252,7 @@ async def test_the_companion_trusts_the_ca_file_it_is_given(
         assert "set ca_file" in refused[0]
         # the wrong one
         caplog.clear()
-        async with companion(
-            companion_toml(url, global_ca=f'ca_file = "{wrong}"'), FakeKube()
-        ) as c:
+        async with companion(follower_toml(url, global_ca=wrong), FakeKube()) as c:
             assert not await alive(c)
         assert any(
             "checked against the companion's ca_file" in r.getMessage() for r in caplog.records
@@ -292,7 +262,7 @@ async def test_the_companion_trusts_the_ca_file_it_is_given(
 async def test_the_companion_refuses_to_start_on_a_bad_ca_file(tmp_path: Path) -> None:
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
-    toml = companion_toml("https://127.0.0.1:9", lender_ca=f'ca_file = "{junk}"')
+    toml = follower_toml("https://127.0.0.1:9", lender_ca=junk)
     with pytest.raises(TlsError, match=r"lender pc ca_file: cannot load the CA bundle .*junk\.pem"):
         async with companion(toml, FakeKube()):
             pass

@@ -19,6 +19,11 @@ An ``https://`` lender's certificate is verified against the system's CAs, or ag
 ``ca_file`` given for that lender or for all (a self-signed certificate or a private CA); a
 certificate that does not verify is reported as such, naming the problem.
 Its own listener serves ``/healthz`` and ``/metrics`` (``vacancyd_companion_*``).
+
+Its background tasks are one ``follower NAME`` and one ``publisher NAME`` per lender, kept
+by :class:`Companion`; every one is essential: one that ends stops the companion (exit 1),
+so that its Deployment restarts it rather than it publishing nothing. A follower's own two
+loops (``status NAME``, ``events NAME``) run in a task group inside its task.
 """
 
 from __future__ import annotations
