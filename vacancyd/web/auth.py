@@ -71,7 +71,9 @@ def host_name(host_header: str) -> str:
     return host.rstrip(".")
 
 
+@functools.lru_cache(maxsize=1024)
 def _is_ip(name: str) -> bool:
+    """Whether ``name`` is an IP literal (remembered: Host values repeat)."""
     try:
         ipaddress.ip_address(name.split("%", 1)[0])
     except ValueError:
