@@ -438,7 +438,10 @@ class Proxy:
         adapter = self.upstream.adapter
         if len(body) <= SMALL_JSON_BYTES:
             return adapter.read_facts(c.route, body, ctype)
-        return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
+        if len(body) <= bodies.JOIN_ON_LOOP_BYTES:
+            return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
+        async with self.budget.copying:  # the parser may copy a long value whole: one at a time
+            return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
 
     def _reclaim_refusal(self) -> Refuse | None:
         return self.work.refusal(self.upstream.name)
@@ -628,6 +631,10 @@ class Proxy:
             unreachable = isinstance(exc, client.ConnectFailed)
             stage = "connect" if unreachable else "response"
             self.metrics.upstream_error(up.name, stage)
+            if unreachable:  # the lendability probe answers upstream_unreachable from now
+                self.state.record_reach(
+                    up.name, False, self.state.clock(), f"a borrowed request: {exc}"
+                )
             log.warning(
                 "upstream %s %s for %s %s: %s",
                 up.name,
