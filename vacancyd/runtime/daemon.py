@@ -31,8 +31,9 @@ Task tree (names as they appear in logs):
   ``[telemetry]`` (not essential)
 * ``SIGHUP config check`` — re-reads the configuration on SIGHUP (not essential)
 * ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
-* ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
-  ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
+* ``kubernetes feeder`` / ``kubernetes publisher`` / ``kubernetes uninstall watcher`` —
+  host-side publishing when ``[kubernetes]`` is configured (not essential: the API server
+  cannot stop the daemon)
 
 Every one goes through the supervisor (``vacancyd.runtime.tasks``), which holds its
 reference and its essential flag; ``tests/component/test_supervision.py`` checks that no
