@@ -43,16 +43,23 @@ from vacancyd.core.snapshot import RequestFacts, ResourceView, ServerState, Snap
 RESIDENCY_PROOF_MAX_AGE_S = 4.0
 
 
+#: Step 1's two answers never vary, so each is one shared value (a ``Refuse`` is frozen):
+#: the proxy can recognize it and reuse the reply it rendered for it.
+SHUTTING_DOWN = Refuse.of(Reason.LENDING_DISABLED, "vacancyd on this host is shutting down")
+LENDING_OFF = Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
+
+
 def decide_switches(stopping: bool, lending_enabled: bool) -> Refuse | None:
-    """Step 1 alone, from the daemon's two switches (shutting down, global lending switch).
+    """Step 1 alone, from the daemon's two switches (shutting down, global lending switch):
+    :data:`SHUTTING_DOWN`, :data:`LENDING_OFF` or None.
 
     It needs no snapshot, so the proxy asks it first: a flood of requests against a lender
     with lending off is refused without building one per request.
     """
     if stopping:
-        return Refuse.of(Reason.LENDING_DISABLED, "vacancyd on this host is shutting down")
+        return SHUTTING_DOWN
     if not lending_enabled:
-        return Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
+        return LENDING_OFF
     return None
 
 

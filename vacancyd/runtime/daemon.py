@@ -79,7 +79,7 @@ from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.core.snapshot import ServerState
 from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
-from vacancyd.proxy.app import Proxy, Upstream, make_app
+from vacancyd.proxy.app import Proxy, Upstream, make_server
 from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.tunnel import TunnelLimits
@@ -399,9 +399,10 @@ class Daemon:
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(
                 up.name,
-                self._proxy_app(proxy),
+                proxy,
                 up.listen,
                 access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
+                traced=True,
             )
             self.state.set_listener(up.name, address, bound=True)
             if adapter.observable:
@@ -426,7 +427,7 @@ class Daemon:
             )
             self.state.pools[pool.name] = tuple(pool.members)
             self.state.set_listener(pool.name, pool.listen, bound=False)
-            address = await self._serve(pool.name, make_app(pool_proxy), pool.listen)
+            address = await self._serve(pool.name, pool_proxy, pool.listen)
             self.state.set_listener(pool.name, address, bound=True)
 
         self.work.watch_restored()
@@ -550,12 +551,6 @@ class Daemon:
                 state.target_exposure[name] = verdict
             await asyncio.sleep(TARGET_WATCH_S)
 
-    def _proxy_app(self, proxy: Proxy) -> web.Application:
-        app = make_app(proxy)
-        if self.tracing is not None:
-            app.middlewares.append(self.tracing.middleware(proxy.upstream.name))
-        return app
-
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes
         if settings is None:
@@ -576,29 +571,42 @@ class Daemon:
     async def _serve(
         self,
         name: str,
-        app: web.Application,
+        app: web.Application | Proxy,
         listen: str,
         *,
         probe: Probe | None = None,
         access_log_class: type[AbstractAccessLogger] = AccessLogger,
+        traced: bool = False,
     ) -> str:
         """Bind ``listen`` for the API application or a proxy (an aiohttp low-level server:
-        the proxy routes every request itself). Raises StartupError when it cannot bind."""
+        the proxy routes every request itself; ``traced``: its requests get spans while
+        tracing is on). Raises StartupError when it cannot bind."""
         limits = self.settings.server.limits
-        app.on_response_prepare.append(_server_header)
-        runner = web.AppRunner(
-            app,
-            handle_signals=False,
-            handler_cancellation=True,
-            # aiohttp waits this long for handlers, then cancels them and waits as long
-            # again before closing the connection: half the grace each keeps the total to it.
-            shutdown_timeout=SHUTDOWN_GRACE_S / 2,
-            keepalive_timeout=limits.keepalive_timeout_s,
-            lingering_time=0,
-            access_log=logging.getLogger(f"vacancyd.access.{name}"),
-            access_log_format='%a "%r" %s %b %Tfs',
-            access_log_class=access_log_class,
-        )
+        handler_settings: dict[str, Any] = {
+            "handler_cancellation": True,
+            "keepalive_timeout": limits.keepalive_timeout_s,
+            "lingering_time": 0,
+            "access_log": logging.getLogger(f"vacancyd.access.{name}"),
+            "access_log_format": '%a "%r" %s %b %Tfs',
+            "access_log_class": access_log_class,
+        }
+        # aiohttp waits shutdown_timeout for handlers, then cancels them and waits as long
+        # again before closing the connection: half the grace each keeps the total to it.
+        runner: web.BaseRunner
+        if isinstance(app, Proxy):
+            trace = None
+            if traced and self.tracing is not None:
+                trace = self.tracing.middleware(app.upstream.name)
+            runner = web.ServerRunner(
+                make_server(app, trace=trace, **handler_settings),
+                handle_signals=False,
+                shutdown_timeout=SHUTDOWN_GRACE_S / 2,
+            )
+        else:
+            app.on_response_prepare.append(_server_header)
+            runner = web.AppRunner(
+                app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S / 2, **handler_settings
+            )
         await runner.setup()
         self._runners[name] = runner
         host, port = split_listen(listen)

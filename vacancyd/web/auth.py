@@ -71,6 +71,11 @@ def host_name(host_header: str) -> str:
     return host.rstrip(".")
 
 
+#: Host header values whose verdict is remembered per authenticator (then forgotten at once:
+#: a borrower sends one or two, so only a client making them up fills it).
+HOST_CACHE_SIZE = 256
+
+
 def _is_ip(name: str) -> bool:
     try:
         ipaddress.ip_address(name.split("%", 1)[0])
@@ -107,6 +112,7 @@ class Authenticator:
         self._metrics = metrics
         self._server_names = frozenset(host_name(n) for n in server_names)
         self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self._hosts: dict[str, bool] = {}
 
     def host_allowed(self, request: web.BaseRequest) -> bool:
         """Whether ``Host`` names this host: an IP literal, a single-label name (``localhost``,
@@ -116,13 +122,20 @@ class Authenticator:
         header = request.headers.get("Host")
         if header is None:
             return True
-        name = host_name(header)
-        return (
-            "." not in name
-            or name in self._server_names
-            or name.endswith(".localhost")
-            or _is_ip(name)
-        )
+        # Parsing an IP literal costs more than the rest of a refusal; Host values repeat.
+        allowed = self._hosts.get(header)
+        if allowed is None:
+            name = host_name(header)
+            allowed = (
+                "." not in name
+                or name in self._server_names
+                or name.endswith(".localhost")
+                or _is_ip(name)
+            )
+            if len(self._hosts) >= HOST_CACHE_SIZE:
+                self._hosts.clear()
+            self._hosts[header] = allowed
+        return allowed
 
     def _position_trusted(self, request: web.BaseRequest, scope: str) -> bool | None:
         """True/False when the request is trusted for its position (and its Host passes or
