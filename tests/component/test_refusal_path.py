@@ -36,8 +36,10 @@ async def low_level_server(
     """An aiohttp low-level server on loopback whose requests are proxy requests."""
     loop = asyncio.get_running_loop()
 
-    def make_request(*args: Any) -> web.BaseRequest:
-        return ProxyRequest(*args, loop)
+    def make_request(
+        message: Any, payload: Any, protocol: Any, writer: Any, task: Any
+    ) -> web.BaseRequest:
+        return ProxyRequest(message, payload, protocol, writer, task, loop)
 
     server = web.Server(handler, request_factory=make_request)
     runner = web.ServerRunner(server)
