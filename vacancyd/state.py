@@ -27,6 +27,7 @@ from vacancyd.core.events import (
     CapacityChanged,
     EdgeRaised,
     HoldChanged,
+    JobHoldChanged,
     LendabilityChanged,
     LendingSwitched,
     ListenerChanged,
@@ -63,6 +64,7 @@ from vacancyd.core.snapshot import (
     ServerState,
     Snapshot,
 )
+from vacancyd.core.status import PublisherStatus
 from vacancyd.core.veto import VetoTracker
 
 log = logging.getLogger(__name__)
@@ -223,6 +225,9 @@ class SharedState:
         self.upstream_views: dict[str, Callable[[], Mapping[str, object]]] = {}
         #: Renders the owner's controls for /status (set by vacancyd.control.owner).
         self.owner_view: Callable[[], Mapping[str, object]] | None = None
+        #: Host-side Kubernetes publishing's own state for /status and /metrics (set by
+        #: vacancyd.k8s.host when ``[kubernetes]`` is configured).
+        self.publisher_status: Callable[[], PublisherStatus] | None = None
 
     @property
     def reclaim_views(self) -> Mapping[str, dict[str, object]]:
@@ -598,6 +603,21 @@ class SharedState:
         for key in sorted(before - after):
             log.info("owner hold %s released", key)
             self._emit(HoldChanged(key, False, "", now))
+
+    def note_job_hold(self, job: int, upstream: str, hold: JobHold, *, held: bool) -> None:
+        """Tell subscribers that borrowed job ``job`` of ``upstream`` was held under
+        ``hold`` (``held``) or that this hold ended (event ``job_hold``)."""
+        self._emit(
+            JobHoldChanged(
+                job,
+                upstream,
+                held,
+                hold.reason.value,
+                hold.release_by.value,
+                hold.detail,
+                self.clock(),
+            )
+        )
 
     def publish_reclaim(self, reclaim: Reclaim) -> None:
         """Record an upstream's reclaim for /status and tell subscribers."""

@@ -167,6 +167,29 @@ async def test_an_upstream_that_is_down_is_a_clear_error() -> None:
         )
 
 
+async def test_nothing_to_measure_is_an_error_naming_why() -> None:
+    """No model listed and none asked for: an error saying so, not an empty table."""
+    settings = parse_config(config("http://127.0.0.1:9", models=""), "<test>")
+    with pytest.raises(measure.MeasureError, match=r"nothing to measure: up: no models listed"):
+        await measure.run_measure(
+            settings, upstreams=[], models=[], num_ctx=4096, headroom_mib=0, lender_status=IDLE
+        )
+
+
+async def test_the_command_fails_when_there_is_nothing_to_measure(tmp_path: Path) -> None:
+    path = tmp_path / "vacancyd.toml"
+    path.write_text(config("http://127.0.0.1:9", api=free_port(), models=""), encoding="utf-8")
+    out = tmp_path / "footprints.toml"
+    async with running_daemon(path.read_text(encoding="utf-8")) as d:
+        await d.wait_ready()
+        proc = await cli("measure", "--config", str(path), "--output", str(out))
+        stdout, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1, err.decode()
+    assert b"nothing to measure: up: no models listed" in err
+    assert b"--model" in err and stdout == b""
+    assert not out.exists()
+
+
 async def cli(*args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,

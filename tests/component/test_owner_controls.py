@@ -180,6 +180,10 @@ async def test_a_timed_pause_ends_by_itself(tmp_path: Path) -> None:
         ({"for": "5m", "until": "18:00"}, "at most one of"),
         ({"for": 5}, '"for" must be a string'),
         ({"forever": True}, "body must be"),
+        # An indefinite pause is asked for with {} only: a field that says "no" is refused.
+        ({"until_idle": False}, '"until_idle" may only be true'),
+        ({"for": None}, '"for" is null'),
+        ({"until": None, "reason": "x"}, '"until" is null'),
     ],
 )
 async def test_bad_pause_requests_are_refused_and_change_nothing(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 from pathlib import Path
 
 import aiohttp
@@ -42,6 +44,37 @@ async def test_every_listener_and_loop_is_a_named_essential_task() -> None:
             assert running[f"listener b@{bound['b']}"] is True
             assert running["collector ram"] is True
             assert running["collector presence"] is True
+        finally:
+            await daemon.shutdown()
+
+
+def _from_vacancyd(task: asyncio.Task[object]) -> bool:
+    """True when ``task`` runs a coroutine defined in the vacancyd package."""
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and f"{os.sep}vacancyd{os.sep}" in code.co_filename
+
+
+async def test_every_task_the_daemon_runs_is_supervised_named_and_flagged() -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        before = asyncio.all_tasks()
+        daemon = await started(target)
+        try:
+            supervised = daemon.supervisor.tasks()
+            ours = [t for t in asyncio.all_tasks() - before if _from_vacancyd(t)]
+            assert ours, "the daemon runs no task of its own"
+            outside = sorted(t.get_name() for t in ours if t not in supervised)
+            assert not outside, f"daemon tasks outside the supervisor: {outside}"
+            for task, essential in supervised.items():
+                assert not re.fullmatch(r"Task-\d+", task.get_name()), task
+                assert isinstance(essential, bool)
+            flags = {t.get_name(): e for t, e in supervised.items()}
+            bound = daemon.bound
+            for name in (f"api@{bound['api']}", f"listener a@{bound['a']}", "collector ram"):
+                assert flags[name] is True
+            assert flags["owner controls"] is True
+            for name in ("state saver", "target listeners", "lendability watcher"):
+                assert flags[name] is False
         finally:
             await daemon.shutdown()
 

@@ -234,3 +234,21 @@ def test_switches_take_only_true_or_false(value: str) -> None:
     read as "on" (pydantic's lax mode would turn "yes" and 1 into True)."""
     ps = problems(f"[server]\ntrust_loopback = {value}\n")
     assert any("server.trust_loopback" in p for p in ps), ps
+
+
+def test_upstream_silence_defaults_to_five_minutes_and_zero_means_no_limit() -> None:
+    (up,) = parse_config(ISSUE_CONFIG).upstream
+    assert up.upstream_silence_s == 300 and up.silence_limit == 300
+    text = ISSUE_CONFIG.replace('resource = "ram"\n', 'resource = "ram"\nupstream_silence_s = {}\n')
+    assert parse_config(text.format(0)).upstream[0].silence_limit is None
+    assert parse_config(text.format(12.5)).upstream[0].silence_limit == 12.5
+
+
+@pytest.mark.parametrize("value", ["-1", "true", '"60"', "86401"])
+def test_upstream_silence_must_be_a_number_of_seconds(value: str) -> None:
+    text = ISSUE_CONFIG.replace(
+        'resource = "ram"\n', f'resource = "ram"\nupstream_silence_s = {value}\n'
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "test.toml")
+    assert any("upstream_silence_s" in p for p in info.value.problems), info.value.problems

@@ -157,3 +157,71 @@ def test_an_uncut_exchange_is_not_held_even_where_cuts_are_uncertain() -> None:
     fwd = admitted().forwarding(None).state
     t = fwd.exchange_ended(Ending.ABORTED, UNCERTAIN, now=3.0)
     assert t.state.phase is JobPhase.RELEASED and t.effects == (Release(),)
+
+
+SILENT_WATCHED = JobRules(cut_is_uncertain=True, idle_evidence=True, silence_s=30.0)
+SILENT_BLIND = JobRules(silence_s=30.0)  # a closed connection would stop it, if it listened
+
+
+@pytest.mark.parametrize(
+    ("rules", "release_by", "effects"),
+    [
+        (SILENT_WATCHED, ReleaseBy.SERVER_IDLE, (SetPhase(Phase.HELD), WatchIdle(40.0))),
+        (SILENT_BLIND, ReleaseBy.ADMIN, (SetPhase(Phase.HELD),)),
+    ],
+)
+def test_a_silent_upstream_turns_the_reservation_into_a_hold(
+    rules: JobRules, release_by: ReleaseBy, effects: tuple[object, ...]
+) -> None:
+    fwd = admitted().forwarding(None).state
+    t = fwd.went_silent(rules, now=40.0)
+    assert t.state.phase is JobPhase.HELD and t.state.ledger_phase is Phase.HELD
+    assert t.state.reserved, "the reservation is kept, not released"
+    assert Release() not in t.effects
+    assert t.effects == effects
+    hold = t.state.hold
+    assert hold is not None
+    assert hold.reason is HoldReason.UPSTREAM_SILENT
+    assert hold.release_by is release_by and hold.since == 40.0
+    assert "30 s" in hold.detail
+    # a held job no longer defers a reclaim, and a late exchange report changes nothing
+    assert not t.state.phase.defers_reclaim
+    assert t.state.cut(EDGE).effects == ()
+    assert t.state.went_silent(rules, now=41.0).state == t.state
+
+
+def test_a_silent_hold_ends_by_the_usual_means_only() -> None:
+    held = admitted().forwarding(None).state.went_silent(SILENT_WATCHED, now=40.0).state
+    assert held.server_seen_idle(39.0).state.phase is JobPhase.HELD  # taken before the hold
+    idle = held.server_seen_idle(40.5)
+    assert idle.state.phase is JobPhase.RELEASED and idle.effects == (Release(),)
+    blind = admitted().forwarding(None).state.went_silent(SILENT_BLIND, now=40.0).state
+    assert blind.server_seen_idle(99.0).state.phase is JobPhase.HELD  # admin only
+    freed = blind.admin_release()
+    assert freed.state.phase is JobPhase.RELEASED and freed.effects == (Release(),)
+
+
+def test_a_silent_job_an_administrator_already_freed_just_ends() -> None:
+    freed = admitted().forwarding(None).state.admin_release().state
+    t = freed.went_silent(SILENT_BLIND, now=40.0)
+    assert t.state.phase is JobPhase.RELEASED and t.effects == ()
+
+
+def test_silence_before_a_tracked_submission_landed_holds_it_and_keeps_the_cut() -> None:
+    cut = admitted().forwarding("prompt-1").state.cut(EDGE).state
+    t = cut.went_silent(JobRules(tracked=True, silence_s=30.0), now=40.0)
+    assert t.state.phase is JobPhase.HELD and t.state.cut_by == EDGE
+    ended = t.state.admin_release()
+    assert ended.state.phase is JobPhase.CUT and ended.effects == (Release(),)
+
+
+def test_silence_means_nothing_once_the_exchange_is_over() -> None:
+    tracking = (
+        admitted()
+        .forwarding("p")
+        .state.reply_arrived(200)
+        .state.exchange_ended(Ending.COMPLETED, TRACKED, now=2.0)
+        .state
+    )
+    t = tracking.went_silent(SILENT_BLIND, now=40.0)
+    assert t.state == tracking and t.effects == ()

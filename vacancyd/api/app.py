@@ -7,7 +7,8 @@ Public: ``GET /healthz`` (liveness), ``GET /readyz`` (200/503, no detail). Read 
 with an optional body ``{"resource": NAME}`` raises an operator reclaim edge (docs/reclaim.md);
 ``POST /admin/jobs/{id}/release`` frees a held ledger job.
 ``POST /admin/pause`` with ``{}`` (until resumed), ``{"for": "30m"}``, ``{"until": "18:00"}``
-or ``{"until_idle": true}`` (each optionally with ``"reason"``) pauses lending;
+or ``{"until_idle": true}`` (each optionally with ``"reason"``) pauses lending (a null
+field, or ``"until_idle": false``, is refused: a pause until resumed is asked for with ``{}``);
 ``POST /admin/resume`` ends the pause (docs/presence.md "Pausing").
 """
 
@@ -235,6 +236,19 @@ def make_api(
             return _bad_request(
                 'body must be {}, {"for": DURATION}, {"until": TIME} or {"until_idle": true}, '
                 'optionally with "reason"'
+            )
+        # A pause until resumed is asked for by saying nothing else ({}), never by a field
+        # that is there but says no: a null or a false until_idle would otherwise silently
+        # become an indefinite pause.
+        for key in ("until", "for", "until_idle", "reason"):
+            if key in payload and payload[key] is None:
+                return _bad_request(
+                    f'"{key}" is null: leave it out (send {{}} to pause until resumed)'
+                )
+        if payload.get("until_idle") is False:
+            return _bad_request(
+                '"until_idle" may only be true: send {} to pause until resumed, or "for" or '
+                '"until" for a pause that ends by itself'
             )
         until, for_, idle, reason = (
             payload.get("until"),

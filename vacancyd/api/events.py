@@ -16,14 +16,16 @@ The stream a dashboard or the Kubernetes companion follows. Wire format (the WHA
     : keepalive
 
 ``event`` is the ``kind`` of the typed transition (:mod:`vacancyd.core.events`) that
-:class:`~vacancyd.state.SharedState` emitted (``lending``, ``resource_switch``, ``capacity``,
-``pressure``, ``unseen_gpu_work``, ``presence``, ``veto``, ``edge``, ``hold``, ``reclaim``,
-``listener``, ``stopping``, ``lendable``), and ``data`` its payload. ``stopping`` is sent the
-moment the daemon begins to shut down; ``lendable`` whenever what a borrowed request would
-get changes, transition or not (the lendability watcher re-decides every 0.25 s: a reading
-going stale, free memory crossing a limit, another model fitting). A comment line is sent
-every ``keepalive_s`` seconds, so a follower that hears nothing for a few of those knows the
-lender is gone. Events are a hint to re-read ``/status``, not a replacement for it.
+:class:`~vacancyd.state.SharedState` emitted (``lending``, ``resource_switch``,
+``capacity``, ``pressure``, ``unseen_gpu_work``, ``presence``, ``veto``, ``edge``, ``hold``,
+``job_hold``, ``reclaim``, ``listener``, ``stopping``, ``lendable``), and ``data`` its
+payload. ``job_hold`` (a borrowed job held, or its hold ended) is distinct from ``hold``
+(the owner's controls). ``stopping`` is sent the moment the daemon begins to shut down;
+``lendable`` whenever what a borrowed request would get changes, transition or not (the
+lendability watcher re-decides every 0.25 s: a reading going stale, free memory crossing a
+limit, another model fitting). A comment line is sent every ``keepalive_s`` seconds, so a
+follower that hears nothing for a few of those knows the lender is gone. Events are a hint
+to re-read ``/status``, not a replacement for it.
 
 A client that falls ``QUEUE_MAX`` events behind is sent ``event: overflow`` and the stream
 ends, so a slow reader costs the daemon a bounded queue and never delays a collector.

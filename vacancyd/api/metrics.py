@@ -17,10 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd.api.status import build_status
-from vacancyd.core import sharing
 from vacancyd.core.holds import HoldKind
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
+from vacancyd.core.sharing import CardState
 from vacancyd.core.status import PresenceStatus, StatusDocument
 from vacancyd.web.metrics import Metrics
 
@@ -31,137 +31,149 @@ MIB = 1024 * 1024
 
 
 class StateCollector(Collector):
-    """Renders every gauge the gate consults from one status document per scrape (the same
-    picture ``/status`` and the Kubernetes publisher render)."""
+    """Renders every gauge of the lender from one status document per scrape (the same
+    picture ``/status`` and the Kubernetes publisher render): :func:`render_gauges`."""
 
     def __init__(self, state: SharedState) -> None:
         self._state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        doc = build_status(self._state)
+        yield from render_gauges(build_status(self._state))
+
+
+def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
+    """Every lender gauge, read from ``doc`` alone (nothing from the live state beside it,
+    so a scrape agrees with the ``/status`` and the publication of the same document)."""
+    yield GaugeMetricFamily(
+        "vacancyd_lending_enabled",
+        "Global lending switch (1 on, 0 off).",
+        value=1.0 if doc.lending_enabled else 0.0,
+    )
+    presence = doc.presence
+    g = GaugeMetricFamily(
+        "vacancyd_presence_sampled",
+        "1 once owner presence has been sampled.",
+        labels=["source"],
+    )
+    g.add_metric([presence.source], 1.0 if presence.sampled else 0.0)
+    yield g
+    if presence.age_s is not None:
         yield GaugeMetricFamily(
-            "vacancyd_lending_enabled",
-            "Global lending switch (1 on, 0 off).",
-            value=1.0 if doc.lending_enabled else 0.0,
+            "vacancyd_presence_age_seconds",
+            "Age of the newest presence reading.",
+            value=presence.age_s,
         )
-        presence = doc.presence
-        g = GaugeMetricFamily(
-            "vacancyd_presence_sampled",
-            "1 once owner presence has been sampled.",
-            labels=["source"],
-        )
-        g.add_metric([presence.source], 1.0 if presence.sampled else 0.0)
-        yield g
-        if presence.age_s is not None:
-            yield GaugeMetricFamily(
-                "vacancyd_presence_age_seconds",
-                "Age of the newest presence reading.",
-                value=presence.age_s,
-            )
+    yield GaugeMetricFamily(
+        "vacancyd_owner_veto_active",
+        "Host policy veto engaged (1) or released (0).",
+        value=1.0 if presence.veto.active else 0.0,
+    )
+    yield from _presence_families(presence)
+    holds = GaugeMetricFamily(
+        "vacancyd_owner_hold",
+        "1 for each of the owner's holds in force (schedule, pause, battery, "
+        "exclusive_app), 0 otherwise.",
+        labels=["kind"],
+    )
+    in_force = {h.kind for h in doc.holds}
+    for kind in HoldKind:
+        holds.add_metric([kind.value], 1.0 if kind.value in in_force else 0.0)
+    yield holds
+
+    enabled = GaugeMetricFamily(
+        "vacancyd_resource_enabled", "Runtime switch per resource.", labels=["resource"]
+    )
+    quality = GaugeMetricFamily(
+        "vacancyd_resource_quality",
+        "Capacity observation quality (1 for the current one).",
+        labels=["resource", "quality"],
+    )
+    age_g = GaugeMetricFamily(
+        "vacancyd_resource_observation_age_seconds",
+        "Age of the newest good capacity sample.",
+        labels=["resource"],
+    )
+    free = GaugeMetricFamily(
+        "vacancyd_resource_free_bytes", "Free (available) bytes.", labels=["resource"]
+    )
+    total = GaugeMetricFamily("vacancyd_resource_total_bytes", "Total bytes.", labels=["resource"])
+    util = GaugeMetricFamily(
+        "vacancyd_resource_utilization_ratio", "Utilization, 0-1.", labels=["resource"]
+    )
+    used = GaugeMetricFamily(
+        "vacancyd_resource_used_bytes",
+        "Used bytes as the device reports them.",
+        labels=["resource"],
+    )
+    lendable = GaugeMetricFamily(
+        "vacancyd_resource_lendable",
+        "1 when the resource passes its switch, quality and probe policy checks.",
+        labels=["resource"],
+    )
+    for name, res in sorted(doc.resources.items()):
+        enabled.add_metric([name], 1.0 if res.enabled else 0.0)
+        for each in Quality:
+            quality.add_metric([name, each.value], 1.0 if each is res.quality else 0.0)
+        if res.age_s is not None:
+            age_g.add_metric([name], res.age_s)
+        if res.has_bytes and res.free_mib is not None:
+            free.add_metric([name], res.free_mib * MIB)
+        if res.has_bytes and res.total_mib is not None:
+            total.add_metric([name], res.total_mib * MIB)
+        if res.utilization_ratio is not None:
+            util.add_metric([name], res.utilization_ratio)
+        if res.has_bytes and res.used_mib is not None:
+            used.add_metric([name], res.used_mib * MIB)
+        lendable.add_metric([name], 1.0 if res.lendable else 0.0)
+    yield from (enabled, quality, age_g, free, total, used, util, lendable)
+    yield from _pressure_metrics(doc)
+    yield from _learned_metrics(doc)
+
+    active = GaugeMetricFamily(
+        "vacancyd_active_work",
+        "Admission-ledger entries per upstream and phase.",
+        labels=["upstream", "phase"],
+    )
+    for upstream, up in sorted(doc.upstreams.items()):
+        counts = Tally(job.phase for job in up.active_work)
+        for phase in Phase:
+            active.add_metric([upstream, phase.value], float(counts.get(phase.value, 0)))
+    yield active
+    yield from _sharing_metrics(doc)
+
+    listener = GaugeMetricFamily(
+        "vacancyd_listener_up",
+        "1 while the upstream's proxy listener is bound.",
+        labels=["upstream"],
+    )
+    for upstream, up in sorted(doc.upstreams.items()):
+        if up.listener is not None:
+            listener.add_metric([upstream], 1.0 if up.listener.bound else 0.0)
+    yield listener
+
+    upstream_lendable = GaugeMetricFamily(
+        "vacancyd_upstream_lendable",
+        "1 when the gate would admit a borrowed request on the upstream now.",
+        labels=["upstream"],
+    )
+    for name, up in sorted(doc.upstreams.items()):
+        upstream_lendable.add_metric([name], 1.0 if up.lendable else 0.0)
+    yield upstream_lendable
+    yield from _headroom_metrics(doc)
+
+    yield from _server_families(doc)
+
+    yield GaugeMetricFamily("vacancyd_ready", "1 when /readyz answers 200.", value=float(doc.ready))
+    yield GaugeMetricFamily(
+        "vacancyd_state_unwritable_files",
+        "Durable state files whose newest write failed.",
+        value=float(len(doc.write_errors or {})),
+    )
+    if doc.kubernetes is not None:
         yield GaugeMetricFamily(
-            "vacancyd_owner_veto_active",
-            "Host policy veto engaged (1) or released (0).",
-            value=1.0 if presence.veto.active else 0.0,
-        )
-        yield from _presence_families(presence)
-        holds = GaugeMetricFamily(
-            "vacancyd_owner_hold",
-            "1 for each of the owner's holds in force (schedule, pause, battery, "
-            "exclusive_app), 0 otherwise.",
-            labels=["kind"],
-        )
-        in_force = {h.kind.value for h in self._state.holds}
-        for kind in HoldKind:
-            holds.add_metric([kind.value], 1.0 if kind.value in in_force else 0.0)
-        yield holds
-
-        enabled = GaugeMetricFamily(
-            "vacancyd_resource_enabled", "Runtime switch per resource.", labels=["resource"]
-        )
-        quality = GaugeMetricFamily(
-            "vacancyd_resource_quality",
-            "Capacity observation quality (1 for the current one).",
-            labels=["resource", "quality"],
-        )
-        age_g = GaugeMetricFamily(
-            "vacancyd_resource_observation_age_seconds",
-            "Age of the newest good capacity sample.",
-            labels=["resource"],
-        )
-        free = GaugeMetricFamily(
-            "vacancyd_resource_free_bytes", "Free (available) bytes.", labels=["resource"]
-        )
-        total = GaugeMetricFamily(
-            "vacancyd_resource_total_bytes", "Total bytes.", labels=["resource"]
-        )
-        util = GaugeMetricFamily(
-            "vacancyd_resource_utilization_ratio", "Utilization, 0-1.", labels=["resource"]
-        )
-        used = GaugeMetricFamily(
-            "vacancyd_resource_used_bytes",
-            "Used bytes as the device reports them.",
-            labels=["resource"],
-        )
-        lendable = GaugeMetricFamily(
-            "vacancyd_resource_lendable",
-            "1 when the resource passes its switch, quality and probe policy checks.",
-            labels=["resource"],
-        )
-        for name, res in sorted(doc.resources.items()):
-            enabled.add_metric([name], 1.0 if res.enabled else 0.0)
-            for each in Quality:
-                quality.add_metric([name, each.value], 1.0 if each is res.quality else 0.0)
-            if res.age_s is not None:
-                age_g.add_metric([name], res.age_s)
-            if res.has_bytes and res.free_mib is not None:
-                free.add_metric([name], res.free_mib * MIB)
-            if res.has_bytes and res.total_mib is not None:
-                total.add_metric([name], res.total_mib * MIB)
-            if res.utilization_ratio is not None:
-                util.add_metric([name], res.utilization_ratio)
-            if res.has_bytes and res.used_mib is not None:
-                used.add_metric([name], res.used_mib * MIB)
-            lendable.add_metric([name], 1.0 if res.lendable else 0.0)
-        yield from (enabled, quality, age_g, free, total, used, util, lendable)
-        yield from _pressure_metrics(doc)
-        yield from _learned_metrics(doc)
-
-        active = GaugeMetricFamily(
-            "vacancyd_active_work",
-            "Admission-ledger entries per upstream and phase.",
-            labels=["upstream", "phase"],
-        )
-        for upstream, up in sorted(doc.upstreams.items()):
-            counts = Tally(job.phase for job in up.active_work)
-            for phase in Phase:
-                active.add_metric([upstream, phase.value], float(counts.get(phase.value, 0)))
-        yield active
-        yield from _sharing_metrics(self._state)
-
-        listener = GaugeMetricFamily(
-            "vacancyd_listener_up",
-            "1 while the upstream's proxy listener is bound.",
-            labels=["upstream"],
-        )
-        for upstream, up in sorted(doc.upstreams.items()):
-            if up.listener is not None:
-                listener.add_metric([upstream], 1.0 if up.listener.bound else 0.0)
-        yield listener
-
-        upstream_lendable = GaugeMetricFamily(
-            "vacancyd_upstream_lendable",
-            "1 when the gate would admit a borrowed request on the upstream now.",
-            labels=["upstream"],
-        )
-        for name, up in sorted(doc.upstreams.items()):
-            upstream_lendable.add_metric([name], 1.0 if up.lendable else 0.0)
-        yield upstream_lendable
-        yield from _headroom_metrics(doc)
-
-        yield from _server_families(doc)
-
-        yield GaugeMetricFamily(
-            "vacancyd_ready", "1 when /readyz answers 200.", value=float(doc.ready)
+            "vacancyd_kubernetes_writes_ok",
+            "1 when the last attempt of every Kubernetes write (host-side publishing) succeeded.",
+            value=1.0 if doc.kubernetes.writes_ok else 0.0,
         )
 
 
@@ -203,27 +215,25 @@ def _headroom_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     yield from (resource, upstream, largest, info)
 
 
-def _sharing_metrics(state: SharedState) -> Iterator[GaugeMetricFamily]:
+def _sharing_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     """Slots, wait queues and exclusivity (docs/architecture.md "Sharing the card")."""
-    ledger = state.ledger
     waiting = GaugeMetricFamily(
         "vacancyd_waiting",
         "Borrowed requests waiting for a slot (busy = wait).",
         labels=["upstream"],
     )
-    for upstream in sorted(state.upstreams):
-        waiting.add_metric([upstream], float(ledger.waiting.get(upstream, 0)))
+    for upstream, up in sorted(doc.upstreams.items()):
+        waiting.add_metric([upstream], float(up.sharing.waiting if up.sharing else 0))
     yield waiting
     jobs = GaugeMetricFamily(
         "vacancyd_resource_jobs",
         "Borrowed jobs holding each resource (more than one with max_concurrent).",
         labels=["resource"],
     )
-    per_resource = ledger.jobs_per_resource()
-    for name in sorted(state.resources):
-        jobs.add_metric([name], float(per_resource.get(name, 0)))
+    for name, res in sorted(doc.resources.items()):
+        jobs.add_metric([name], float(res.jobs))
     yield jobs
-    shared = sorted({p.resource for p in state.upstreams.values() if p.exclusive_of})
+    shared = sorted((name, res.card) for name, res in doc.resources.items() if res.card)
     if not shared:
         return
     card = GaugeMetricFamily(
@@ -232,11 +242,9 @@ def _sharing_metrics(state: SharedState) -> Iterator[GaugeMetricFamily]:
         "idle, shared (jobs that may run together) or exclusive (an exclusive job alone).",
         labels=["resource", "state"],
     )
-    holders = ledger.holders_by_upstream()
-    for name in shared:
-        now = sharing.card_state(name, holders, state.upstreams)
-        for each in sharing.CardState:
-            card.add_metric([name, each.value], 1.0 if each is now else 0.0)
+    for name, now in shared:
+        for each in CardState:
+            card.add_metric([name, each.value], 1.0 if each.value == now else 0.0)
     yield card
 
 
@@ -395,23 +403,19 @@ class SaverHealth(Protocol):
 
 
 class SaverCollector(Collector):
-    """Durable-state write health."""
+    """Durable-state write failures so far (a counter; the gauge of files failing now,
+    ``vacancyd_state_unwritable_files``, is rendered from the status document)."""
 
     def __init__(self, saver: SaverHealth) -> None:
         self._saver = saver
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily]:
         failures = CounterMetricFamily(
             "vacancyd_state_write_failures",
             "Durable state files that could not be written (read-only directory, full disk).",
         )
         failures.add_metric([], float(self._saver.failures))
         yield failures
-        yield GaugeMetricFamily(
-            "vacancyd_state_unwritable_files",
-            "Durable state files whose newest write failed.",
-            value=float(len(self._saver.errors)),
-        )
 
 
 def attach_state(metrics: Metrics, state: SharedState) -> None:
@@ -424,4 +428,4 @@ def attach_saver(metrics: Metrics, saver: SaverHealth) -> None:
     metrics.registry.register(SaverCollector(saver))
 
 
-__all__ = ["Metrics", "StateCollector", "attach_saver", "attach_state"]
+__all__ = ["Metrics", "StateCollector", "attach_saver", "attach_state", "render_gauges"]

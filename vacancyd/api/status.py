@@ -20,7 +20,7 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
      "durable_state": {"write_errors": {PATH: str}},
      "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
                           "utilization_ratio", "used_mib", "lendable", "lendable_mib",
-                          "why_not", "error",
+                          "why_not", "error", "jobs", "card": str | null,
                           "held_by": {"job", "upstream", "phase"} | null,
                           "state_error": str | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
@@ -52,12 +52,22 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                                "modelfile_num_ctx": {DIGEST: int|null}}
                                               | null,
                           "reclaim": {"phase", "policy", "trigger", "resource", "edges_age_s",
-                                      "edge_triggers", "deadline_in_s", "outcome"} | null}},
+                                      "edge_triggers", "deadline_in_s", "outcome"} | null,
+                          "sleep"?: {...}}},
+     "kubernetes": {"lender", "namespace", "node", "address", "writes_ok",
+                    "errors": {WRITE: str}} | null,
      "pools": {NAME: {"members": [str], "listener": {...} | null, "lendable"}}}
 
 ``busy``: the ledger would refuse a new job ``resource_busy`` now (every ``max_concurrent``
 slot taken, or an exclusivity). ``sharing.card``: the primary resource's exclusivity state
-(idle, shared, exclusive). ``pools`` appears only when ``[[pool]]`` listeners are configured.
+(idle, shared, exclusive). A resource's ``jobs`` counts the borrowed jobs holding it; its
+``card`` is the same exclusivity state, set only where upstreams with ``exclusive_of`` share
+it. ``pools`` appears only when ``[[pool]]`` listeners are configured; ``sleep`` only for
+upstreams whose controller reports one (vLLM); ``kubernetes`` is null unless host-side
+publishing (``[kubernetes]``) is configured.
+
+Everything here, every lender gauge on ``/metrics`` and what the Kubernetes publisher
+writes come from one :class:`~vacancyd.core.status.StatusDocument` (:func:`build_status`).
 
 ``stopping`` is true from the moment the daemon starts shutting down. ``lendable_mib`` is
 what the resource could lend now (free minus ``min_free_mib``; 0 while it is not lendable;
@@ -91,6 +101,7 @@ from vacancyd.core.status import (
     JobStatus,
     LearnedContextStatus,
     ListenerStatus,
+    OwnerHoldStatus,
     PoolStatus,
     PresenceStatus,
     PressureEdgeStatus,
@@ -175,6 +186,10 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
         owner_signal=None if reading is None else reading.owner_signal,
     )
     jobs = state.ledger.jobs()
+    holders = state.ledger.holders_by_upstream()
+    per_resource = state.ledger.jobs_per_resource()
+    #: Resources that upstreams with ``exclusive_of`` share: their card state is shown.
+    exclusive = {p.resource for p in state.upstreams.values() if p.exclusive_of}
     resources: dict[str, ResourceStatus] = {}
     for name, view in snap.resources.items():
         q = view.quality(now)
@@ -212,9 +227,12 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             has_bytes=view.policy.has_bytes,
             lendable_mib=lendable_mib,
             state_error=view.state_error,
+            jobs=per_resource.get(name, 0),
+            card=sharing.card_state(name, holders, state.upstreams).value
+            if name in exclusive
+            else None,
         )
     upstreams: dict[str, UpstreamStatus] = {}
-    holders = state.ledger.holders_by_upstream()
     for name, policy in state.upstreams.items():
         decision = gate.decide(RequestFacts(), snap, policy)
         refusal = None
@@ -316,6 +334,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             modelfile_num_ctx=None
             if learned is None
             else dict(sorted(learned.modelfile_num_ctx.items())),
+            sleep=None if (view_of := state.upstream_views.get(name)) is None else view_of(),
         )
     return StatusDocument(
         version=__version__,
@@ -338,6 +357,19 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
         },
         stopping=snap.stopping,
         write_errors=dict(state.write_errors),
+        holds=tuple(
+            OwnerHoldStatus(
+                kind=h.kind.value,
+                detail=h.detail,
+                resources=None if h.resources is None else tuple(sorted(h.resources)),
+                until=h.until,
+                ends_in_s=h.ends_in_s,
+            )
+            for h in state.holds
+        ),
+        # The owner's controls render their own part, in wall time.
+        owner_controls=None if state.owner_view is None else state.owner_view(),
+        kubernetes=None if state.publisher_status is None else state.publisher_status(),
     )
 
 
@@ -348,11 +380,6 @@ def _credit(credit: Credit | None) -> CreditStatus | None:
 
 
 def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
-    """The ``/status`` JSON object (see the module docstring for its shape)."""
-    doc = build_status(state, started_at).to_json()
-    # The owner's controls (vacancyd.control.owner) render their own part, in wall time.
-    doc["owner_controls"] = None if state.owner_view is None else dict(state.owner_view())
-    for name, view in state.upstream_views.items():
-        if name in doc["upstreams"]:
-            doc["upstreams"][name]["sleep"] = dict(view())
-    return doc
+    """The ``/status`` JSON object (see the module docstring for its shape): one
+    :func:`build_status` document as JSON."""
+    return build_status(state, started_at).to_json()

@@ -26,7 +26,8 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
 
 from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
@@ -81,8 +82,12 @@ class LogindClient:
         *,
         signals: bool = True,
         on_signal: Callable[[str], None] | None = None,
+        spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]] | None = None,
     ) -> None:
+        """``spawn(coro, name)`` starts the connection's watch task (the daemon passes its
+        supervisor, not essential); default: a task this client keeps a reference to."""
         self.bus_address = bus_address
+        self._spawn = spawn
         self.signals = signals
         self._on_signal = on_signal or (lambda _member: None)
         self._bus: MessageBus | None = None
@@ -127,9 +132,12 @@ class LogindClient:
         self._bus = bus
         self.connects += 1
         # Notice a dropped connection between polls too, not only at the next call.
-        watch = asyncio.get_running_loop().create_task(
-            self._watch_disconnect(bus), name="presence bus watch"
-        )
+        if self._spawn is not None:
+            watch = self._spawn(self._watch_disconnect(bus), "presence bus watch")
+        else:
+            watch = asyncio.get_running_loop().create_task(
+                self._watch_disconnect(bus), name="presence bus watch"
+            )
         self._watches.add(watch)
         watch.add_done_callback(self._watches.discard)
         if self.signals:

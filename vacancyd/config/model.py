@@ -424,6 +424,8 @@ class ModelsSettings(_Model):
 DEFAULT_WAIT_TIMEOUT_S = 30.0
 DEFAULT_MAX_WAITING = 32
 DEFAULT_UNLOAD_TIMEOUT_S = 30.0
+#: Default of ``upstream_silence_s`` (docs/configuration.md).
+DEFAULT_UPSTREAM_SILENCE_S = 300.0
 
 
 class UpstreamSettings(_Model):
@@ -455,6 +457,9 @@ class UpstreamSettings(_Model):
     completion_timeout_s: float | None = Field(None, ge=0, le=7 * 86400)
     yield_on_veto: StrictBool = False
     warm_model: str | None = Field(None, min_length=1, max_length=300)
+    #: Seconds the upstream may send nothing for a borrowed job (before its reply, or
+    #: between two pieces of it) before the job is given up and held; 0: no limit.
+    upstream_silence_s: float = Field(DEFAULT_UPSTREAM_SILENCE_S, ge=0, le=86400, strict=True)
     websocket_max_tunnels: int = Field(32, ge=0, le=10_000)
     websocket_idle_timeout_s: float = Field(300.0, gt=0, le=86400)
     allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
@@ -480,6 +485,11 @@ class UpstreamSettings(_Model):
     def waiting_limit(self) -> int:
         """Most requests that may wait at once (``busy = "wait"``); default 32."""
         return DEFAULT_MAX_WAITING if self.max_waiting is None else self.max_waiting
+
+    @property
+    def silence_limit(self) -> float | None:
+        """Seconds of upstream silence after which a borrowed job is held; None: no limit."""
+        return self.upstream_silence_s or None
 
     @property
     def unload_timeout(self) -> float:

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from vacancyd.collectors.power import read_power
 from vacancyd.collectors.processes import scan_running
+from vacancyd.control.spawn import Spawner
 from vacancyd.core.events import StateEvent, VetoChanged
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.holds import Hold, HoldKind
@@ -93,6 +94,7 @@ class OwnerControls:
         wall: Callable[[], float] = time.time,
         power_probe: Callable[[], PowerReading] = read_power,
         process_scan: Callable[[frozenset[str]], frozenset[str]] = scan_running,
+        supervisor: Spawner | None = None,
     ) -> None:
         self.state = state
         self.config = config
@@ -108,6 +110,8 @@ class OwnerControls:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "vacancyd-owner")
         self._running: concurrent.futures.Future[Any] | asyncio.Future[Any] | None = None
         self._next_change: tuple[float, float | None] | None = None
+        #: Runs the background saves of a pause that ended by itself (not essential).
+        self.supervisor = supervisor
         self._saves: set[asyncio.Task[None]] = set()
         self._load_pause()
         state.subscribe(self._on_state)
@@ -149,6 +153,13 @@ class OwnerControls:
             log.error("pause not saved, it will not survive a restart: %s", self.persist_error)
         else:
             self.persist_error = None
+
+    async def flush(self) -> None:
+        """Wait for every background save of the pause still in flight (shutdown calls this
+        before the supervisor cancels its tasks, so a pause that just ended is not restored
+        by the next start)."""
+        while self._saves:
+            await asyncio.gather(*list(self._saves), return_exceptions=True)
 
     def make_pause(
         self,
@@ -234,7 +245,10 @@ class OwnerControls:
         if self.pause is not before:
             if self.pause is None and before is not None:
                 log.info("the owner's pause ended (%s)", before.describe(tz))
-            task = asyncio.get_running_loop().create_task(self._save(), name="save pause")
+            if self.supervisor is not None:
+                task = self.supervisor.spawn(self._save(), name="save pause", essential=False)
+            else:
+                task = asyncio.get_running_loop().create_task(self._save(), name="save pause")
             self._saves.add(task)
             task.add_done_callback(self._saves.discard)
         if self.pause is not None:

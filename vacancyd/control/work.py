@@ -397,6 +397,17 @@ class Work:
         self._apply(job.exchange_ended(ending, up.rules, self.state.clock()))
         self._changed(job.upstream)
 
+    def upstream_silent(self, job_id: int) -> None:
+        """The proxy gave up on job ``job_id``'s exchange: its upstream sent no byte for the
+        upstream's ``upstream_silence_s``. The exchange is over; the job is held."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        up = self._upstreams[job.upstream]
+        up.cut.pop(job_id, None)
+        self._apply(job.went_silent(up.rules, self.state.clock()))
+        self._changed(job.upstream)
+
     # -- what an administrator does --------------------------------------------------------
 
     def admin_release(self, job_id: int) -> Job | None:
@@ -516,13 +527,18 @@ class Work:
     def _watching(self, job_id: int) -> bool:
         return job_id in self._watched
 
-    def _holds_changed(self) -> None:
+    def _holds_changed(self, job: JobState) -> None:
+        """After ``job``'s transition: publish the held jobs (``/status``, ``job_hold``
+        events, the durable record) when the set of them changed."""
         held = {j.id for j in self._jobs.values() if j.phase is JobPhase.HELD}
         if held != self._held_ids:
+            was_held = job.id in self._held_ids
             self._held_ids = held
             self.state.job_holds = {
                 j.id: j.hold for j in self._jobs.values() if j.hold is not None and j.id in held
             }
+            if job.hold is not None and (job.id in held) != was_held:
+                self.state.note_job_hold(job.id, job.upstream, job.hold, held=not was_held)
             if self.on_holds is not None:
                 self.on_holds(self.held())
 
@@ -530,7 +546,7 @@ class Work:
         try:
             return self._apply_effects(transition)
         finally:
-            self._holds_changed()
+            self._holds_changed(transition.state)
 
     def _apply_effects(self, transition: Transition) -> JobState:
         job = transition.state
@@ -620,26 +636,39 @@ class Work:
         log.info("reclaim on %s cancelled borrowed jobs: %s", upstream, summary)
 
     def _log_hold(self, job: JobState) -> None:
-        assert job.hold is not None
-        if job.hold.detail:
+        hold = job.hold
+        assert hold is not None
+        until = (
+            "an observation shows the server idle"
+            if hold.release_by is ReleaseBy.SERVER_IDLE
+            else f"an administrator releases it (POST /admin/jobs/{job.id}/release)"
+        )
+        if hold.reason is HoldReason.TRACKING_LOST:
             log.warning(
                 "%s: lost track of borrowed job %s (%s); holding its reservation until an "
                 "administrator releases job %d",
                 job.upstream,
                 job.key,
-                job.hold.detail,
+                hold.detail,
                 job.id,
             )
-            return
-        log.warning(
-            "%s: job %d was cut by a reclaim but the server may still be working on it; "
-            "holding its reservation until %s",
-            job.upstream,
-            job.id,
-            "an observation shows the server idle"
-            if self._upstreams[job.upstream].rules.idle_evidence
-            else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
-        )
+        elif hold.reason is HoldReason.UPSTREAM_SILENT:
+            log.warning(
+                "%s: job %d: %s; gave up on the exchange, but the server may still be "
+                "working on it: holding its reservation until %s",
+                job.upstream,
+                job.id,
+                hold.detail,
+                until,
+            )
+        else:
+            log.warning(
+                "%s: job %d was cut by a reclaim but the server may still be working on it; "
+                "holding its reservation until %s",
+                job.upstream,
+                job.id,
+                until,
+            )
 
     def _follow(self, job: JobState, key: str) -> None:
         """Keep a landed, tracked job reserved until the server finishes it."""

@@ -174,6 +174,34 @@ class HoldChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class JobHoldChanged:
+    """A borrowed job was held (``held`` true) or its hold ended (false), at monotonic
+    ``at``. ``reason`` (``cut_uncertain``, ``tracking_lost``, ``upstream_silent``),
+    ``release_by`` (``server_idle``, ``admin``) and ``detail`` describe the hold; they are
+    repeated when it ends."""
+
+    kind: ClassVar[str] = "job_hold"
+    job: int
+    upstream: str
+    held: bool
+    reason: str
+    release_by: str
+    detail: str
+    at: float
+
+    def payload(self) -> dict[str, object]:
+        return {
+            "job": self.job,
+            "upstream": self.upstream,
+            "held": self.held,
+            "reason": self.reason,
+            "release_by": self.release_by,
+            "detail": self.detail,
+            "at": self.at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class ReclaimChanged:
     """An upstream's reclaim moved to ``phase``."""
 
@@ -233,6 +261,7 @@ StateEvent = (
     | VetoChanged
     | EdgeRaised
     | HoldChanged
+    | JobHoldChanged
     | ReclaimChanged
     | ListenerChanged
 )

@@ -7,15 +7,17 @@ reservation is given back. In between it moves through these phases::
                                   │                              ▲
                                   ├─ tracked reply landed ─▶ tracking ──done──┘
                                   │                              │
-                                  └─ cut, outcome uncertain ─▶ held ◀── tracking lost
-                                                                 │
+                                  ├─ cut, outcome uncertain ─▶ held ◀── tracking lost
+                                  └─ upstream silent ────────▶   │
                                        server seen idle / admin ─┘
 
 * ``forwarding``: the HTTP exchange with the upstream runs.
 * ``tracking``: the exchange ended but the server still runs the work (a ComfyUI prompt in
   its queue); the reservation stays until the server has finished it.
 * ``held``: a reclaim cut the exchange but the server may still be working (a closed
-  connection does not stop an OpenAI-compatible server), or tracking lost sight of the work.
+  connection does not stop an OpenAI-compatible server), tracking lost sight of the work, or
+  the upstream sent nothing for its silence limit (``upstream_silence_s``): a server that
+  stopped answering may still hold the memory, so it is not lent again on a guess.
   The reservation stays until the server is seen idle after the hold began, or an
   administrator releases the job. Held work never defers a reclaim.
 * ``released`` / ``cut``: terminal; ``cut`` when a reclaim cut the job first.
@@ -61,6 +63,7 @@ class HoldReason(StrEnum):
 
     CUT_UNCERTAIN = "cut_uncertain"  #: a reclaim cut it; the server may still be working
     TRACKING_LOST = "tracking_lost"  #: the server's queue could no longer be read
+    UPSTREAM_SILENT = "upstream_silent"  #: no byte from the server for its silence limit
 
 
 class ReleaseBy(StrEnum):
@@ -85,11 +88,15 @@ class JobRules:
     ``tracked``: the adapter's controller follows work past the reply (ComfyUI).
     ``cut_is_uncertain``: a closed connection does not prove the server stopped.
     ``idle_evidence``: server observations can show the server idle (llama-server slots).
+    ``silence_s``: seconds the upstream may send nothing (before its reply or between two
+    pieces of it) before the proxy gives up on the exchange (:meth:`JobState.went_silent`); None
+    when there is no limit.
     """
 
     tracked: bool = False
     cut_is_uncertain: bool = False
     idle_evidence: bool = False
+    silence_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,13 +189,26 @@ class JobState:
                 replace(self, phase=JobPhase.TRACKING), (SetPhase(Phase.TRACKING), Follow(self.key))
             )
         if ending is Ending.CUT and rules.cut_is_uncertain:
-            by = ReleaseBy.SERVER_IDLE if rules.idle_evidence else ReleaseBy.ADMIN
-            hold = Hold(HoldReason.CUT_UNCERTAIN, now, by)
-            effects: tuple[Effect, ...] = (SetPhase(Phase.HELD),)
-            if by is ReleaseBy.SERVER_IDLE:
-                effects += (WatchIdle(now),)
-            return Transition(replace(self, phase=JobPhase.HELD, hold=hold), effects)
+            return self._hold(Hold(HoldReason.CUT_UNCERTAIN, now, _release_by(rules)))
         return self._end()
+
+    def went_silent(self, rules: JobRules, now: float) -> Transition:
+        """The proxy gave up on the exchange because the upstream sent no byte for
+        ``rules.silence_s`` seconds (``now``: monotonic s); the exchange is over.
+
+        The job is held whatever the adapter says of cuts: a server that stopped sending
+        cannot be trusted to have noticed the closed connection, and may still hold the
+        memory. The hold ends as a cut job's would (an idle observation where the server
+        offers one, else an administrator). A job an administrator already released just
+        ends; one past its exchange (tracking, held, ended) is left as it is.
+        """
+        if self.phase not in (JobPhase.ADMITTED, JobPhase.FORWARDING):
+            return Transition(self)
+        if not self.reserved:
+            return self._end()
+        limit = "its silence limit" if rules.silence_s is None else f"{rules.silence_s:g} s"
+        detail = f"the upstream sent nothing for {limit}"
+        return self._hold(Hold(HoldReason.UPSTREAM_SILENT, now, _release_by(rules), detail))
 
     def tracking_done(self) -> Transition:
         """The server no longer runs or queues the tracked work."""
@@ -224,10 +244,21 @@ class JobState:
             return Transition(self)
         return Transition(replace(self, reserved=False), (Release(),))
 
+    def _hold(self, hold: Hold) -> Transition:
+        effects: tuple[Effect, ...] = (SetPhase(Phase.HELD),)
+        if hold.release_by is ReleaseBy.SERVER_IDLE:
+            effects += (WatchIdle(hold.since),)
+        return Transition(replace(self, phase=JobPhase.HELD, hold=hold), effects)
+
     def _end(self) -> Transition:
         phase = JobPhase.CUT if self.cut_by is not None else JobPhase.RELEASED
         effects: tuple[Effect, ...] = (Release(),) if self.reserved else ()
         return Transition(replace(self, phase=phase, reserved=False), effects)
+
+
+def _release_by(rules: JobRules) -> ReleaseBy:
+    """What can end a hold on an upstream with ``rules``."""
+    return ReleaseBy.SERVER_IDLE if rules.idle_evidence else ReleaseBy.ADMIN
 
 
 _LEDGER_PHASE = {

@@ -70,6 +70,7 @@ class ErrorCode(StrEnum):
     # the upstream failed
     UPSTREAM_UNREACHABLE = "upstream_unreachable"
     UPSTREAM_PROTOCOL_ERROR = "upstream_protocol_error"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
     WEBSOCKET_HANDSHAKE_REFUSED = "websocket_handshake_refused"
     # the API listener
     INVALID_BODY = "invalid_body"

@@ -5,6 +5,13 @@ Built once per read by :func:`vacancyd.api.status.build_status`. Values are raw 
 MiB, 0–1 ratios; ages are monotonic-clock differences); :meth:`StatusDocument.to_json` rounds
 them for the JSON document whose shape is described in :mod:`vacancyd.api.status`. A few
 fields exist for metrics only and are not in the JSON (marked below).
+
+Every reader renders the same document: ``GET /status`` is :meth:`StatusDocument.to_json`,
+each ``/metrics`` gauge of the lender is read from its fields
+(:func:`vacancyd.api.metrics.render_gauges`), and the Kubernetes publisher turns its JSON
+into the Node conditions and EndpointSlices (``vacancyd.core.conditions.lender_from_status``;
+the in-cluster companion reads the same JSON over HTTP). Nothing any of them shows is read
+from the live state beside it, so for one document they cannot disagree.
 """
 
 from __future__ import annotations
@@ -141,6 +148,11 @@ class ResourceStatus:
     lendable_mib: float | None = None
     #: Why a durable state file it depends on is unusable (it refuses until repaired).
     state_error: str | None = None
+    #: Borrowed jobs holding it now (more than one with ``max_concurrent``).
+    jobs: int = 0
+    #: What it is doing when upstreams with ``exclusive_of`` share it (idle, shared,
+    #: exclusive: ``vacancyd.core.sharing.CardState``); None when no such upstream uses it.
+    card: str | None = None
 
     @property
     def lendable(self) -> bool:
@@ -166,6 +178,8 @@ class ResourceStatus:
             else {"job": held.job, "upstream": held.upstream, "phase": held.phase},
             "pressure": None if self.pressure is None else self.pressure.to_json(),
             "state_error": self.state_error,
+            "jobs": self.jobs,
+            "card": self.card,
         }
 
 
@@ -244,8 +258,8 @@ class ServerStatus:
 
 @dataclass(frozen=True, slots=True)
 class HoldStatus:
-    """Why a job is held (``cut_uncertain``, ``tracking_lost``), since when (seconds ago),
-    and what releases it (``server_idle`` or ``admin``)."""
+    """Why a job is held (``cut_uncertain``, ``tracking_lost``, ``upstream_silent``), since
+    when (seconds ago), and what releases it (``server_idle`` or ``admin``)."""
 
     reason: str
     release_by: str
@@ -374,6 +388,9 @@ class UpstreamStatus:
     #: The learned context map (Ollama) and the Modelfile contexts read per digest.
     learned_contexts: tuple[LearnedContextStatus, ...] | None = None
     modelfile_num_ctx: Mapping[str, int | None] | None = None
+    #: What the upstream's controller reports of its server beside the observation (a vLLM
+    #: server's sleep mode), as the controller renders it; None when it has no such view.
+    sleep: Mapping[str, object] | None = None
 
     @property
     def lendable(self) -> bool:
@@ -381,7 +398,7 @@ class UpstreamStatus:
 
     def to_json(self) -> dict[str, Any]:
         ls, refusal, server, r = self.listener, self.refusal, self.server, self.reclaim
-        return {
+        doc = {
             "adapter": self.adapter,
             "resource": self.resource,
             "also_requires": list(self.also_requires),
@@ -470,6 +487,57 @@ class UpstreamStatus:
                 "outcome": r.outcome,
             },
         }
+        if self.sleep is not None:
+            doc["sleep"] = dict(self.sleep)
+        return doc
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerHoldStatus:
+    """One of the owner's holds in force (``vacancyd.core.holds.Hold``): its kind
+    (schedule, pause, battery, exclusive_app), the resources it covers (None: the whole
+    host), when it ends by itself (``until``: wall-clock epoch seconds; ``ends_in_s``:
+    seconds from now), both None when it does not."""
+
+    kind: str
+    detail: str
+    resources: tuple[str, ...] | None
+    until: float | None
+    ends_in_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "detail": self.detail,
+            "resources": None if self.resources is None else list(self.resources),
+            "until": self.until,
+            "ends_in_s": _round(self.ends_in_s),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PublisherStatus:
+    """Host-side Kubernetes publishing (``[kubernetes]``): where this lender is published
+    and whether the last attempt of every write went through (``writes_ok``); ``errors``
+    maps each failing write (the client, the Node conditions, the EndpointSlices) to its
+    newest error."""
+
+    lender: str
+    namespace: str
+    node: str | None
+    address: str | None
+    writes_ok: bool
+    errors: Mapping[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lender": self.lender,
+            "namespace": self.namespace,
+            "node": self.node,
+            "address": self.address,
+            "writes_ok": self.writes_ok,
+            "errors": dict(sorted(self.errors.items())),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,9 +557,17 @@ class StatusDocument:
     stopping: bool = False
     #: Durable state files (or the directory) whose newest write failed -> why.
     write_errors: Mapping[str, str] | None = None
+    #: The owner's holds in force, in the order the owner controls list them.
+    holds: tuple[OwnerHoldStatus, ...] = ()
+    #: The rest of the owner's controls (schedule, pause, power, exclusive apps) as
+    #: ``vacancyd.control.owner`` renders them in wall time; None without owner controls.
+    owner_controls: Mapping[str, object] | None = None
+    #: Host-side Kubernetes publishing; None when ``[kubernetes]`` is not configured.
+    kubernetes: PublisherStatus | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The ``/status`` JSON object (rounded); ``pools`` only where pools are configured."""
+        """The ``/status`` JSON object (rounded); ``pools`` only where pools are configured.
+        ``owner_controls.holds`` is rendered from :attr:`holds`."""
         doc = {
             "version": self.version,
             "uptime_s": _round(self.uptime_s),
@@ -503,6 +579,10 @@ class StatusDocument:
             "resources": {name: r.to_json() for name, r in self.resources.items()},
             "upstreams": {name: u.to_json() for name, u in self.upstreams.items()},
             "durable_state": {"write_errors": dict(sorted((self.write_errors or {}).items()))},
+            "owner_controls": None
+            if self.owner_controls is None and not self.holds
+            else {**(self.owner_controls or {}), "holds": [h.to_json() for h in self.holds]},
+            "kubernetes": None if self.kubernetes is None else self.kubernetes.to_json(),
         }
         if self.pools:
             doc["pools"] = {name: p.to_json() for name, p in self.pools.items()}

@@ -1,10 +1,13 @@
 """Host-side publishing: the daemon writes its own state, given a kubeconfig (``[kubernetes]``).
 
-The feeder renders this daemon's /status document (in-process, no HTTP) on every state
-transition and every ``resync_s`` seconds and hands it to a :class:`Publisher`. A transition
-only sets an event, so the collectors and the gate never wait on the API server; the
-feeder and the publisher are supervised as non-essential tasks, so no Kubernetes failure
-can stop the daemon.
+The feeder builds this daemon's status document (in-process, no HTTP) on every state
+transition and every ``resync_s`` seconds, reads it as the companion reads ``/status``
+(:func:`~vacancyd.core.conditions.lender_from_status` on its JSON, so both modes publish
+the same thing for the same document) and hands the result to a :class:`Publisher`. A
+transition only sets an event, so the collectors and the gate never wait on the API server;
+the feeder and the publisher are supervised as non-essential tasks, so no Kubernetes failure
+can stop the daemon. The publisher's own health goes back onto the status document
+(``kubernetes`` in ``/status``, ``vacancyd_kubernetes_writes_ok`` on ``/metrics``).
 """
 
 from __future__ import annotations
@@ -12,34 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine
 from typing import Any
-
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from vacancyd.config.model import KubernetesSettings
 from vacancyd.core import conditions
-from vacancyd.core.conditions import StatusFormatError
+from vacancyd.core.conditions import LenderState, StatusFormatError
+from vacancyd.core.status import PublisherStatus, StatusDocument
 from vacancyd.k8s.api import KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
-
-
-class HostPublisherCollector(Collector):
-    """``vacancyd_kubernetes_writes_ok``: 1 when the last attempt of every write succeeded."""
-
-    def __init__(self, publisher: Publisher) -> None:
-        self._publisher = publisher
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily(
-            "vacancyd_kubernetes_writes_ok",
-            "1 when the last attempt of every Kubernetes write (host-side publishing) succeeded.",
-            value=1.0 if self._publisher.healthy else 0.0,
-        )
 
 
 def lender_name(settings: KubernetesSettings) -> str:
@@ -63,13 +50,13 @@ class HostPublisher:
         self,
         settings: KubernetesSettings,
         state: SharedState,
-        render_status: Callable[[], Mapping[str, Any]],
+        build_status: Callable[[], StatusDocument],
         *,
         connect: Callable[[], Any] | None = None,
     ) -> None:
         self.settings = settings
         self._state = state
-        self._render = render_status
+        self._build = build_status
         self._poke = asyncio.Event()
         self.publisher = Publisher(
             connect=connect or _connect(settings),
@@ -88,6 +75,24 @@ class HostPublisher:
         )
         self._unsubscribe: Callable[[], None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        state.publisher_status = self.status
+
+    def status(self) -> PublisherStatus:
+        """This publisher on the status document: where it publishes, whether writes work."""
+        target = self.publisher.target
+        return PublisherStatus(
+            lender=target.lender,
+            namespace=target.namespace,
+            node=target.node,
+            address=target.address,
+            writes_ok=self.publisher.healthy,
+            errors=self.publisher.last_errors,
+        )
+
+    def lender(self) -> LenderState:
+        """The state to publish, read from one status document as the companion reads
+        ``/status``. Raises :class:`StatusFormatError` (a bug: it is our own document)."""
+        return conditions.lender_from_status(self._build().to_json())
 
     def start(self, spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[Any]]) -> None:
         """Start the feeder and the publisher with ``spawn(coro, name)`` (non-essential)."""
@@ -112,7 +117,7 @@ class HostPublisher:
         while True:
             self._poke.clear()
             try:
-                self.publisher.update(conditions.lender_from_status(self._render()))
+                self.publisher.update(self.lender())
             except StatusFormatError:  # our own document: a bug, but never fatal
                 log.exception("cannot read this daemon's own status")
             try:
@@ -138,7 +143,7 @@ class HostPublisher:
             return
         await self._halt()
         try:
-            self.publisher.update(conditions.lender_from_status(self._render()))
+            self.publisher.update(self.lender())
         except StatusFormatError:
             log.exception("cannot read this daemon's own status")
         await self.publisher.announce_terminating(detail)

@@ -150,6 +150,18 @@ class Proxy:
         self.allowed_origins = frozenset(o.rstrip("/").lower() for o in settings.allowed_origins)
         self.pass_response = frozenset(h.lower() for h in settings.pass_response_headers)
         self.classify = Classifier(upstream.adapter.table)
+        #: Borrowed jobs' exchanges: the session's timeouts plus the upstream's silence limit
+        #: (aiohttp's sock_read: no byte from the upstream for that long, counted from the
+        #: end of the request body and paused while the borrower is not reading).
+        self.silence_s = settings.silence_limit
+        base = session.timeout
+        self.job_timeout = aiohttp.ClientTimeout(
+            total=base.total,
+            connect=base.connect,
+            sock_read=self.silence_s,
+            sock_connect=base.sock_connect,
+            ceil_threshold=base.ceil_threshold,
+        )
         self._urls: dict[tuple[str, str], URL] = {}
         self._templates: dict[int, tuple[RenderedRefusal, reply.Template]] = {}
         self._last_refusal: tuple[Refuse, reply.Template, str] | None = None
@@ -636,7 +648,12 @@ class Proxy:
                 headers=out_headers,
                 data=data,
                 allow_redirects=False,
+                timeout=self.session.timeout if exchange is None else self.job_timeout,
             )
+        except aiohttp.SocketTimeoutError:
+            if exchange is None:
+                raise  # no read timeout outside borrowed jobs: never happens
+            return self._silent(request, exchange, c)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # Connecting failed (refused, timed out) or the server answered with something
             # that is not a valid HTTP response (garbage, oversized headers, a hang-up).
@@ -703,6 +720,10 @@ class Proxy:
                             await response.write(chunk)
                 async with asyncio.timeout(stalled):
                     await response.write_eof()
+            except aiohttp.SocketTimeoutError:
+                if exchange is None:
+                    raise  # no read timeout outside borrowed jobs: never happens
+                return self._silent(request, exchange, c)
             except TimeoutError:
                 log.warning(
                     "%s: borrower stopped reading for %g s; disconnecting", up.name, stalled
@@ -725,6 +746,41 @@ class Proxy:
                 upstream_resp.release()
             else:
                 upstream_resp.close()
+
+    def _silent(
+        self, request: web.BaseRequest, exchange: _Exchange, c: Classification
+    ) -> web.StreamResponse:
+        """The upstream sent nothing for ``upstream_silence_s``: :class:`Work` holds the job
+        (the server may still be working), and the borrower gets 504 before the reply's
+        headers, or a reset connection after them (a stream must never end cleanly)."""
+        name = self.upstream.name
+        job_id = exchange.job.id
+        self.metrics.upstream_error(name, "silent")
+        if not exchange.ended:
+            exchange.ended = True
+            self.work.upstream_silent(job_id)
+        log.warning(
+            "%s: upstream sent nothing for %g s on job %d (%s %s)%s",
+            name,
+            self.silence_s,
+            job_id,
+            request.method,
+            c.path,
+            "; cutting the stream" if exchange.response is not None else "; answering 504",
+        )
+        if exchange.response is not None:
+            self._cut(request)
+            return exchange.response
+        return json_error(
+            504,
+            f"the upstream server of {name!r} sent nothing for {self.silence_s:g} s; "
+            "vacancyd gave up waiting and keeps its resources reserved in case it is still "
+            "working",
+            ErrorType.UPSTREAM,
+            ErrorCode.UPSTREAM_TIMEOUT,
+            upstream=name,
+            job=job_id,
+        )
 
     @staticmethod
     def _cut(request: web.BaseRequest) -> None:

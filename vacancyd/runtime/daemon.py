@@ -15,14 +15,28 @@ Task tree (names as they appear in logs):
 * ``owner controls`` — the lending schedule, pauses, the battery rule and exclusive apps
   (essential; ``vacancyd.control.owner``)
 * ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
-* ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end
+* ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end (not
+  essential)
 * ``hold NAME job N`` — watches a held job's server for idleness (not essential)
 * ``reclaim cancel NAME`` / ``warm NAME`` — a reclaim's server calls (not essential)
 * ``target listeners`` — which sockets serve each upstream's target, for /status (not
   essential)
+* ``free NAME job N`` — an exclusive job's server frees its memory before the card is
+  released (not essential)
+* ``lendability watcher`` — announces each change of what a borrowed request would get on
+  ``/events`` (not essential)
+* ``save pause`` — writes a pause that ended by itself (not essential; awaited at shutdown)
+* ``presence bus watch`` — notices a dropped logind connection between polls (not essential)
+* ``trace post-release sample`` — the span of a post-release fresh sample, with
+  ``[telemetry]`` (not essential)
+* ``SIGHUP config check`` — re-reads the configuration on SIGHUP (not essential)
 * ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
   ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
+
+Every one goes through the supervisor (``vacancyd.runtime.tasks``), which holds its
+reference and its essential flag; ``tests/component/test_supervision.py`` checks that no
+daemon task runs outside it.
 
 Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1). SIGHUP re-reads
 and validates the configuration file and logs the verdict; it never stops the daemon.
@@ -50,7 +64,7 @@ from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.api.ops import Diagnostics
-from vacancyd.api.status import render_status
+from vacancyd.api.status import build_status
 from vacancyd.collectors import exposure, logind, presence, system
 from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
@@ -78,7 +92,7 @@ from vacancyd.core.observations import CapacityReading
 from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.core.snapshot import ServerState
-from vacancyd.k8s.host import HostPublisher, HostPublisherCollector
+from vacancyd.k8s.host import HostPublisher
 from vacancyd.proxy.app import Proxy, Upstream, make_server
 from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.probe import ProbeEndpoint
@@ -282,6 +296,7 @@ class Daemon:
             self.state,
             owner_controls_config(self.settings),
             DurablePauseStore(self.settings.state_dir / PAUSE_FILE),
+            supervisor=self.supervisor,
         )
 
     def request_stop(self) -> None:
@@ -311,7 +326,9 @@ class Daemon:
             allowed_origins=server.allowed_origins,
         )
         limits = server.limits
-        self.tracing = start_tracing(settings.telemetry, self.state, self.span_exporter)
+        self.tracing = start_tracing(
+            settings.telemetry, self.state, self.span_exporter, supervisor=self.supervisor
+        )
 
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
@@ -381,6 +398,7 @@ class Daemon:
                     tracked=controller is not None,
                     cut_is_uncertain=adapter.cut_is_uncertain,
                     idle_evidence=adapter.observable,
+                    silence_s=up.silence_limit,
                 ),
                 controller,
             )
@@ -562,8 +580,7 @@ class Daemon:
             log.error("[kubernetes] is configured but cannot be used: %s", missing)
             return
         state = self.state
-        self.kubernetes = HostPublisher(settings, state, lambda: render_status(state, started_at))
-        self.metrics.registry.register(HostPublisherCollector(self.kubernetes.publisher))
+        self.kubernetes = HostPublisher(settings, state, lambda: build_status(state, started_at))
         self.kubernetes.start(
             lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
         )
@@ -752,7 +769,10 @@ class Daemon:
         cfg = self.settings.collectors
         wake = self.state.sample_wanted("presence")
         client = logind.LogindClient(
-            owner.bus_address, signals=owner.signals, on_signal=lambda _member: wake.set()
+            owner.bus_address,
+            signals=owner.signals,
+            on_signal=lambda _member: wake.set(),
+            spawn=lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False),
         )
         policy = presence_rules.PresencePolicy(
             owner_processes=frozenset(owner.processes),
@@ -866,6 +886,7 @@ class Daemon:
             await self.kubernetes.stop()
         if api is not None:
             await api.cleanup()
+        await self.owner.flush()  # a pause save in flight is written, not cancelled
         await self.supervisor.stop()
         if self.tracing is not None:
             await self.tracing.shutdown()
@@ -927,16 +948,13 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
-    rechecks: set[asyncio.Task[bool]] = set()
 
     async def hangup() -> bool:
         await daemon.reload_tls()
         return await recheck_config(config_path)
 
     def on_hangup() -> None:
-        task = loop.create_task(hangup(), name="SIGHUP config check")
-        rechecks.add(task)
-        task.add_done_callback(rechecks.discard)
+        daemon.supervisor.spawn(hangup(), name="SIGHUP config check", essential=False)
 
     loop.add_signal_handler(signal.SIGHUP, on_hangup)
     try:

@@ -275,8 +275,10 @@ async def run_measure(
     free_mib: Callable[[str], Any] | None = None,
     out: TextIO = sys.stderr,
 ) -> list[Measurement]:
-    """Measure; raises :class:`MeasureError`. Ollama models it loaded are unloaded again
-    whatever happens (including cancellation)."""
+    """Measure; raises :class:`MeasureError`, also when there is nothing to measure (no
+    upstream chosen, or none of them has a model listed or an adapter that can be measured;
+    the message says why for each). Ollama models it loaded are unloaded again whatever
+    happens (including cancellation)."""
     say = _say(out)
     chosen = [u for u in settings.upstream if not upstreams or u.name in upstreams]
     unknown = sorted(set(upstreams) - {u.name for u in settings.upstream})
@@ -285,14 +287,23 @@ async def run_measure(
     why = lender_refusal(lender_status, [u.name for u in chosen])
     if why is not None:
         raise MeasureError(f"not measuring now: {why}")
+    if not chosen:
+        raise MeasureError("nothing to measure: the configuration declares no [[upstream]]")
     results: list[Measurement] = []
+    #: Why each upstream that measured nothing was skipped.
+    skipped: list[str] = []
     async with aiohttp.ClientSession(
         trust_env=False, timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S, connect=5)
     ) as session:
         for up in chosen:
             names = models_for(up, models)
             if not names:
-                say(f"{up.name}: no models listed (give --model or fill its footprint table)")
+                why = (
+                    f"{up.name}: no models listed (give --model, or fill its "
+                    "[upstream.models.footprint_mib] table)"
+                )
+                say(why)
+                skipped.append(why)
                 continue
             target = URL(str(up.target))
             if up.adapter == "ollama":
@@ -318,5 +329,9 @@ async def run_measure(
                         )
                     )
             else:
-                say(f"{up.name}: the {up.adapter!r} adapter cannot be measured this way; skipped")
+                why = f"{up.name}: the {up.adapter!r} adapter cannot be measured this way"
+                say(f"{why}; skipped")
+                skipped.append(why)
+    if not results:
+        raise MeasureError("nothing to measure: " + "; ".join(skipped))
     return results

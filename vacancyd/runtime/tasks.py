@@ -1,9 +1,17 @@
-"""Named, referenced, supervised background tasks (docs/architecture.md, last paragraph).
+"""Named, referenced, supervised background tasks (docs/architecture.md, "Supervision and
+shutdown").
 
-Every task is spawned here with a human name and marked essential or not. When an essential
-task (a collector, the API listener, a proxy listener) ends for any reason other than the
-daemon's own shutdown, the supervisor records the failure and wakes the daemon, which exits
-nonzero rather than answer a misleading liveness check.
+Every background task of the daemon (one that outlives the call that started it) is
+spawned here with a human name and marked essential or not; the lower layers get
+:meth:`Supervisor.spawn` passed in (``vacancyd.control.spawn.Spawner``, or a
+``spawn(coro, name)`` callable). When an essential task (a collector, the API listener, a
+proxy listener) ends for any reason other than the daemon's own shutdown, the supervisor
+records the failure and wakes the daemon, which exits nonzero rather than answer a
+misleading liveness check.
+
+Tasks that live only inside the call that created them and are awaited there (a
+WebSocket tunnel's two pumps, the ``/events`` queue wait, :meth:`Daemon.wait`'s two
+waiters) are named but not supervised: their caller owns them and ends them.
 """
 
 from __future__ import annotations
@@ -57,6 +65,10 @@ class Supervisor:
     def running(self) -> dict[str, bool]:
         """Name -> essential for every task still running."""
         return {task.get_name(): essential for task, essential in self._tasks.items()}
+
+    def tasks(self) -> dict[asyncio.Task[Any], bool]:
+        """Every task still running -> essential (a copy)."""
+        return dict(self._tasks)
 
     def stopping(self) -> None:
         """The daemon is shutting down: tasks that end from here on are not failures."""

@@ -32,6 +32,7 @@ from vacancyd import __version__
 from vacancyd.config.model import TelemetrySettings
 from vacancyd.core.events import ReclaimChanged, StateEvent
 from vacancyd.proxy import observe
+from vacancyd.runtime.tasks import Supervisor
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -50,13 +51,16 @@ OPEN_RECLAIM = frozenset({"waiting", "proceeding"})
 class Tracing:
     """The tracer provider, the proxy middleware and the state subscriptions."""
 
-    def __init__(self, provider: TracerProvider, state: SharedState) -> None:
+    def __init__(
+        self, provider: TracerProvider, state: SharedState, supervisor: Supervisor | None = None
+    ) -> None:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.provider = provider
         self.tracer: Tracer = provider.get_tracer("vacancyd", __version__)
         self.state = state
         self._propagator = TraceContextTextMapPropagator()
+        self._supervisor = supervisor
         self._tasks: set[asyncio.Task[None]] = set()
         self._reclaims: dict[str, Span] = {}
         self._unsubscribe = state.subscribe(self._on_event)
@@ -120,7 +124,13 @@ class Tracing:
             span.set_attribute("vacancyd.sampled", sampled)
 
     def _spawn(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        """Run the post-release span on its own task (not essential): through the daemon's
+        supervisor when there is one, else on a task this object keeps a reference to."""
+        name = "trace post-release sample"
+        if self._supervisor is not None:
+            self._supervisor.spawn(coro, name=name, essential=False)
+            return
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -179,10 +189,15 @@ def traces_url(endpoint: str) -> str:
 
 
 def start_tracing(
-    settings: TelemetrySettings, state: SharedState, exporter: SpanExporter | None = None
+    settings: TelemetrySettings,
+    state: SharedState,
+    exporter: SpanExporter | None = None,
+    *,
+    supervisor: Supervisor | None = None,
 ) -> Tracing | None:
     """Tracing for these settings, or None when it is off or the ``otel`` extra is missing
-    (logged). ``exporter`` replaces the OTLP exporter (tests pass an in-memory one)."""
+    (logged). ``exporter`` replaces the OTLP exporter (tests pass an in-memory one);
+    ``supervisor`` runs its background spans' tasks."""
     if settings.otlp_endpoint is None and exporter is None:
         return None
     try:
@@ -217,4 +232,4 @@ def start_tracing(
         url = traces_url(str(settings.otlp_endpoint))
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
         log.info("tracing to %s (sample ratio %g)", url, settings.sample_ratio)
-    return Tracing(provider, state)
+    return Tracing(provider, state, supervisor)
