@@ -154,8 +154,13 @@ def start_vacancyd(
     """
     api, listen = free_port(), free_port()
     cfg = tmp / f"vacancyd-{adapter}-{listen}.toml"
+    # Its own state directory: what a run changes (a pause, learned state) must never reach
+    # the machine's /var/lib/vacancyd, another run, or another benchmark.
+    state_dir = tmp / f"state-{listen}"
+    state_dir.mkdir()
     cfg.write_text(
-        single_upstream_toml(
+        f"state_dir = {json.dumps(str(state_dir))}\n"
+        + single_upstream_toml(
             api=api, proxy=listen, target=f"http://127.0.0.1:{target_port}", adapter=adapter
         )
     )

@@ -42,7 +42,7 @@ from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import RenderedRefusal, error_body, render_refusal_bytes
-from vacancyd.core.snapshot import RequestFacts
+from vacancyd.core.snapshot import RequestFacts, Snapshot
 from vacancyd.proxy import bodies, headers, observe, probe, reply, tunnel
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
@@ -472,21 +472,38 @@ class Proxy:
     def _early_refusal(self) -> Refuse | None:
         """Gate steps 1–5 and the reclaim check, before the body is read: a refusal no fresh
         sample can change. A pool refuses only when every member does (the one that frees up
-        first answers)."""
-        switched_off = gate.decide_switches(self.state.stopping, self.state.lending_enabled)
+        first answers).
+
+        The switches, the owner's holds and presence come first and need no snapshot, so a
+        refusal for any of them (lending off, the owner present or pausing) builds none; a
+        snapshot is built, once, only when they let a member through to the later steps,
+        which then start again from step 1 on it (the same answer for the steps already
+        asked).
+        """
+        state = self.state
+        switched_off = gate.decide_switches(state.stopping, state.lending_enabled)
         if switched_off is not None:
             return switched_off  # the same for every member, and no snapshot needed
         proxies = list(self.members.values()) or [self]
         refusals: list[Refuse] = []
-        snap = self.state.snapshot()
+        now = state.clock()
+        presence = state.presence_view(now)
+        snap: Snapshot | None = None
         for proxy in proxies:
-            refusal = gate.decide_before_body(snap, proxy.upstream.policy)
-            if refusal is not None and refusal.extra.get("refresh") is not None:
-                refusal = None  # a fresh sample may still admit it: let the body come
-            refusal = refusal or proxy._reclaim_refusal()
+            policy = proxy.upstream.policy
+            refusal = gate.decide_owner_steps(state.holds, presence, now, policy)
             if refusal is None:
-                return None
+                if snap is None:
+                    snap = state.snapshot()
+                refusal = gate.decide_before_body(snap, policy)
+                if refusal is not None and refusal.extra.get("refresh") is not None:
+                    refusal = None  # a fresh sample may still admit it: let the body come
+                refusal = refusal or proxy._reclaim_refusal()
+                if refusal is None:
+                    return None
             refusals.append(refusal)
+        if len(refusals) == 1:
+            return refusals[0]
         return min(refusals, key=lambda r: r.retry_after_s)
 
     async def _run_job(
