@@ -1,6 +1,6 @@
 """The request path's remembered answers agree with what they remember: classification,
-rendered refusals, loop-owned counters and histograms, the presence view, gate step 1 from the switches,
-and the event-loop choice."""
+rendered refusals, loop-owned counters and histograms, the presence view, gate step 1 from
+the switches, and the event-loop choice."""
 
 from __future__ import annotations
 
