@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import single_upstream_toml
+from tests.support.isolation import isolated
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -60,32 +63,48 @@ def proc_env() -> Iterator[dict[str, str]]:
     yield env
 
 
+#: Runs inside the private namespaces: the embedded default's fixed ports answer only there.
+EMBEDDED_RUN = """
+import json, signal, subprocess
+from e2e.test_daemon_process import get_json, vacancyd, wait_for
+
+p = subprocess.Popen(vacancyd("run"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+try:
+    wait_for("http://127.0.0.1:9470/readyz")
+    code, status = get_json("http://127.0.0.1:9470/status")
+    p.send_signal(signal.SIGTERM)
+    out, _ = p.communicate(timeout=15)
+finally:
+    if p.poll() is None:
+        p.kill()
+print(json.dumps({"code": code, "status": status, "returncode": p.returncode, "out": out}))
+"""
+
+
 def test_embedded_default_runs_and_stops_cleanly(tmp_path: Path, proc_env: dict[str, str]) -> None:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", 9470))
-        except OSError:
-            message = "port 9470 (the embedded default's API port) is busy on this machine"
-            if os.environ.get("VACANCYD_REQUIRE_TOOLS") == "1":
-                pytest.fail(message)  # CI: a skipped check must not pass as a green run
-            pytest.skip(message)
-    p = subprocess.Popen(
-        vacancyd("run"), env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    """``vacancyd run`` with no config, in private network and mount namespaces: its fixed
+    ports (9470, 9480) and its /var/lib/vacancyd are its own, so a real daemon on this
+    machine neither collides with it nor has its state touched."""
+    var_lib = tmp_path / "var-lib"
     try:
-        wait_for("http://127.0.0.1:9470/readyz")
-        code, status = get_json("http://127.0.0.1:9470/status")  # trust_loopback in the default
-        assert code == 200
-        assert status["lending_enabled"] is True
-        # the upstream (127.0.0.1:8080) is probably not running: 502 or served, never a crash
-        p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=15)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 0, out
+        argv = isolated([sys.executable, "-c", EMBEDDED_RUN], var_lib)
+    except OSError as exc:
+        message = f"cannot isolate the embedded default's fixed ports and state_dir: {exc}"
+        if os.environ.get("VACANCYD_REQUIRE_TOOLS") == "1":
+            pytest.fail(message)  # CI: a skipped check must not pass as a green run
+        pytest.skip(message)
+    env = {**proc_env, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(r.stdout.splitlines()[-1])
+    assert result["code"] == 200  # trust_loopback in the default
+    assert result["status"]["lending_enabled"] is True
+    # the upstream (127.0.0.1:8080) is not running: 502 or served, never a crash
+    out = result["out"]
+    assert result["returncode"] == 0, out
     assert "embedded default configuration" in out
     assert "stopping on signal" in out
+    assert (var_lib / "vacancyd").is_dir()  # its state_dir was the scratch one
 
 
 def test_config_file_and_port_in_use(tmp_path: Path, proc_env: dict[str, str]) -> None:
@@ -98,6 +117,7 @@ def test_config_file_and_port_in_use(tmp_path: Path, proc_env: dict[str, str]) -
             target=f"http://127.0.0.1:{free_port()}",
             adapter="llamacpp",
             name="llama",
+            state_dir=tmp_path / "state",
         )
     )
     p = subprocess.Popen(
@@ -154,7 +174,12 @@ def test_systemd_notify_ready_and_stopping(tmp_path: Path, proc_env: dict[str, s
     api = free_port()
     cfg = tmp_path / "v.toml"
     cfg.write_text(
-        single_upstream_toml(api=api, proxy=free_port(), target=f"http://127.0.0.1:{free_port()}")
+        single_upstream_toml(
+            api=api,
+            proxy=free_port(),
+            target=f"http://127.0.0.1:{free_port()}",
+            state_dir=tmp_path / "state",
+        )
     )
     sock_path = str(tmp_path / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:

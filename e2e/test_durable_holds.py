@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import serve_app
 from tests.support.slow_openai import SlowOpenAI
 
@@ -28,26 +29,12 @@ def free_port() -> int:
 
 
 def config(api: int, proxy: int, target: str, state_dir: Path) -> str:
-    return f"""
-state_dir = "{state_dir}"
-[server]
-listen = "127.0.0.1:{api}"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "openai"
-listen = "127.0.0.1:{proxy}"
-target = "{target}"
-resource = "ram"
-on_owner_return = "cancel"
-"""
+    return daemon_toml(
+        upstream("up", target, listen=f"127.0.0.1:{proxy}", on_owner_return="cancel"),
+        server={"listen": f"127.0.0.1:{api}"},
+        collectors={"poll_s": 0.2},
+        state_dir=state_dir,
+    )
 
 
 async def start(path: Path, env: dict[str, str]) -> asyncio.subprocess.Process:

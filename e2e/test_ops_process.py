@@ -33,7 +33,12 @@ def test_json_logs_every_line_and_an_access_line_per_request(
     api, proxy = free_port(), free_port()
     cfg = tmp_path / "v.toml"
     cfg.write_text(
-        single_upstream_toml(api=api, proxy=proxy, target=f"http://127.0.0.1:{free_port()}")
+        single_upstream_toml(
+            api=api,
+            proxy=proxy,
+            target=f"http://127.0.0.1:{free_port()}",
+            state_dir=tmp_path / "state",
+        )
     )
     p = subprocess.Popen(
         vacancyd("run", "--config", str(cfg), "--log-format", "json"),
@@ -71,7 +76,10 @@ def test_watchdog_pings_from_the_event_loop(tmp_path: Path, proc_env: dict[str, 
     cfg = tmp_path / "v.toml"
     cfg.write_text(
         single_upstream_toml(
-            api=free_port(), proxy=free_port(), target=f"http://127.0.0.1:{free_port()}"
+            api=free_port(),
+            proxy=free_port(),
+            target=f"http://127.0.0.1:{free_port()}",
+            state_dir=tmp_path / "state",
         )
     )
     sock_path = str(tmp_path / "notify.sock")

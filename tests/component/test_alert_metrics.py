@@ -12,6 +12,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import config as cfg
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
 from tests.support.k8s_lender import READ, lender_toml
@@ -61,21 +62,17 @@ async def test_every_metric_in_every_rule_is_exported(monkeypatch: pytest.Monkey
     kube = FakeKube()
     kube.add_node("pc")
     monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
-    section = '[kubernetes]\nnode = "pc"\naddress = "192.0.2.10"\nnamespace = "vacancy"\n'
+    section = {"node": "pc", "address": "192.0.2.10", "namespace": "vacancy"}
     app, _ = openai_like_app()
-    async with serve_app(app) as target, running_daemon(lender_toml(target, section)) as d:
+    async with (
+        serve_app(app) as target,
+        running_daemon(lender_toml(target, kubernetes=section)) as d,
+    ):
         await d.wait_ready()
         lender = await scrape(f"{d.api_url}/metrics", READ)
-        toml = f"""
-listen = "127.0.0.1:0"
-[kubernetes]
-namespace = "vacancy"
-[[lender]]
-name = "pc"
-url = "{d.api_url}"
-token = "{READ}"
-address = "192.0.2.10"
-"""
+        toml = cfg.companion_toml(
+            cfg.lender("pc", d.api_url, READ, "192.0.2.10"), kubernetes={"namespace": "vacancy"}
+        )
         companion = Companion(parse_companion_config(toml, "<test>"), connect=kube.connect)
         await companion.start()
         try:

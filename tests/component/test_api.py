@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.config import daemon_toml, resource, token, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from vacancyd.cli import format_status, main
 
@@ -19,48 +20,21 @@ READ = "read-token-0123456789abc"
 BORROW = "borrow-token-0123456789"
 
 
-def config(target: str, presence: str = 'presence = "headless"') -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-
-[[server.tokens]]
-name = "ops"
-token = "{ADMIN}"
-scopes = ["admin"]
-
-[[server.tokens]]
-name = "prom"
-token = "{READ}"
-scopes = ["read"]
-
-[[server.tokens]]
-name = "cluster"
-token = "{BORROW}"
-scopes = ["borrow"]
-
-[owner]
-{presence}
-
-[collectors]
-poll_s = 0.2
-
-[[resource]]
-name = "ram"
-kind = "memory"
-
-[[resource]]
-name = "cpu"
-kind = "cpu"
-
-[[upstream]]
-name = "llm"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-also_requires = ["cpu"]
-"""
+def config(target: str, presence: str | None = "headless") -> str:
+    """A token-guarded lender (admin, read and borrow tokens) gated on memory and CPU;
+    ``presence=None`` leaves presence unconfigured."""
+    return daemon_toml(
+        upstream("llm", target, also_requires=["cpu"]),
+        resources=(resource("ram"), resource("cpu", "cpu")),
+        server={"trust_loopback": None},
+        tokens=(
+            token("ops", ADMIN, "admin"),
+            token("prom", READ, "read"),
+            token("cluster", BORROW, "borrow"),
+        ),
+        owner={"presence": presence},
+        collectors={"poll_s": 0.2},
+    )
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -100,7 +74,7 @@ async def test_health_ready_and_scopes(lender: RunningDaemon) -> None:
 
 async def test_readyz_waits_for_presence_and_is_detail_free() -> None:
     app, _ = openai_like_app()
-    async with serve_app(app) as url, running_daemon(config(url, presence="")) as d:
+    async with serve_app(app) as url, running_daemon(config(url, presence=None)) as d:
         async with aiohttp.ClientSession() as http:
             await d.wait_until(lambda: d.state.capacity["ram"].observed_at is not None)
             async with http.get(d.api_url + "/readyz") as r:

@@ -147,20 +147,10 @@ async def test_essential_task_exit_is_a_failure() -> None:
 
 
 async def test_daemon_exits_nonzero_when_an_essential_task_dies() -> None:
+    from tests.support.config import daemon_toml
     from tests.support.daemon import running_daemon
 
-    toml = """
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-"""
+    toml = daemon_toml()
 
     async def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("presence loop crashed")

@@ -17,10 +17,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.support import config as cfg
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
 from tests.support.gpu import Scenario
-from tests.support.k8s_lender import BORROW, READ, lender_toml
+from tests.support.k8s_lender import BORROW, follower_toml, lender_toml
 from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions as c
 from vacancyd.k8s import companion as comp
@@ -30,21 +31,7 @@ NS = "vacancy"
 
 
 def companion_toml(url: str, *, timeout_s: float = 1.0, poll_s: float = 30.0) -> str:
-    return f"""
-listen = "127.0.0.1:0"
-lender_timeout_s = {timeout_s}
-status_poll_s = {poll_s}
-[kubernetes]
-namespace = "{NS}"
-heartbeat_s = 60
-resync_s = 60
-[[lender]]
-name = "pc"
-url = "{url}"
-token = "{READ}"
-address = "192.0.2.10"
-node = "pc"
-"""
+    return follower_toml(url, timeout_s=timeout_s, poll_s=poll_s, ns=NS)
 
 
 @asynccontextmanager
@@ -215,14 +202,13 @@ async def test_host_side_publishing_never_slows_admission(
     kube.add_node("pc")
     kube.delay_s = 3600.0
     monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
-    section = """
-[kubernetes]
-node = "pc"
-address = "192.0.2.10"
-namespace = "vacancy"
-request_timeout_s = 0.2
-backoff_max_s = 1
-"""
+    section = {
+        "node": "pc",
+        "address": "192.0.2.10",
+        "namespace": "vacancy",
+        "request_timeout_s": 0.2,
+        "backoff_max_s": 1,
+    }
     app, seen = openai_like_app()
     toml = lender_toml
     async with serve_app(app) as target, running_daemon(toml(target, kubernetes=section)) as d:
@@ -277,36 +263,31 @@ async def test_a_follower_that_dies_stops_the_companion(
 async def test_owner_gpu_load_shows_as_gpu_pressure(nvml: Scenario, tmp_path: Path) -> None:
     """Real GPU pressure (fake NVML under the real collector) reaches VacancyGPUPressure."""
     owner_pid = 4_000_001
-    lender_config = f"""
-state_dir = "{tmp_path / "state"}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "gpu0"
-kind = "gpu"
-device = 0
-[resource.pressure]
-poll_ms = 100
-fixed_threshold = 0.2
-engage_after_s = 0
-release_after_s = 1.5
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{{target}}"
-resource = "gpu0"
-"""
+
+    def lender_config(target: str) -> str:
+        return cfg.daemon_toml(
+            cfg.upstream("chat", target, resource="gpu0"),
+            resources=(
+                cfg.gpu(
+                    "gpu0",
+                    0,
+                    pressure={
+                        "poll_ms": 100,
+                        "fixed_threshold": 0.2,
+                        "engage_after_s": 0,
+                        "release_after_s": 1.5,
+                    },
+                ),
+            ),
+            collectors={"poll_s": 0.2},
+            state_dir=tmp_path / "state",
+        )
+
     kube = FakeKube()
     kube.add_node("pc")
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        async with running_daemon(lender_config.replace("{target}", target)) as lender:
+        async with running_daemon(lender_config(target)) as lender:
             await lender.wait_ready()
             async with running_companion(companion_toml(lender.api_url), kube):
                 await until(lambda: cond(kube, c.GPU_PRESSURE).get("status") == "False")

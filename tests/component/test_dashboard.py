@@ -20,6 +20,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.config import companion_toml, daemon_toml, gpu, lender, token, upstream
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
 from tests.support.gpu import Scenario
@@ -87,51 +88,21 @@ def rule_exprs() -> list[str]:
 
 
 def lender_config(target: str, state_dir: Path) -> str:
-    return f"""
-state_dir = "{state_dir}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[[server.tokens]]
-name = "reader"
-token = "{READ}"
-scopes = ["read"]
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "gpu0"
-kind = "gpu"
-device = 0
-[resource.pressure]
-poll_ms = 100
-fixed_threshold = 0.2
-[[upstream]]
-name = "chat"
-adapter = "llamacpp"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "gpu0"
-[kubernetes]
-node = "pc"
-address = "192.0.2.10"
-namespace = "vacancy"
-"""
+    """A llama-server lender on the fake card 0 that publishes its node's conditions."""
+    return daemon_toml(
+        upstream("chat", target, adapter="llamacpp", resource="gpu0"),
+        resources=(gpu("gpu0", 0, pressure={"poll_ms": 100, "fixed_threshold": 0.2}),),
+        tokens=(token("reader", READ, "read"),),
+        collectors={"poll_s": 0.2},
+        state_dir=state_dir,
+        kubernetes={"node": "pc", "address": "192.0.2.10", "namespace": "vacancy"},
+    )
 
 
 def companion_config(url: str) -> str:
-    return f"""
-listen = "127.0.0.1:0"
-[kubernetes]
-namespace = "vacancy"
-[[lender]]
-name = "pc"
-url = "{url}"
-token = "{READ}"
-address = "192.0.2.10"
-node = "pc"
-"""
+    return companion_toml(
+        lender("pc", url, READ, "192.0.2.10", node="pc"), kubernetes={"namespace": "vacancy"}
+    )
 
 
 @pytest.fixture

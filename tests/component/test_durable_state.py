@@ -23,6 +23,7 @@ from tests.component.test_ollama_residency import (
     refusal,
     status,
 )
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.fake_ollama import FakeOllama
 from tests.support.gpu import Gpu, Scenario
@@ -40,12 +41,8 @@ async def test_learned_contexts_and_priors_survive_a_restart(
     state_dir = tmp_path / "state"
     fake = FakeOllama(models=("big:latest",), specs={"big:latest": BIG}, scenario=nvml, tokens=1)
     # The configured footprint (10,000 MiB) is too small: loading takes about 14,300 MiB.
-    small = '[upstream.models.footprint_mib]\n"big" = 10000'
     async with serve_app(fake.app()) as target:
-        toml = config(target, state_dir, "").replace(
-            "[upstream.models]\ndefault_mib = 14500",
-            "[upstream.models]\ndefault_mib = 14500\n" + small,
-        )
+        toml = config(target, state_dir, footprints={"big": 10000})
         async with running_daemon(toml) as d:
             await d.wait_ready()
             async with ollama.AsyncClient(host=d.proxy_url("up")) as borrower:
@@ -140,25 +137,7 @@ async def test_an_unwritable_state_directory_is_logged_and_lending_goes_on(
 
 
 def llama_config(target: str, state_dir: Path) -> str:
-    return f"""
-state_dir = "{state_dir}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "llama"
-adapter = "llamacpp"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-"""
+    return daemon_toml(upstream("llama", target, adapter="llamacpp"), state_dir=state_dir)
 
 
 def saved_hold(state_dir: Path, release_by: str) -> None:

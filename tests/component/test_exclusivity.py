@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.support.config import daemon_toml, resource, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.fake_comfyui import FakeComfy
 from tests.support.fake_ollama import FakeOllama
@@ -40,44 +41,37 @@ def record(app: web.Application, server: str, calls: Calls) -> web.Application:
     return app
 
 
-def config(ollama: str, comfy: str, comfy_extra: str = "") -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "card"
-kind = "memory"
-[[upstream]]
-name = "ollama"
-adapter = "ollama"
-listen = "127.0.0.1:0"
-target = "{ollama}"
-resource = "card"
-max_concurrent = 3
-busy = "wait"
-wait_timeout_s = 20
-warm_model = "tiny"
-[[upstream]]
-name = "comfy"
-adapter = "comfyui"
-listen = "127.0.0.1:0"
-target = "{comfy}"
-resource = "card"
-exclusive_of = ["ollama"]
-busy = "wait"
-wait_timeout_s = 20
-{comfy_extra}
-"""
+def config(ollama: str, comfy: str, comfy_keys: Mapping[str, Any]) -> str:
+    """Ollama and ComfyUI sharing one card ``card``, the image server exclusive of the LLM
+    server; ``comfy_keys`` are more keys of the ComfyUI upstream."""
+    return daemon_toml(
+        upstream(
+            "ollama",
+            ollama,
+            adapter="ollama",
+            resource="card",
+            max_concurrent=3,
+            busy="wait",
+            wait_timeout_s=20,
+            warm_model="tiny",
+        ),
+        upstream(
+            "comfy",
+            comfy,
+            adapter="comfyui",
+            resource="card",
+            exclusive_of=["ollama"],
+            busy="wait",
+            wait_timeout_s=20,
+            **comfy_keys,
+        ),
+        resources=(resource("card"),),
+    )
 
 
 @asynccontextmanager
 async def card(
-    comfy_extra: str = "", **ollama_kw: Any
+    comfy_keys: Mapping[str, Any] | None = None, **ollama_kw: Any
 ) -> AsyncIterator[tuple[RunningDaemon, FakeOllama, FakeComfy, Calls, aiohttp.ClientSession]]:
     calls: Calls = []
     ollama = FakeOllama(**ollama_kw)
@@ -85,7 +79,7 @@ async def card(
     async with (
         serve_app(record(ollama.app(), "ollama", calls)) as ollama_url,
         serve_app(record(comfy.app(), "comfy", calls)) as comfy_url,
-        running_daemon(config(ollama_url, comfy_url, comfy_extra)) as d,
+        running_daemon(config(ollama_url, comfy_url, comfy_keys or {})) as d,
     ):
         await d.wait_ready()
         async with aiohttp.ClientSession() as client:
@@ -171,7 +165,7 @@ async def test_image_job_waits_for_llm_work_unloads_first_and_frees_after() -> N
 async def test_an_unload_that_does_not_complete_in_time_is_the_configured_choice(
     choice: str,
 ) -> None:
-    extra = f'unload_timeout_s = 0.5\non_unload_timeout = "{choice}"'
+    extra = {"unload_timeout_s": 0.5, "on_unload_timeout": choice}
     async with card(extra, tokens=200, token_interval_s=0.02) as (d, ollama, _, calls, client):
         # the owner's own request, straight to Ollama, keeps the model resident
         owner = asyncio.create_task(
@@ -201,7 +195,7 @@ async def test_an_unload_that_does_not_complete_in_time_is_the_configured_choice
 
 
 async def test_a_reclaim_during_the_unload_refuses_the_image_job() -> None:
-    extra = 'unload_timeout_s = 1.5\non_unload_timeout = "forward"\non_owner_return = "cancel"'
+    extra = {"unload_timeout_s": 1.5, "on_unload_timeout": "forward", "on_owner_return": "cancel"}
     async with card(extra, tokens=200, token_interval_s=0.02) as (d, ollama, _, calls, client):
         owner = asyncio.create_task(
             client.post(

@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, gpu, upstream
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.gpu import Gpu, Scenario
 from vacancyd.config import ConfigError, parse_config
@@ -95,44 +96,25 @@ async def test_two_gpus_are_two_resources(nvml: Scenario, tmp_path: Path) -> Non
     a, _ = openai_like_app()
     b, _ = openai_like_app()
     async with serve_app(a) as ta, serve_app(b) as tb:
-        toml = f"""
-state_dir = "{tmp_path}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "big"
-kind = "gpu"
-device = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
-[resource.pressure]
-poll_ms = 100
-fixed_threshold = 0.2
-engage_after_s = 0
-release_after_s = 60
-[[resource]]
-name = "small"
-kind = "gpu"
-device = "0000:02:00.0"
-[resource.pressure]
-poll_ms = 100
-fixed_threshold = 0.2
-[[upstream]]
-name = "on-big"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{ta}"
-resource = "big"
-[[upstream]]
-name = "on-small"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{tb}"
-resource = "small"
-"""
+        toml = daemon_toml(
+            upstream("on-big", ta, resource="big"),
+            upstream("on-small", tb, resource="small"),
+            resources=(
+                gpu(
+                    "big",
+                    "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+                    pressure={
+                        "poll_ms": 100,
+                        "fixed_threshold": 0.2,
+                        "engage_after_s": 0,
+                        "release_after_s": 60,
+                    },
+                ),
+                gpu("small", "0000:02:00.0", pressure={"poll_ms": 100, "fixed_threshold": 0.2}),
+            ),
+            collectors={"poll_s": 0.2},
+            state_dir=tmp_path,
+        )
         async with running_daemon(toml) as d:
             await d.wait_ready()
             nvml.sample(4_000_000, 90, gpu=0)

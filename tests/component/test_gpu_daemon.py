@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, gpu, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from tests.support.gpu import Scenario
 from vacancyd.cli import format_status
@@ -25,30 +26,16 @@ from vacancyd.state import PressureSample, SharedState
 OWNER_PID = 4_000_000
 
 
-def config(state_dir: Path, target: str, pressure: str) -> str:
-    return f"""
-state_dir = "{state_dir}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "gpu0"
-kind = "gpu"
-device = 0
-[resource.pressure]
-poll_ms = 100
-{pressure}
-[[upstream]]
-name = "llm"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "gpu0"
-"""
+def config(
+    state_dir: Path, target: str, on_owner_return: str | None = None, **pressure: Any
+) -> str:
+    """One upstream ``llm`` on the fake NVML's card 0, its pressure polled every 100 ms."""
+    return daemon_toml(
+        upstream("llm", target, resource="gpu0", on_owner_return=on_owner_return),
+        resources=(gpu("gpu0", 0, pressure={"poll_ms": 100, **pressure}),),
+        collectors={"poll_s": 0.2},
+        state_dir=state_dir,
+    )
 
 
 async def chat(d: RunningDaemon) -> tuple[int, dict[str, Any]]:
@@ -71,7 +58,9 @@ async def test_owner_gpu_work_refuses_then_releases(nvml: Scenario, tmp_path: Pa
             config(
                 tmp_path / "state",
                 target,
-                "fixed_threshold = 0.2\nengage_after_s = 0\nrelease_after_s = 1.5",
+                fixed_threshold=0.2,
+                engage_after_s=0,
+                release_after_s=1.5,
             )
         ) as d,
     ):
@@ -118,7 +107,7 @@ async def test_nvml_error_refuses_at_once(nvml: Scenario, tmp_path: Path) -> Non
     app, _ = openai_like_app()
     async with (
         serve_app(app) as target,
-        running_daemon(config(tmp_path / "state", target, "fixed_threshold = 0.2")) as d,
+        running_daemon(config(tmp_path / "state", target, fixed_threshold=0.2)) as d,
     ):
         await d.wait_ready()
         nvml.errors = {"procutil": 15}
@@ -135,7 +124,7 @@ async def test_uncalibrated_gpu_is_not_lendable(nvml: Scenario, tmp_path: Path) 
     app, _ = openai_like_app()
     async with (
         serve_app(app) as target,
-        running_daemon(config(tmp_path / "state", target, "calibration_s = 3600")) as d,
+        running_daemon(config(tmp_path / "state", target, calibration_s=3600)) as d,
     ):
         ps = d.state.pressure["gpu0"]
         await d.wait_until(lambda: ps.reading.value is not None)
@@ -151,7 +140,7 @@ async def test_calibration_survives_a_restart(
     state_dir = tmp_path / "state"
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        toml = config(state_dir, target, "calibration_s = 0.6")
+        toml = config(state_dir, target, calibration_s=0.6)
         async with running_daemon(toml) as d:
             ps = d.state.pressure["gpu0"]
             await d.wait_until(lambda: ps.learner.ready, what="calibrated")
@@ -277,12 +266,19 @@ async def test_pressure_edge_reclaims_borrowed_work(nvml: Scenario, tmp_path: Pa
     from tests.support.slow_openai import SlowOpenAI
 
     slow = SlowOpenAI(chunks=400, interval_s=0.05)
-    toml = config(
-        tmp_path / "state",
-        "TARGET",
-        "fixed_threshold = 0.2\nengage_after_s = 0\nrelease_after_s = 30",
-    ).replace('resource = "gpu0"\n', 'resource = "gpu0"\non_owner_return = "cancel"\n')
-    async with serve_app(slow.app()) as target, running_daemon(toml.replace("TARGET", target)) as d:
+    async with (
+        serve_app(slow.app()) as target,
+        running_daemon(
+            config(
+                tmp_path / "state",
+                target,
+                on_owner_return="cancel",
+                fixed_threshold=0.2,
+                engage_after_s=0,
+                release_after_s=30,
+            )
+        ) as d,
+    ):
         await d.wait_ready()
         async with aiohttp.ClientSession() as s:
             resp = await s.post(

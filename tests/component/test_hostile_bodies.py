@@ -9,10 +9,12 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, token, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 
 TOKEN = "borrow-token-0123456789"
@@ -20,45 +22,34 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LIMIT_MIB = 16
 
 
-def config(target: str, *, adapter: str = "openai", limits: str = "") -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-[[server.tokens]]
-name = "cluster"
-token = "{TOKEN}"
-scopes = ["borrow"]
-[server.limits]
-max_request_body_mib = {LIMIT_MIB}
-max_buffered_body_mib = {4 * LIMIT_MIB}
-body_read_timeout_s = 60
-body_idle_timeout_s = 10
-{limits}
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "{adapter}"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-[upstream.models]
-default_mib = 1
-[upstream.models.footprint_mib]
-"big" = 100000000
-"""
+def config(target: str, *, adapter: str = "openai", **limits: Any) -> str:
+    """A token-guarded lender whose bodies may be up to LIMIT_MIB; ``limits`` are more (or
+    other) keys of ``[server.limits]``; a model ``big`` is too large to ever be admitted."""
+    return daemon_toml(
+        upstream(
+            "up",
+            target,
+            adapter=adapter,
+            models={"default_mib": 1, "footprint_mib": {"big": 100000000}},
+        ),
+        server={"trust_loopback": None},
+        tokens=(token("cluster", TOKEN, "borrow"),),
+        limits={
+            "max_request_body_mib": LIMIT_MIB,
+            "max_buffered_body_mib": 4 * LIMIT_MIB,
+            "body_read_timeout_s": 60,
+            "body_idle_timeout_s": 10,
+            **limits,
+        },
+        collectors={"poll_s": 0.2},
+    )
 
 
 @asynccontextmanager
-async def lender(adapter: str = "openai", limits: str = "") -> AsyncIterator[RunningDaemon]:
+async def lender(adapter: str = "openai", **limits: Any) -> AsyncIterator[RunningDaemon]:
     app, _seen = openai_like_app()
     async with serve_app(app) as url:
-        async with running_daemon(config(url, adapter=adapter, limits=limits)) as d:
+        async with running_daemon(config(url, adapter=adapter, **limits)) as d:
             await d.wait_ready()
             yield d
 
@@ -150,15 +141,9 @@ async def test_a_body_at_the_limit_never_stalls_the_loop(kind: str) -> None:
 
 
 async def test_tricklers_hold_only_what_they_sent() -> None:
-    limits = "max_buffered_body_mib = 2\nmax_request_body_mib = 1"
-    # the test config's own keys come first; later duplicates would be a TOML error,
-    # so this lender is built from a narrower config
     app, _seen = openai_like_app()
     async with serve_app(app) as url:
-        toml = config(url).replace(
-            f"max_request_body_mib = {LIMIT_MIB}\nmax_buffered_body_mib = {4 * LIMIT_MIB}",
-            limits,
-        )
+        toml = config(url, max_buffered_body_mib=2, max_request_body_mib=1)
         async with running_daemon(toml) as d, aiohttp.ClientSession() as http:
             await d.wait_ready()
             url_work = d.proxy_url("up") + "/v1/chat/completions"
@@ -227,7 +212,7 @@ async def test_pass_through_bodies_never_reach_a_naive_upstream() -> None:
     naive = NaiveUpstream()
     smuggled = b"GET /v1/models/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
     async with naive.serving() as target:
-        toml = config(target, limits="max_passthrough_body_kib = 4")
+        toml = config(target, max_passthrough_body_kib=4)
         async with running_daemon(toml) as d, aiohttp.ClientSession() as http:
             await d.wait_ready()
             base = d.proxy_url("up")
@@ -249,7 +234,7 @@ async def test_pass_through_bodies_are_small_and_never_decompressed() -> None:
     zstd = pytest.importorskip("backports.zstd")
     app, seen = openai_like_app()
     async with serve_app(app) as target:
-        toml = config(target, adapter="ollama", limits="max_passthrough_body_kib = 4")
+        toml = config(target, adapter="ollama", max_passthrough_body_kib=4)
         async with running_daemon(toml) as d, aiohttp.ClientSession() as http:
             await d.wait_ready()
             show = d.proxy_url("up") + "/api/show"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.support.config import daemon_toml, token, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from vacancyd.web.site import GuardedTCPSite
 
@@ -25,48 +26,33 @@ ADMIN = "admin-token-0123456789a"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def config(target: str, *, server: str = "", limits: str = "", upstream: str = "") -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-{server}
-[[server.tokens]]
-name = "cluster"
-token = "{TOKEN}"
-scopes = ["borrow"]
-[[server.tokens]]
-name = "prom"
-token = "{READ}"
-scopes = ["read"]
-[[server.tokens]]
-name = "ops"
-token = "{ADMIN}"
-scopes = ["admin"]
-[server.limits]
-{limits if "header_read_timeout_s" in limits else "header_read_timeout_s = 5"}
-{"" if "header_read_timeout_s" in limits else limits}
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-{upstream}
-[upstream.models]
-default_mib = 1
-"""
+def config(
+    target: str,
+    *,
+    server: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    upstream_keys: Mapping[str, Any] | None = None,
+    listen: str = "127.0.0.1:0",
+) -> str:
+    """A token-guarded lender (borrow, read and admin tokens) whose headers must arrive
+    within 5 s unless ``limits`` says otherwise; ``server``, ``limits`` and
+    ``upstream_keys`` are more keys of ``[server]``, ``[server.limits]`` and the upstream."""
+    return daemon_toml(
+        upstream("up", target, listen=listen, **(upstream_keys or {}), models={"default_mib": 1}),
+        server={"trust_loopback": None, **(server or {})},
+        tokens=(
+            token("cluster", TOKEN, "borrow"),
+            token("prom", READ, "read"),
+            token("ops", ADMIN, "admin"),
+        ),
+        limits={"header_read_timeout_s": 5, **(limits or {})},
+        collectors={"poll_s": 0.2},
+    )
 
 
 @asynccontextmanager
 async def lender(
-    *, app: web.Application | None = None, **kw: str
+    *, app: web.Application | None = None, **kw: Any
 ) -> AsyncIterator[tuple[RunningDaemon, list[dict[str, Any]]]]:
     seen: list[dict[str, Any]] = []
     if app is None:
@@ -137,10 +123,11 @@ async def test_a_slow_header_flood_from_one_peer_leaves_others_served() -> None:
 
 
 async def test_probes_are_answered_and_the_cap_is_exact_when_the_listener_is_full() -> None:
-    limits = (
-        "max_connections = 32\nmax_unauthenticated_connections = 32\n"
-        "max_unauthenticated_per_peer = 1000"
-    )
+    limits = {
+        "max_connections": 32,
+        "max_unauthenticated_connections": 32,
+        "max_unauthenticated_per_peer": 1000,
+    }
     async with lender(limits=limits) as (d, _seen), aiohttp.ClientSession() as http:
         # a burst from many addresses at once: never more than 32 open, the rest get 503
         site = next(iter(d.daemon._runners["api"].sites))
@@ -187,7 +174,7 @@ async def test_probes_are_answered_and_the_cap_is_exact_when_the_listener_is_ful
 
 
 async def test_events_subscribers_have_their_own_cap() -> None:
-    async with lender(limits="max_event_subscribers = 2") as (d, _seen):
+    async with lender(limits={"max_event_subscribers": 2}) as (d, _seen):
         async with aiohttp.ClientSession() as http:
             read = {"Authorization": f"Bearer {READ}"}
             streams = [await http.get(d.api_url + "/events", headers=read) for _ in range(2)]
@@ -208,7 +195,7 @@ async def test_events_subscribers_have_their_own_cap() -> None:
 
 
 async def test_keepalive_and_header_deadline_are_separate() -> None:
-    limits = "header_read_timeout_s = 0.5\nkeepalive_timeout_s = 10\nbody_idle_timeout_s = 5"
+    limits = {"header_read_timeout_s": 0.5, "keepalive_timeout_s": 10, "body_idle_timeout_s": 5}
     async with lender(limits=limits) as (d, _s):
         target = addr(d, "up")
         loop = asyncio.get_running_loop()
@@ -248,7 +235,7 @@ async def test_keepalive_and_header_deadline_are_separate() -> None:
 
 
 async def test_a_web_page_cannot_drive_a_loopback_trusted_daemon() -> None:
-    server = 'trust_loopback = true\nserver_names = ["gpu-box.lan"]'
+    server = {"trust_loopback": True, "server_names": ["gpu-box.lan"]}
     async with lender(server=server) as (d, _seen), aiohttp.ClientSession() as http:
         api = d.api_url
         port = addr(d, "api")[1]
@@ -307,8 +294,8 @@ async def test_a_web_page_cannot_drive_a_loopback_trusted_daemon() -> None:
 
 
 async def test_browser_work_from_an_allowed_origin_is_admitted() -> None:
-    upstream = 'allowed_origins = ["https://app.example"]'
-    async with lender(upstream=upstream) as (d, _seen), aiohttp.ClientSession() as http:
+    upstream = {"allowed_origins": ["https://app.example"]}
+    async with lender(upstream_keys=upstream) as (d, _seen), aiohttp.ClientSession() as http:
         url = d.proxy_url("up") + "/v1/chat/completions"
         async with http.post(
             url, json={"model": "m"}, headers={**AUTH, "Origin": "https://app.example"}
@@ -336,9 +323,7 @@ async def test_allow_unauthenticated_remote_admits_remote_borrowers() -> None:
         pytest.skip("no non-loopback address on this machine")
     app, _seen = openai_like_app()
     async with serve_app(app) as url:
-        toml = config(url, server="allow_unauthenticated_remote = true").replace(
-            'listen = "127.0.0.1:0"\ntarget', 'listen = "0.0.0.0:0"\ntarget'
-        )
+        toml = config(url, server={"allow_unauthenticated_remote": True}, listen="0.0.0.0:0")
         async with running_daemon(toml) as d, aiohttp.ClientSession() as http:
             await d.wait_ready()
             port = addr(d, "up")[1]

@@ -11,11 +11,13 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import running_daemon, serve_app
 from tests.support.fake_ollama import FakeOllama, ModelSpec
 from tests.support.gpu import Gpu, Scenario
@@ -36,27 +38,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def config(target: str, api: int = 0, models: str = '"small" = 1\n"huge" = 1\n"ghost" = 1') -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:{api}"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "ollama"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-[upstream.models.footprint_mib]
-{models}
-"""
+def config(target: str, api: int = 0, footprints: Mapping[str, int] | None = None) -> str:
+    """One Ollama upstream ``up``; ``footprints`` (MiB by model, 1 MiB each for ``small``,
+    ``huge`` and ``ghost`` by default) are what ``vacancyd measure`` is asked to measure."""
+    if footprints is None:
+        footprints = {"small": 1, "huge": 1, "ghost": 1}
+    return daemon_toml(
+        upstream("up", target, adapter="ollama", models={"footprint_mib": footprints}),
+        server={"listen": f"127.0.0.1:{api}"},
+    )
 
 
 def fake(nvml: Scenario, **kw: Any) -> FakeOllama:
@@ -169,7 +159,7 @@ async def test_an_upstream_that_is_down_is_a_clear_error() -> None:
 
 async def test_nothing_to_measure_is_an_error_naming_why() -> None:
     """No model listed and none asked for: an error saying so, not an empty table."""
-    settings = parse_config(config("http://127.0.0.1:9", models=""), "<test>")
+    settings = parse_config(config("http://127.0.0.1:9", footprints={}), "<test>")
     with pytest.raises(measure.MeasureError, match=r"nothing to measure: up: no models listed"):
         await measure.run_measure(
             settings, upstreams=[], models=[], num_ctx=4096, headroom_mib=0, lender_status=IDLE
@@ -178,7 +168,7 @@ async def test_nothing_to_measure_is_an_error_naming_why() -> None:
 
 async def test_the_command_fails_when_there_is_nothing_to_measure(tmp_path: Path) -> None:
     path = tmp_path / "vacancyd.toml"
-    path.write_text(config("http://127.0.0.1:9", api=free_port(), models=""), encoding="utf-8")
+    path.write_text(config("http://127.0.0.1:9", api=free_port(), footprints={}), encoding="utf-8")
     out = tmp_path / "footprints.toml"
     async with running_daemon(path.read_text(encoding="utf-8")) as d:
         await d.wait_ready()
@@ -207,7 +197,7 @@ async def test_the_command_writes_toml_and_a_profile_and_ctrl_c_writes_nothing(
     ollama = fake(nvml)
     async with serve_app(ollama.app()) as target:
         path = tmp_path / "vacancyd.toml"
-        path.write_text(config(target, api=free_port(), models='"small" = 1'), encoding="utf-8")
+        path.write_text(config(target, api=free_port(), footprints={"small": 1}), encoding="utf-8")
         async with running_daemon(path.read_text(encoding="utf-8")) as d:
             await d.wait_ready()
             out, profile = tmp_path / "footprints.toml", tmp_path / "profile.json"
@@ -240,7 +230,7 @@ async def test_the_command_writes_toml_and_a_profile_and_ctrl_c_writes_nothing(
 async def test_profiles_apply_only_to_the_same_build(nvml: Scenario, tmp_path: Path) -> None:
     ollama = fake(nvml)
     async with serve_app(ollama.app()) as target:
-        settings = parse_config(config(target, models='"small" = 4300'), "<test>")
+        settings = parse_config(config(target, footprints={"small": 4300}), "<test>")
         (up,) = settings.upstream
         exported = await profiles.export_profiles(up)
         assert [(p.model, p.digest, p.footprint_mib) for p in exported] == [

@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.support import config as cfg
 from tests.support.gpu import Gpu, Scenario, write_smi
 
 
@@ -39,16 +40,15 @@ def test_daemon_process_loads_nvml_by_library_search(fake_nvml_lib: Path, tmp_pa
     write_smi(tmp_path / "bin", "print('0, GPU-x, 00000000:01:00.0, 1, 1, 0, 1')")
     api = _free_port()
     config = tmp_path / "vacancyd.toml"
+    pressure = {"fixed_threshold": 0.2, "engage_after_s": 0, "release_after_s": 600, "poll_ms": 200}
     config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n'
-        f'[server]\nlisten = "127.0.0.1:{api}"\ntrust_loopback = true\n'
-        '[owner]\npresence = "headless"\n'
-        "[collectors]\npoll_s = 0.2\n"
-        '[[resource]]\nname = "gpu0"\nkind = "gpu"\ndevice = "00000000:01:00.0"\n'
-        "[resource.pressure]\nfixed_threshold = 0.2\nengage_after_s = 0\n"
-        "release_after_s = 600\npoll_ms = 200\n"
-        '[[upstream]]\nname = "llm"\nadapter = "openai"\nlisten = "127.0.0.1:0"\n'
-        f'target = "http://127.0.0.1:{_free_port()}"\nresource = "gpu0"\n',
+        cfg.daemon_toml(
+            cfg.upstream("llm", f"http://127.0.0.1:{_free_port()}", resource="gpu0"),
+            resources=(cfg.gpu("gpu0", "00000000:01:00.0", pressure=pressure),),
+            server={"listen": f"127.0.0.1:{api}"},
+            collectors={"poll_s": 0.2},
+            state_dir=tmp_path / "state",
+        ),
         encoding="utf-8",
     )
     env = dict(os.environ)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import aiohttp
 import ollama
 import pytest
 
+from tests.support.config import daemon_toml, gpu, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.fake_ollama import FakeOllama, ModelSpec
 from tests.support.gpu import Gpu, Scenario
@@ -32,39 +33,31 @@ _EMPTY = ContextLearning()
 BIG = ModelSpec(weights_mib=13_900, kv_mib_per_1k=100, digest="d1" * 32)
 
 
-def config(target: str, state_dir: Path, extra: str = "") -> str:
-    return f"""
-state_dir = "{state_dir}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-release_after_s = 3600
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "gpu0"
-kind = "gpu"
-device = 0
-[resource.pressure]
-enabled = false
-[[upstream]]
-name = "up"
-adapter = "ollama"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "gpu0"
-resident_min_free_mib = 0
-{extra}
-[upstream.models]
-default_mib = 14500
-"""
+def config(
+    target: str, state_dir: Path, *, footprints: Mapping[str, int] | None = None, **keys: Any
+) -> str:
+    """One Ollama upstream on card 0 (pressure off), 14,500 MiB a model unless
+    ``footprints`` says otherwise, the owner's veto held for an hour; ``keys`` are more keys
+    of the upstream."""
+    return daemon_toml(
+        upstream(
+            "up",
+            target,
+            adapter="ollama",
+            resource="gpu0",
+            resident_min_free_mib=0,
+            **keys,
+            models={"default_mib": 14500, "footprint_mib": footprints},
+        ),
+        resources=(gpu("gpu0", 0, pressure={"enabled": False}),),
+        owner={"release_after_s": 3600},
+        state_dir=state_dir,
+    )
 
 
 @asynccontextmanager
 async def world(
-    nvml: Scenario, tmp_path: Path, *, extra: str = "", **fake_kw: Any
+    nvml: Scenario, tmp_path: Path, *, extra: Mapping[str, Any] | None = None, **fake_kw: Any
 ) -> AsyncIterator[tuple[RunningDaemon, FakeOllama, ollama.AsyncClient]]:
     """A 16 GiB GPU, a fake Ollama charging it, a daemon in front, and a real client."""
     nvml.gpus = [Gpu(total_mib=16_384, used_mib=512)]
@@ -73,7 +66,7 @@ async def world(
     fake = FakeOllama(models=("big:latest",), scenario=nvml, tokens=2, **fake_kw)
     async with (
         serve_app(fake.app()) as target,
-        running_daemon(config(target, tmp_path / "state", extra)) as d,
+        running_daemon(config(target, tmp_path / "state", **(extra or {}))) as d,
     ):
         await d.wait_ready()
         borrower = ollama.AsyncClient(host=d.proxy_url("up"))
@@ -235,7 +228,7 @@ async def test_parallel_slots_reporting_a_multiple_are_learned(
 async def test_no_credit_from_an_observation_older_than_a_yield(
     nvml: Scenario, tmp_path: Path
 ) -> None:
-    async with world(nvml, tmp_path, extra="yield_on_veto = true") as (d, fake, borrower):
+    async with world(nvml, tmp_path, extra={"yield_on_veto": True}) as (d, fake, borrower):
         await borrower.generate(model="big", prompt="hi")
         await d.wait_until(lambda: free_mib(d) < 2_000)
         owner_returns(d)

@@ -14,7 +14,7 @@ import asyncio
 import datetime as dt
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.slow_openai import SlowOpenAI
 from vacancyd.cli import format_status, main
@@ -30,30 +31,23 @@ from vacancyd.core.power import PowerReading
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def config(target: str, state_dir: Path, *, policy: str = "cancel", extra: str = "") -> str:
-    return f"""
-state_dir = "{state_dir}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-lend_on_battery = true
-{extra}
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "llm"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-on_owner_return = "{policy}"
-drain_timeout_s = 0.5
-"""
+def config(
+    target: str,
+    state_dir: Path,
+    *,
+    policy: str = "cancel",
+    drain_timeout_s: float = 0.5,
+    owner: Mapping[str, Any] | None = None,
+    schedule: Mapping[str, Any] | None = None,
+) -> str:
+    """One upstream ``llm`` handing work back by ``policy``, lending on battery unless
+    ``owner`` says otherwise; ``schedule`` is the ``[schedule]`` table, when given."""
+    return daemon_toml(
+        upstream("llm", target, on_owner_return=policy, drain_timeout_s=drain_timeout_s),
+        owner={"lend_on_battery": True, **(owner or {})},
+        schedule=schedule,
+        state_dir=state_dir,
+    )
 
 
 @asynccontextmanager
@@ -254,11 +248,10 @@ def test_cli_pause_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 # -- the schedule's closing edge ---------------------------------------------------------
 
-SCHEDULE = """
-[schedule]
-timezone = "Europe/Berlin"
-window = [{ days = ["mon", "tue", "wed", "thu", "fri"], start = "01:00", end = "07:00" }]
-"""
+SCHEDULE = {
+    "timezone": "Europe/Berlin",
+    "window": [{"days": ["mon", "tue", "wed", "thu", "fri"], "start": "01:00", "end": "07:00"}],
+}
 BERLIN_0659 = dt.datetime(
     2026, 12, 1, 6, 59, 59, tzinfo=dt.timezone(dt.timedelta(hours=1))
 ).timestamp()
@@ -278,7 +271,7 @@ async def test_the_window_closing_hands_borrowed_work_back_by_policy(
 ) -> None:
     fake = SlowOpenAI(chunks=30, interval_s=0.05)  # 1.5 s: longer than the 0.5 s drain
     async with serve_app(fake.app()) as target:
-        toml = config(target, tmp_path, policy=policy).replace("[owner]", SCHEDULE + "[owner]")
+        toml = config(target, tmp_path, policy=policy, schedule=SCHEDULE)
         async with running_daemon(toml) as d:
             clock = Clock(BERLIN_0659)
             d.daemon.owner.wall = clock
@@ -334,8 +327,7 @@ async def test_the_window_closing_hands_borrowed_work_back_by_policy(
 async def test_a_drain_stands_down_when_the_window_reopens(tmp_path: Path) -> None:
     fake = SlowOpenAI(chunks=40, interval_s=0.05)
     async with serve_app(fake.app()) as target:
-        toml = config(target, tmp_path, policy="drain").replace("[owner]", SCHEDULE + "[owner]")
-        toml = toml.replace("drain_timeout_s = 0.5", "drain_timeout_s = 30")
+        toml = config(target, tmp_path, policy="drain", drain_timeout_s=30, schedule=SCHEDULE)
         async with running_daemon(toml) as d:
             clock = Clock(BERLIN_0659)
             d.daemon.owner.wall = clock
@@ -360,8 +352,11 @@ async def test_unplugging_the_laptop_drains_borrowed_work(tmp_path: Path) -> Non
     fake = SlowOpenAI(chunks=400, interval_s=0.05)
     reading = {"now": PowerReading(True, True, 90.0)}
     async with serve_app(fake.app()) as target:
-        toml = config(target, tmp_path, policy="drain").replace(
-            "lend_on_battery = true", "min_battery_percent = 20"
+        toml = config(
+            target,
+            tmp_path,
+            policy="drain",
+            owner={"lend_on_battery": None, "min_battery_percent": 20},
         )
         async with running_daemon(toml) as d:
             d.daemon.owner.power_probe = lambda: reading["now"]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, resource, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.held_openai import HeldOpenAI
 from vacancyd.cli import format_status
@@ -18,39 +18,13 @@ from vacancyd.config import ConfigError, parse_config
 
 
 def config(a: str, b: str) -> str:
-    # Both resources read system memory; b keeps 1000 MiB more free, so a has more room.
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "card0"
-kind = "memory"
-[[resource]]
-name = "card1"
-kind = "memory"
-min_free_mib = 1000
-[[upstream]]
-name = "a"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{a}"
-resource = "card0"
-[[upstream]]
-name = "b"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{b}"
-resource = "card1"
-[[pool]]
-name = "both"
-listen = "127.0.0.1:0"
-members = ["a", "b"]
-"""
+    """Upstreams ``a`` (card0) and ``b`` (card1, which keeps 1000 MiB free) pooled as ``both``."""
+    return daemon_toml(
+        upstream("a", a, resource="card0"),
+        upstream("b", b, resource="card1"),
+        resources=(resource("card0"), resource("card1", min_free_mib=1000)),
+        pools=({"name": "both", "listen": "127.0.0.1:0", "members": ["a", "b"]},),
+    )
 
 
 @asynccontextmanager
@@ -121,35 +95,33 @@ async def test_a_pool_is_refused_like_its_members_when_lending_is_off() -> None:
         assert status == 503 and body["error"]["code"] == "lending_disabled"
 
 
-BASE = """
-[[resource]]
-name = "card0"
-kind = "memory"
-[[upstream]]
-name = "a"
-adapter = "{adapter_a}"
-listen = "127.0.0.1:1"
-target = "http://127.0.0.1:2"
-resource = "card0"
-[[upstream]]
-name = "b"
-adapter = "{adapter_b}"
-listen = "127.0.0.1:3"
-target = "http://127.0.0.1:4"
-resource = "card0"
-[[pool]]
-name = "{pool_name}"
-listen = "{pool_listen}"
-members = {members}
-"""
+def pool_config(
+    adapter_a: str = "openai",
+    adapter_b: str = "openai",
+    pool_name: str = "p",
+    pool_listen: str = "127.0.0.1:5",
+    members: Sequence[str] = ("a", "b"),
+) -> str:
+    """Two upstreams on one card and a pool of them, nothing else (the parser's view)."""
+    return daemon_toml(
+        upstream(
+            "a", "http://127.0.0.1:2", adapter=adapter_a, resource="card0", listen="127.0.0.1:1"
+        ),
+        upstream(
+            "b", "http://127.0.0.1:4", adapter=adapter_b, resource="card0", listen="127.0.0.1:3"
+        ),
+        resources=(resource("card0"),),
+        pools=({"name": pool_name, "listen": pool_listen, "members": list(members)},),
+        defaults=False,
+    )
 
 
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
-        ({"members": '["a", "nobody"]'}, "names 'nobody', which no [[upstream]] declares"),
-        ({"members": '["a", "a"]'}, "members lists an upstream twice"),
-        ({"members": "[]"}, "pool[0].members"),
+        ({"members": ["a", "nobody"]}, "names 'nobody', which no [[upstream]] declares"),
+        ({"members": ["a", "a"]}, "members lists an upstream twice"),
+        ({"members": []}, "pool[0].members"),
         ({"adapter_b": "llamacpp"}, "mixes adapters (llamacpp, openai)"),
         ({"adapter_a": "comfyui", "adapter_b": "comfyui"}, "pools comfyui servers"),
         ({"pool_name": "a"}, "upstream and pool names must be unique; repeated: a"),
@@ -157,15 +129,7 @@ members = {members}
         ({"pool_listen": "0.0.0.0:9"}, "pool 'p' listen = '0.0.0.0:9'"),
     ],
 )
-def test_bad_pools(kw: dict[str, str], needle: str) -> None:
-    values = {
-        "adapter_a": "openai",
-        "adapter_b": "openai",
-        "pool_name": "p",
-        "pool_listen": "127.0.0.1:5",
-        "members": '["a", "b"]',
-        **kw,
-    }
+def test_bad_pools(kw: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError) as info:
-        parse_config(textwrap.dedent(BASE.format(**values)), "test.toml")
+        parse_config(pool_config(**kw), "test.toml")
     assert any(needle in p for p in info.value.problems), info.value.problems

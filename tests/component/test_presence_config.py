@@ -7,33 +7,22 @@ import os
 import pwd
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from vacancyd.cli import format_sessions, main
 from vacancyd.collectors.processes import resolve_user, scan_owner_processes
 from vacancyd.config import ConfigError, parse_config
 
-BASE = """
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
 
-[collectors]
-poll_s = 0.2
-
-[[resource]]
-name = "ram"
-kind = "memory"
-
-[[upstream]]
-name = "llm"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-"""
+def config(target: str, **owner: Any) -> str:
+    """One upstream ``llm``; ``owner`` is the whole ``[owner]`` table (none by default)."""
+    return daemon_toml(
+        upstream("llm", target), owner={"presence": None, **owner}, collectors={"poll_s": 0.2}
+    )
 
 
 @pytest.mark.parametrize(
@@ -88,7 +77,7 @@ async def test_unsupported_platform_is_unknown_and_does_not_refuse(
     monkeypatch.setattr(sys, "platform", "darwin")
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        toml = BASE.format(target=target) + '\n[owner]\npresence = "auto"\n'
+        toml = config(target, presence="auto")
         async with running_daemon(toml) as d:
             await d.wait_ready()
             view = d.state.presence_view(d.state.clock())

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.support import config as cfg
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 
 READ = "read-token-0123456789abc"
@@ -21,41 +22,26 @@ PATH = "/.well-known/vacancyd/lendable"
 HUGE_MIB = 10**9
 
 
-def config(target: str, upstream_extra: str = "") -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-[[server.tokens]]
-name = "prom"
-token = "{READ}"
-scopes = ["read"]
-[[server.tokens]]
-name = "cluster"
-token = "{BORROW}"
-scopes = ["borrow"]
-[[server.tokens]]
-name = "balancer"
-token = "{PROBE}"
-scopes = ["probe"]
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-min_free_mib = 64
-[[upstream]]
-name = "llm"
-adapter = "ollama"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-{upstream_extra}
-[upstream.models]
-default_mib = 1
-footprint_mib = {{ "tiny" = 1, "small" = 2, "Huge" = {HUGE_MIB} }}
-"""
+def config(target: str, **upstream_keys: Any) -> str:
+    """A token-guarded Ollama lender (read, borrow and probe tokens) that keeps 64 MiB free;
+    model ``Huge`` never fits. ``upstream_keys`` are more keys of the upstream."""
+    return cfg.daemon_toml(
+        cfg.upstream(
+            "llm",
+            target,
+            adapter="ollama",
+            **upstream_keys,
+            models={"default_mib": 1, "footprint_mib": {"tiny": 1, "small": 2, "Huge": HUGE_MIB}},
+        ),
+        resources=(cfg.resource("ram", min_free_mib=64),),
+        server={"trust_loopback": None},
+        tokens=(
+            cfg.token("prom", READ, "read"),
+            cfg.token("cluster", BORROW, "borrow"),
+            cfg.token("balancer", PROBE, "probe"),
+        ),
+        collectors={"poll_s": 0.2},
+    )
 
 
 #: What vacancyd's own Ollama residency observer reads on its cadence (not probe traffic).
@@ -191,7 +177,7 @@ async def test_probe_needs_a_token_unless_the_operator_makes_it_public() -> None
                     headers=auth(PROBE),
                 ) as resp:
                     assert resp.status == 403
-        async with running_daemon(config(url, "public_probe = true\nrefusal_status = 429")) as d:
+        async with running_daemon(config(url, public_probe=True, refusal_status=429)) as d:
             await d.wait_ready()
             probe = d.proxy_url("llm") + PATH
             assert (await get(probe, token=None))[0] == 200

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -15,6 +15,7 @@ import pytest
 import yarl
 from aiohttp import web
 
+from tests.support import config as cfg
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from vacancyd.core.ledger import Phase
 
@@ -22,55 +23,40 @@ TOKEN = "borrow-token-0123456789"
 READ = "read-token-0123456789ab"
 
 
-def config(target: str, **extra: Any) -> str:
-    adapter = extra.get("adapter", "openai")
-    upstream_extra = extra.get("upstream_extra", "")
-    limits = extra.get("limits", "")
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = {str(extra.get("trust_loopback", False)).lower()}
-
-[[server.tokens]]
-name = "cluster"
-token = "{TOKEN}"
-scopes = ["borrow"]
-
-[[server.tokens]]
-name = "prom"
-token = "{READ}"
-scopes = ["read"]
-
-[server.limits]
-max_request_body_mib = 1
-max_buffered_body_mib = 2
-body_read_timeout_s = 2
-body_idle_timeout_s = 0.5
-header_read_timeout_s = 1
-write_stall_timeout_s = 1
-{limits}
-
-[owner]
-presence = "headless"
-
-[collectors]
-poll_s = {extra.get("poll_s", 0.2)}
-
-[[resource]]
-name = "ram"
-kind = "memory"
-
-[[upstream]]
-name = "up"
-adapter = "{adapter}"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-{upstream_extra}
-
-[upstream.models]
-default_mib = 1
-"""
+def config(
+    target: str,
+    *,
+    adapter: str = "openai",
+    trust_loopback: bool = False,
+    poll_s: float = 0.2,
+    limits: Mapping[str, Any] | None = None,
+    upstream_keys: Mapping[str, Any] | None = None,
+    footprints: Mapping[str, int] | None = None,
+) -> str:
+    """A token-guarded lender with small body limits and short deadlines; ``limits`` and
+    ``upstream_keys`` are more keys of ``[server.limits]`` and of the upstream ``up``,
+    ``footprints`` its models' footprints (every model 1 MiB by default)."""
+    return cfg.daemon_toml(
+        cfg.upstream(
+            "up",
+            target,
+            adapter=adapter,
+            **(upstream_keys or {}),
+            models={"default_mib": 1, "footprint_mib": footprints},
+        ),
+        server={"trust_loopback": trust_loopback},
+        tokens=(cfg.token("cluster", TOKEN, "borrow"), cfg.token("prom", READ, "read")),
+        limits={
+            "max_request_body_mib": 1,
+            "max_buffered_body_mib": 2,
+            "body_read_timeout_s": 2,
+            "body_idle_timeout_s": 0.5,
+            "header_read_timeout_s": 1,
+            "write_stall_timeout_s": 1,
+            **(limits or {}),
+        },
+        collectors={"poll_s": poll_s},
+    )
 
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -133,7 +119,7 @@ async def test_lending_off_refuses_with_the_envelope(
 async def test_refusal_status_429(
     upstream: tuple[str, list[dict[str, Any]]], http: aiohttp.ClientSession
 ) -> None:
-    async with running_daemon(config(upstream[0], upstream_extra="refusal_status = 429")) as d:
+    async with running_daemon(config(upstream[0], upstream_keys={"refusal_status": 429})) as d:
         await d.wait_ready()
         d.state.set_resource_switch("ram", False)
         async with http.post(d.proxy_url("up") + "/v1/completions", json={}, headers=AUTH) as r:
@@ -179,7 +165,7 @@ async def test_management_allow_forwards_but_unknown_writes_stay_501(
     upstream: tuple[str, list[dict[str, Any]]], http: aiohttp.ClientSession
 ) -> None:
     async with running_daemon(
-        config(upstream[0], adapter="llamacpp", upstream_extra='management = "allow"')
+        config(upstream[0], adapter="llamacpp", upstream_keys={"management": "allow"})
     ) as d:
         await d.wait_ready()
         async with http.get(d.proxy_url("up") + "/slots", headers=AUTH) as r:
@@ -272,7 +258,7 @@ async def test_header_read_timeout_closes_slow_clients(lender: RunningDaemon) ->
 
 
 async def test_connection_cap(upstream: tuple[str, list[dict[str, Any]]]) -> None:
-    async with running_daemon(config(upstream[0], limits="max_connections = 2")) as d:
+    async with running_daemon(config(upstream[0], limits={"max_connections": 2})) as d:
         await d.wait_ready()
         host, port = d.daemon.bound["up"].rsplit(":", 1)
         held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
@@ -319,7 +305,7 @@ async def test_header_rules_and_credentials(http: aiohttp.ClientSession) -> None
     app.router.add_get("/v1/models/echo", echo)
     async with (
         serve_app(app) as url,
-        running_daemon(config(url, upstream_extra='credential = "upstream-secret-key"')) as d,
+        running_daemon(config(url, upstream_keys={"credential": "upstream-secret-key"})) as d,
     ):
         await d.wait_ready()
         async with http.get(
@@ -352,7 +338,7 @@ async def test_forward_authorization(http: aiohttp.ClientSession) -> None:
     app, seen = openai_like_app()
     async with (
         serve_app(app) as url,
-        running_daemon(config(url, upstream_extra="forward_authorization = true")) as d,
+        running_daemon(config(url, upstream_keys={"forward_authorization": True})) as d,
     ):
         await d.wait_ready()
         async with http.get(d.proxy_url("up") + "/v1/models", headers=AUTH) as r:
@@ -507,7 +493,7 @@ async def test_a8_stale_server_proof_takes_one_fresh_observation(
     async with (
         serve_app(app) as url,
         running_daemon(
-            config(url, adapter="llamacpp", upstream_extra="resident_min_free_mib = 1")
+            config(url, adapter="llamacpp", upstream_keys={"resident_min_free_mib": 1})
         ) as d,
     ):
         await d.wait_ready()
@@ -557,8 +543,7 @@ async def test_body_is_read_as_json_whatever_its_content_type(
 ) -> None:
     """Inference servers parse the body as JSON whatever Content-Type says, so a borrower
     cannot dodge the footprint check (or the background refusal) by mislabelling it."""
-    extra = '[upstream.models.footprint_mib]\n"big" = 100000000'
-    toml = config(upstream[0]) + extra
+    toml = config(upstream[0], footprints={"big": 100000000})
     async with running_daemon(toml) as d:
         await d.wait_ready()
         url = d.proxy_url("up") + "/v1/chat/completions"

@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 
 import vacancyd.control.reclaim as control
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import running_daemon, serve_app
 from tests.support.fake_comfyui import FakeComfy
 from tests.support.lender import owner_returns
@@ -29,33 +30,11 @@ async def test_a_hung_unload_does_not_delay_another_upstreams(
     hung.router.add_get("/api/ps", hang)
     comfy = FakeComfy()
     async with serve_app(hung) as ollama_url, serve_app(comfy.app()) as comfy_url:
-        toml = f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-release_after_s = 3600
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "ollama"
-adapter = "ollama"
-listen = "127.0.0.1:0"
-target = "{ollama_url}"
-resource = "ram"
-yield_on_veto = true
-[[upstream]]
-name = "comfy"
-adapter = "comfyui"
-listen = "127.0.0.1:0"
-target = "{comfy_url}"
-resource = "ram"
-yield_on_veto = true
-"""
+        toml = daemon_toml(
+            upstream("ollama", ollama_url, adapter="ollama", yield_on_veto=True),
+            upstream("comfy", comfy_url, adapter="comfyui", yield_on_veto=True),
+            owner={"release_after_s": 3600},
+        )
         async with running_daemon(toml) as d, aiohttp.ClientSession() as client:
             await d.wait_ready()
             loop = asyncio.get_running_loop()

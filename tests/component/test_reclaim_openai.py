@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.slow_openai import SlowOpenAI
 from vacancyd.state import PresenceReading
@@ -27,33 +29,17 @@ def config(
     target: str,
     *,
     policy: str = "drain",
-    extra: str = "",
+    extra: Mapping[str, Any] | None = None,
     release_s: float = 3600,
     adapter: str = "openai",
 ) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[server.limits]
-write_stall_timeout_s = 30
-[owner]
-presence = "headless"
-release_after_s = {release_s}
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "llm"
-adapter = "{adapter}"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-on_owner_return = "{policy}"
-{extra}
-"""
+    """One upstream ``llm`` handing work back by ``policy``; the owner's veto releases
+    ``release_s`` after it engages; ``extra``: more keys of the upstream."""
+    return daemon_toml(
+        upstream("llm", target, adapter=adapter, on_owner_return=policy, **(extra or {})),
+        limits={"write_stall_timeout_s": 30},
+        owner={"release_after_s": release_s},
+    )
 
 
 @asynccontextmanager
@@ -121,7 +107,7 @@ async def test_cancel_cuts_a_long_stream_at_once_and_refuses_new_work() -> None:
 
 async def test_drain_lets_work_run_until_the_deadline_then_cuts() -> None:
     fake = SlowOpenAI(chunks=400, interval_s=0.02)
-    async with lender(fake, extra="drain_timeout_s = 0.6") as (d, client):
+    async with lender(fake, extra={"drain_timeout_s": 0.6}) as (d, client):
         resp = await start_stream(d, client)
         await fake.started.wait()
         loop = asyncio.get_running_loop()
@@ -139,7 +125,7 @@ async def test_drain_lets_work_run_until_the_deadline_then_cuts() -> None:
 
 async def test_drain_ends_cleanly_when_work_finishes_before_the_deadline() -> None:
     fake = SlowOpenAI(chunks=10, interval_s=0.02)
-    async with lender(fake, extra="drain_timeout_s = 10") as (d, client):
+    async with lender(fake, extra={"drain_timeout_s": 10}) as (d, client):
         resp = await start_stream(d, client)
         await fake.started.wait()
         owner_returns(d)
@@ -151,7 +137,7 @@ async def test_drain_ends_cleanly_when_work_finishes_before_the_deadline() -> No
 
 async def test_finish_never_cuts_even_past_the_completion_timeout() -> None:
     fake = SlowOpenAI(chunks=40, interval_s=0.02)
-    async with lender(fake, policy="finish", extra="completion_timeout_s = 0.2") as (d, client):
+    async with lender(fake, policy="finish", extra={"completion_timeout_s": 0.2}) as (d, client):
         resp = await start_stream(d, client)
         await fake.started.wait()
         owner_returns(d)
@@ -183,7 +169,7 @@ async def test_cut_before_response_headers_answers_503_with_the_reason() -> None
 
 async def test_trigger_clearing_during_drain_stands_down_and_cancels_nothing() -> None:
     fake = SlowOpenAI(chunks=40, interval_s=0.02)
-    async with lender(fake, extra="drain_timeout_s = 0.3", release_s=0.1) as (d, client):
+    async with lender(fake, extra={"drain_timeout_s": 0.3}, release_s=0.1) as (d, client):
         resp = await start_stream(d, client)
         await fake.started.wait()
         owner_returns(d)
@@ -201,7 +187,7 @@ async def test_trigger_clearing_during_drain_stands_down_and_cancels_nothing() -
 
 async def test_two_edges_in_a_row_share_one_deadline() -> None:
     fake = SlowOpenAI(chunks=400, interval_s=0.02)
-    async with lender(fake, extra="drain_timeout_s = 0.6") as (d, client):
+    async with lender(fake, extra={"drain_timeout_s": 0.6}) as (d, client):
         resp = await start_stream(d, client)
         await fake.started.wait()
         owner_returns(d)
@@ -262,7 +248,7 @@ async def test_config_rejects_yield_on_veto_for_servers_without_unload(policy: s
 
     with pytest.raises(ConfigError, match="yield_on_veto"):
         parse_config(
-            config("http://127.0.0.1:1", policy=policy, extra="yield_on_veto = true"), "<t>"
+            config("http://127.0.0.1:1", policy=policy, extra={"yield_on_veto": True}), "<t>"
         )
 
 
@@ -314,7 +300,7 @@ async def test_a_failing_reclaim_still_cuts_its_work(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(control, "trigger_cleared", broken)
     fake = SlowOpenAI(chunks=400, interval_s=0.02)
-    async with lender(fake, extra="drain_timeout_s = 30") as (d, client):
+    async with lender(fake, extra={"drain_timeout_s": 30}) as (d, client):
         resp = await start_stream(d, client)
         await fake.started.wait()
         owner_returns(d)

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from tests.support.fake_kube import FakeKube
-from tests.support.k8s_lender import READ, lender_toml
+from tests.support.k8s_lender import follower_toml, lender_toml
 from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions as c
 from vacancyd.core import gate
@@ -29,32 +29,17 @@ SLOW_API_S = 0.1
 
 
 def companion_toml(url: str, *, timeout_s: float = 2.0) -> str:
-    return f"""
-listen = "127.0.0.1:0"
-lender_timeout_s = {timeout_s}
-status_poll_s = 30
-[kubernetes]
-namespace = "{NS}"
-heartbeat_s = 60
-resync_s = 60
-[[lender]]
-name = "pc"
-url = "{url}"
-token = "{READ}"
-address = "192.0.2.10"
-node = "pc"
-"""
+    return follower_toml(url, timeout_s=timeout_s, ns=NS)
 
 
-HOST_SECTION = f"""
-[kubernetes]
-node = "pc"
-address = "192.0.2.10"
-lender = "pc"
-namespace = "{NS}"
-heartbeat_s = 60
-resync_s = 60
-"""
+HOST_SECTION = {
+    "node": "pc",
+    "address": "192.0.2.10",
+    "lender": "pc",
+    "namespace": NS,
+    "heartbeat_s": 60,
+    "resync_s": 60,
+}
 
 
 @asynccontextmanager
@@ -130,7 +115,10 @@ async def test_host_side_publishes_a_new_lender_within_a_second(
 ) -> None:
     monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
     app, _ = openai_like_app()
-    async with serve_app(app) as target, running_daemon(lender_toml(target, HOST_SECTION)) as d:
+    async with (
+        serve_app(app) as target,
+        running_daemon(lender_toml(target, kubernetes=HOST_SECTION)) as d,
+    ):
         await published_within_a_second(d, kube)
 
 
@@ -166,7 +154,7 @@ async def test_host_side_sigterm_publishes_terminating_then_stopped(
     monkeypatch.setattr(kube, "apply_endpoint_slice", recording)
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        async with running_daemon(lender_toml(target, HOST_SECTION)):
+        async with running_daemon(lender_toml(target, kubernetes=HOST_SECTION)):
             await moment(lambda: (gated(kube) or {}).get("ready") is True)
     assert seen[-2:] == [
         {"ready": False, "serving": False, "terminating": True},

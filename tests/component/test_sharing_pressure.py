@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 
+from tests.support.config import daemon_toml, gpu, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.gpu import Scenario
 from tests.support.held_openai import HeldOpenAI
@@ -17,33 +18,23 @@ OWNER_PID = 4_000_000
 
 
 def config(state_dir: Path, target: str) -> str:
-    return f"""
-state_dir = "{state_dir}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "gpu0"
-kind = "gpu"
-device = 0
-[resource.pressure]
-poll_ms = 100
-fixed_threshold = 0.2
-engage_after_s = 0
-[[upstream]]
-name = "llm"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "gpu0"
-busy = "wait"
-wait_timeout_s = 30
-on_owner_return = "finish"
-"""
+    """One upstream ``llm`` on the fake card 0 whose borrowers wait for a turn; the owner's
+    GPU work above 20% engages pressure at once."""
+    return daemon_toml(
+        upstream(
+            "llm",
+            target,
+            resource="gpu0",
+            busy="wait",
+            wait_timeout_s=30,
+            on_owner_return="finish",
+        ),
+        resources=(
+            gpu("gpu0", 0, pressure={"poll_ms": 100, "fixed_threshold": 0.2, "engage_after_s": 0}),
+        ),
+        collectors={"poll_s": 0.2},
+        state_dir=state_dir,
+    )
 
 
 async def chat(d: RunningDaemon, client: aiohttp.ClientSession, user: str) -> tuple[int, Any]:

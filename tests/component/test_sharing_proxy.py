@@ -8,47 +8,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.held_openai import HeldOpenAI
 from tests.support.lender import owner_returns
 
 
-def config(target: str, sharing: str, *, max_connections: int = 256) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[server.limits]
-max_connections = {max_connections}
-body_idle_timeout_s = 5
-[owner]
-presence = "headless"
-release_after_s = 3600
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-{sharing}
-"""
+def config(target: str, sharing: Mapping[str, Any], *, max_connections: int = 256) -> str:
+    """One upstream ``up`` with the sharing keys ``sharing``; the owner's veto holds an hour."""
+    return daemon_toml(
+        upstream("up", target, **sharing),
+        limits={"max_connections": max_connections, "body_idle_timeout_s": 5},
+        owner={"release_after_s": 3600},
+    )
 
 
 @asynccontextmanager
 async def lender(
-    sharing: str, **kw: Any
+    sharing: Mapping[str, Any], **kw: Any
 ) -> AsyncIterator[tuple[RunningDaemon, HeldOpenAI, aiohttp.ClientSession]]:
     fake = HeldOpenAI()
     async with serve_app(fake.app()) as url, running_daemon(config(url, sharing, **kw)) as d:
@@ -76,7 +60,7 @@ async def metrics(d: RunningDaemon, client: aiohttp.ClientSession) -> str:
 
 
 async def test_max_concurrent_admits_that_many_and_refuses_the_next() -> None:
-    async with lender("max_concurrent = 3") as (d, fake, client):
+    async with lender({"max_concurrent": 3}) as (d, fake, client):
         running = [asyncio.create_task(chat(d, client, f"u{i}")) for i in range(3)]
         await fake.until_arrived(3)
         assert len(d.state.ledger.jobs()) == 3
@@ -92,7 +76,7 @@ async def test_max_concurrent_admits_that_many_and_refuses_the_next() -> None:
 
 
 async def test_waiters_are_served_in_arrival_order() -> None:
-    async with lender('busy = "wait"\nwait_timeout_s = 20') as (d, fake, client):
+    async with lender({"busy": "wait", "wait_timeout_s": 20}) as (d, fake, client):
         first = asyncio.create_task(chat(d, client, "first"))
         await fake.until_arrived(1)
         queued = []
@@ -117,7 +101,7 @@ async def test_waiters_are_served_in_arrival_order() -> None:
 
 
 async def test_a_wait_that_times_out_gets_resource_busy() -> None:
-    async with lender('busy = "wait"\nwait_timeout_s = 0.3') as (d, fake, client):
+    async with lender({"busy": "wait", "wait_timeout_s": 0.3}) as (d, fake, client):
         first = asyncio.create_task(chat(d, client, "first"))
         await fake.until_arrived(1)
         started = time.monotonic()
@@ -131,7 +115,7 @@ async def test_a_wait_that_times_out_gets_resource_busy() -> None:
 
 
 async def test_owner_return_refuses_every_waiter_at_once_with_the_real_reason() -> None:
-    sharing = 'busy = "wait"\nwait_timeout_s = 30\non_owner_return = "finish"'
+    sharing = {"busy": "wait", "wait_timeout_s": 30, "on_owner_return": "finish"}
     async with lender(sharing) as (d, fake, client):
         first = asyncio.create_task(chat(d, client, "first"))
         await fake.until_arrived(1)
@@ -148,7 +132,7 @@ async def test_owner_return_refuses_every_waiter_at_once_with_the_real_reason() 
 
 
 async def test_lending_switched_off_refuses_every_waiter() -> None:
-    async with lender('busy = "wait"\nwait_timeout_s = 30') as (d, fake, client):
+    async with lender({"busy": "wait", "wait_timeout_s": 30}) as (d, fake, client):
         first = asyncio.create_task(chat(d, client, "first"))
         await fake.until_arrived(1)
         queued = [asyncio.create_task(chat(d, client, f"w{i}")) for i in range(3)]
@@ -161,7 +145,7 @@ async def test_lending_switched_off_refuses_every_waiter() -> None:
 
 
 async def test_a_client_that_disconnects_leaves_the_queue_at_once() -> None:
-    async with lender('busy = "wait"\nwait_timeout_s = 30') as (d, fake, client):
+    async with lender({"busy": "wait", "wait_timeout_s": 30}) as (d, fake, client):
         first = asyncio.create_task(chat(d, client, "first"))
         await fake.until_arrived(1)
         gone = asyncio.create_task(chat(d, client, "gone"))
@@ -180,7 +164,7 @@ async def test_a_client_that_disconnects_leaves_the_queue_at_once() -> None:
 
 
 async def test_a_request_still_uploading_its_body_holds_no_place_in_the_queue() -> None:
-    sharing = 'busy = "wait"\nwait_timeout_s = 30\nmax_waiting = 1'
+    sharing = {"busy": "wait", "wait_timeout_s": 30, "max_waiting": 1}
     async with lender(sharing) as (d, fake, client):
         first = asyncio.create_task(chat(d, client, "first"))
         await fake.until_arrived(1)
@@ -211,7 +195,7 @@ async def test_a_request_still_uploading_its_body_holds_no_place_in_the_queue() 
 
 
 async def test_a_thousand_requests_at_once_stay_bounded_and_leave_no_task() -> None:
-    sharing = 'busy = "wait"\nwait_timeout_s = 60\nmax_waiting = 50'
+    sharing = {"busy": "wait", "wait_timeout_s": 60, "max_waiting": 50}
     async with lender(sharing, max_connections=2000) as (d, fake, client):
         first = asyncio.create_task(chat(d, client, "first"))
         await fake.until_arrived(1)
@@ -234,8 +218,10 @@ async def test_a_thousand_requests_at_once_stay_bounded_and_leave_no_task() -> N
         await d.wait_until(lambda: len(asyncio.all_tasks()) <= before, 10, "tasks to finish")
 
 
-@pytest.mark.parametrize("bad", ["max_concurrent = 0", "max_concurrent = -1", "max_waiting = 3"])
-async def test_bad_sharing_keys_refuse_to_start(bad: str) -> None:
+@pytest.mark.parametrize(
+    "bad", [{"max_concurrent": 0}, {"max_concurrent": -1}, {"max_waiting": 3}], ids=str
+)
+async def test_bad_sharing_keys_refuse_to_start(bad: dict[str, int]) -> None:
     from vacancyd.config import ConfigError
 
     with pytest.raises(ConfigError):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.config import daemon_toml, token
+from tests.support.daemon import single_upstream_toml
 from vacancyd.config import ConfigError, load_config, parse_config
 from vacancyd.config.load import CONFIG_MAX_BYTES
 from vacancyd.config.secrets import read_secrets
@@ -43,20 +45,16 @@ def _wait(predicate: object, timeout_s: float = 15.0) -> bool:
     return False
 
 
-def _config(api: int) -> str:
-    return (
-        f'[server]\nlisten = "127.0.0.1:{api}"\ntrust_loopback = true\n'
-        '[owner]\npresence = "headless"\n'
-        '[[resource]]\nname = "ram"\nkind = "memory"\n'
-        '[[upstream]]\nname = "up"\nadapter = "openai"\nlisten = "127.0.0.1:0"\n'
-        f'target = "http://127.0.0.1:{_free_port()}"\nresource = "ram"\n'
+def _config(api: int, state_dir: Path) -> str:
+    return single_upstream_toml(
+        api=api, proxy=0, target=f"http://127.0.0.1:{_free_port()}", state_dir=state_dir
     )
 
 
 def test_sighup_rechecks_the_config_and_never_stops_the_daemon(tmp_path: Path) -> None:
     api = _free_port()
     config = tmp_path / "vacancyd.toml"
-    config.write_text(_config(api), encoding="utf-8")
+    config.write_text(_config(api, tmp_path / "state"), encoding="utf-8")
     log = tmp_path / "log.txt"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -109,8 +107,12 @@ def test_a_fifo_or_device_config_is_refused_at_once(fifo: Path, tmp_path: Path) 
 def test_a_fifo_or_device_token_file_is_refused_at_once(fifo: Path) -> None:
     for path, what in ((fifo, "FIFO"), (Path("/dev/zero"), "character device")):
         settings = parse_config(
-            '[server]\nlisten = "127.0.0.1:0"\n[[server.tokens]]\n'
-            f'token_file = "{path}"\nscopes = ["borrow"]\n',
+            daemon_toml(
+                server={"listen": "127.0.0.1:0"},
+                tokens=(token(None, "", "borrow", token_file=path),),
+                resources=(),
+                defaults=False,
+            ),
             "<test>",
         )
         with pytest.raises(ConfigError, match=what):

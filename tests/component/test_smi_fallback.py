@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.support import config as cfg
 from tests.support.gpu import SMI_TWO_GPUS, write_smi
 from vacancyd.collectors.base import ProbeError
 from vacancyd.collectors.nvidia import SmiProbe, parse_smi_csv
@@ -114,14 +115,13 @@ def test_daemon_without_nvml_uses_nvidia_smi_and_refuses_unmeasured_pressure(
     api = _free_port()
     config = tmp_path / "vacancyd.toml"
     config.write_text(
-        f'state_dir = "{tmp_path / "state"}"\n'
-        f'[server]\nlisten = "127.0.0.1:{api}"\ntrust_loopback = true\n'
-        '[owner]\npresence = "headless"\n'
-        "[collectors]\npoll_s = 0.2\n"
-        '[[resource]]\nname = "gpu1"\nkind = "gpu"\ndevice = 1\n'
-        "[resource.pressure]\nfixed_threshold = 0.2\npoll_ms = 200\n"
-        '[[upstream]]\nname = "llm"\nadapter = "openai"\nlisten = "127.0.0.1:0"\n'
-        f'target = "http://127.0.0.1:{_free_port()}"\nresource = "gpu1"\n',
+        cfg.daemon_toml(
+            cfg.upstream("llm", f"http://127.0.0.1:{_free_port()}", resource="gpu1"),
+            resources=(cfg.gpu("gpu1", 1, pressure={"fixed_threshold": 0.2, "poll_ms": 200}),),
+            server={"listen": f"127.0.0.1:{api}"},
+            collectors={"poll_s": 0.2},
+            state_dir=tmp_path / "state",
+        ),
         encoding="utf-8",
     )
     env = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import aiohttp
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import running_daemon
 from vacancyd.cli import format_status
 
@@ -27,34 +28,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def upstream(name: str, target: str) -> str:
-    return f"""
-[[upstream]]
-name = "{name}"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-"""
-
-
 async def test_listener_state_per_upstream_target() -> None:
     with listening("127.0.0.1") as private, listening("0.0.0.0") as exposed:
-        toml = (
-            """
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[[resource]]
-name = "ram"
-kind = "memory"
-"""
-            + upstream("private", f"http://127.0.0.1:{private}")
-            + upstream("exposed", f"http://localhost:{exposed}")
-            + upstream("down", f"http://127.0.0.1:{free_port()}")
-            + upstream("remote", "http://192.0.2.10:8080")
+        toml = daemon_toml(
+            upstream("private", f"http://127.0.0.1:{private}"),
+            upstream("exposed", f"http://localhost:{exposed}"),
+            upstream("down", f"http://127.0.0.1:{free_port()}"),
+            upstream("remote", "http://192.0.2.10:8080"),
+            collectors={"poll_s": None},
         )
         async with running_daemon(toml) as d:
             await d.wait_until(lambda: len(d.state.target_exposure) == 4, 10)

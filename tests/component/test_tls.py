@@ -6,45 +6,30 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import trustme
 
+from tests.support.config import daemon_toml, token, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 
 TOKEN = "borrow-token-0123456789"
 
 
-def config(target: str, tls: str) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-{tls}
-[[server.tokens]]
-name = "cluster"
-token = "{TOKEN}"
-scopes = ["borrow"]
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-[upstream.models]
-default_mib = 1
-"""
+def config(target: str, tls: Mapping[str, Any]) -> str:
+    """A token-guarded lender whose API listener's ``[server]`` TLS keys are ``tls``."""
+    return daemon_toml(
+        upstream("up", target, models={"default_mib": 1}),
+        server={"trust_loopback": None, **tls},
+        tokens=(token("cluster", TOKEN, "borrow"),),
+        collectors={"poll_s": 0.2},
+    )
 
 
 def issue(ca: trustme.CA, where: Path, stem: str) -> tuple[Path, Path]:
@@ -56,11 +41,11 @@ def issue(ca: trustme.CA, where: Path, stem: str) -> tuple[Path, Path]:
 
 
 @asynccontextmanager
-async def tls_lender(tmp_path: Path, extra: str = "") -> AsyncIterator[RunningDaemon]:
+async def tls_lender(tmp_path: Path, **extra: Any) -> AsyncIterator[RunningDaemon]:
     ca = trustme.CA()
     ca.cert_pem.write_to_path(tmp_path / "ca.pem")
     cert, key = issue(ca, tmp_path, "server")
-    tls = f'tls_cert_file = "{cert}"\ntls_key_file = "{key}"\n{extra}'
+    tls = {"tls_cert_file": cert, "tls_key_file": key, **extra}
     app, _seen = openai_like_app()
     async with serve_app(app) as url, running_daemon(config(url, tls)) as d:
         await d.wait_ready()
@@ -98,7 +83,7 @@ async def test_the_openai_client_borrows_over_https(tmp_path: Path) -> None:
 
 
 async def test_mutual_tls_requires_a_client_certificate(tmp_path: Path) -> None:
-    async with tls_lender(tmp_path, f'tls_client_ca_file = "{tmp_path / "ca.pem"}"') as d:
+    async with tls_lender(tmp_path, tls_client_ca_file=tmp_path / "ca.pem") as d:
         ca: trustme.CA = d.ca  # type: ignore[attr-defined]
         url = https(d, "api") + "/healthz"
         async with httpx.AsyncClient(

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, serve_app
 from vacancyd.config import parse_config
 from vacancyd.runtime.daemon import Daemon
@@ -23,25 +24,7 @@ BORROWER_SPAN = "b7ad6b7169203331"
 
 
 def toml(target: str) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-on_owner_return = "cancel"
-"""
+    return daemon_toml(upstream("up", target, on_owner_return="cancel"))
 
 
 @asynccontextmanager

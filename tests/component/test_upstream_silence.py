@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.slow_openai import SlowOpenAI
 
@@ -27,25 +28,8 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def config(target: str, *, silence: float, adapter: str = "openai") -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "llm"
-adapter = "{adapter}"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-upstream_silence_s = {silence}
-"""
+    """One upstream ``llm`` that gives up on a borrowed job after ``silence`` s of nothing."""
+    return daemon_toml(upstream("llm", target, adapter=adapter, upstream_silence_s=silence))
 
 
 @asynccontextmanager

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.fake_vllm import FakeVllm
 from vacancyd.state import PresenceReading
@@ -21,28 +22,19 @@ CHAT = {"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "hi
 
 
 def config(target: str, state_dir: Path, yield_on_veto: bool = True) -> str:
-    return f"""
-state_dir = "{state_dir}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-release_after_s = 0
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "vllm"
-adapter = "vllm"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-on_owner_return = "cancel"
-yield_on_veto = {"true" if yield_on_veto else "false"}
-"""
+    """One vLLM upstream cancelling borrowed work on the owner's return, put to sleep (when
+    ``yield_on_veto``) while the owner is back; the veto releases at once."""
+    return daemon_toml(
+        upstream(
+            "vllm",
+            target,
+            adapter="vllm",
+            on_owner_return="cancel",
+            yield_on_veto=yield_on_veto,
+        ),
+        owner={"release_after_s": 0},
+        state_dir=state_dir,
+    )
 
 
 @asynccontextmanager

@@ -90,7 +90,7 @@ def test_the_nginx_recipe_passes_nginx_t(tmp_path: Path) -> None:
 #: The upstream keys the lenders run with: the probe public, and four jobs at once, so a
 #: check that lands while one request runs still says lendable (with one slot it would say
 #: resource_busy and HAProxy would take the only lendable lender out for a moment).
-PROBED = "public_probe = true\nmax_concurrent = 4"
+PROBED: dict[str, Any] = {"public_probe": True, "max_concurrent": 4}
 
 
 @asynccontextmanager
@@ -99,8 +99,8 @@ async def two_lenders() -> AsyncIterator[tuple[list[RunningDaemon], list[list[An
     (app_a, seen_a), (app_b, seen_b) = openai_like_app(), openai_like_app()
     async with serve_app(app_a) as ta, serve_app(app_b) as tb:
         async with (
-            running_daemon(lender_toml(ta, PROBED)) as a,
-            running_daemon(lender_toml(tb, PROBED)) as b,
+            running_daemon(lender_toml(ta, **PROBED)) as a,
+            running_daemon(lender_toml(tb, **PROBED)) as b,
         ):
             await a.wait_ready()
             await b.wait_ready()

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from e2e.test_daemon_process import free_port
+from tests.support.config import daemon_toml, token, upstream
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.dbus import PrivateBus, private_bus
 from tests.support.fake_logind import FakeLogind, SessionSpec
@@ -33,41 +34,21 @@ def bus(tmp_path: Path) -> Iterator[PrivateBus]:
 def config(address: str, target: str, tmp: Path) -> str:
     (tmp / "read.token").write_text(FILED + "\n")
     (tmp / "llama.key").write_text(CREDENTIAL)
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[[server.tokens]]
-name = "cluster"
-token = "{INLINE}"
-scopes = ["borrow"]
-[[server.tokens]]
-name = "prometheus"
-token_file = "{tmp / "read.token"}"
-scopes = ["read"]
-[owner]
-presence = "logind"
-bus_address = "{address}"
-[collectors]
-poll_s = 0.2
-probe_timeout_s = 0.5
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-[[upstream]]
-name = "llama"
-adapter = "llamacpp"
-listen = "127.0.0.1:0"
-target = "http://127.0.0.1:{free_port()}"
-resource = "ram"
-credential_file = "{tmp / "llama.key"}"
-"""
+    return daemon_toml(
+        upstream("chat", target),
+        upstream(
+            "llama",
+            f"http://127.0.0.1:{free_port()}",
+            adapter="llamacpp",
+            credential_file=tmp / "llama.key",
+        ),
+        tokens=(
+            token("cluster", INLINE, "borrow"),
+            token("prometheus", "", "read", token_file=tmp / "read.token"),
+        ),
+        owner={"presence": "logind", "bus_address": address},
+        collectors={"poll_s": 0.2, "probe_timeout_s": 0.5},
+    )
 
 
 @pytest.mark.dbus
@@ -111,22 +92,7 @@ async def test_debug_window_raises_logging_and_falls_back_by_itself() -> None:
     root.setLevel(logging.INFO)
     try:
         async with serve_app(app) as target:
-            toml = f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-"""
+            toml = daemon_toml(upstream("chat", target), collectors={"poll_s": None})
             async with running_daemon(toml) as d, aiohttp.ClientSession() as http:
                 url = f"{d.api_url}/admin/debug"
                 for bad in ({}, {"minutes": -1}, {"minutes": 241}, {"minutes": True}, [1]):

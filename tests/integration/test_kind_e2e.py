@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.config import daemon_toml, token, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from tests.support.k8s_lender import BORROW, READ
 
@@ -80,29 +81,12 @@ def cluster() -> Iterator[str]:
 
 
 def lender_config(target: str, host: str) -> str:
-    return f"""
-[server]
-listen = "{host}:0"
-[[server.tokens]]
-name = "companion"
-token = "{READ}"
-scopes = ["read"]
-[[server.tokens]]
-name = "borrower"
-token = "{BORROW}"
-scopes = ["borrow"]
-[owner]
-presence = "headless"
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "chat"
-adapter = "openai"
-listen = "{host}:0"
-target = "{target}"
-resource = "ram"
-"""
+    return daemon_toml(
+        upstream("chat", target, listen=f"{host}:0"),
+        server={"listen": f"{host}:0", "trust_loopback": None},
+        tokens=(token("companion", READ, "read"), token("borrower", BORROW, "borrow")),
+        collectors={"poll_s": None},
+    )
 
 
 def in_pod(url: str) -> str:

@@ -9,12 +9,11 @@ Endpoint addresses are TEST-NET-1 (192.0.2.0/24), written as data only; no traff
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import config as cfg
 from tests.support import kube
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.k8s_lender import BORROW, READ, lender_toml
@@ -115,45 +115,34 @@ def make_node(api: Any, name: str) -> None:
 def sa_kubeconfig(api: Any, path: Path) -> Path:
     """A kubeconfig for the chart's ServiceAccount: only the chart's RBAC applies."""
     token = api.kubectl("-n", NS, "create", "token", SA, "--duration=1h").stdout.strip()
-    ca = base64.b64encode(api.ca_file.read_bytes()).decode()
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": api.url, "certificate-authority-data": ca}}
-                ],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
-                "current-context": "sa",
-            }
-        )
-    )
-    return path
+    return kube.token_kubeconfig(api, token, path, user="sa")
 
 
 def companion_toml(
-    url: str, kubeconfig: Path, *, node: str = NODE, address: str = "192.0.2.10"
+    url: str,
+    kubeconfig: Path,
+    *,
+    name: str = "pc",
+    node: str = NODE,
+    address: str = "192.0.2.10",
+    more: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    return f"""
-listen = "127.0.0.1:0"
-lender_timeout_s = 1.5
-status_poll_s = 30
-[kubernetes]
-kubeconfig = "{kubeconfig}"
-namespace = "{NS}"
-heartbeat_s = 60
-resync_s = 0.5
-request_timeout_s = 5
-backoff_max_s = 1
-[[lender]]
-name = "pc"
-url = "{url}"
-token = "{READ}"
-address = "{address}"
-node = "{node}"
-"""
+    """The companion following lender ``name`` at ``url`` (and the ``more`` lenders) through
+    the API server of ``kubeconfig``."""
+    return cfg.companion_toml(
+        cfg.lender(name, url, READ, address, node=node),
+        *more,
+        kubernetes={
+            "kubeconfig": str(kubeconfig),
+            "namespace": NS,
+            "heartbeat_s": 60,
+            "resync_s": 0.5,
+            "request_timeout_s": 5,
+            "backoff_max_s": 1,
+        },
+        lender_timeout_s=1.5,
+        status_poll_s=30,
+    )
 
 
 @asynccontextmanager
@@ -360,22 +349,16 @@ async def test_missing_node_and_rejected_address(
     async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
         await lender.wait_ready()
         toml = companion_toml(
-            lender.api_url, api.kubeconfig, node="no-such-node", address="192.0.2.11"
-        ).replace('name = "pc"', 'name = "ghost"')
-        toml += f"""
-[[lender]]
-name = "loop"
-url = "{lender.api_url}"
-token = "{READ}"
-address = "127.0.0.1"
-node = "loop-pc"
-
-[[lender]]
-name = "linklocal"
-url = "{lender.api_url}"
-token = "{READ}"
-address = "169.254.10.20"
-"""
+            lender.api_url,
+            api.kubeconfig,
+            name="ghost",
+            node="no-such-node",
+            address="192.0.2.11",
+            more=(
+                cfg.lender("loop", lender.api_url, READ, "127.0.0.1", node="loop-pc"),
+                cfg.lender("linklocal", lender.api_url, READ, "169.254.10.20"),
+            ),
+        )
         async with companion_for(toml):
             # the missing Node is reported; the lender's EndpointSlices are still written
             await eventually(lambda: _async_true('nodes "no-such-node" not found' in caplog.text))
@@ -431,18 +414,17 @@ async def test_host_side_publishing_and_a_slow_api_server(
     """The daemon publishes itself from a kubeconfig; a hung API server never slows it."""
     api = installed
     make_node(api, "host-pc")
-    section = f"""
-[kubernetes]
-kubeconfig = "{api.kubeconfig}"
-namespace = "{NS}"
-node = "host-pc"
-address = "192.0.2.12"
-lender = "host"
-resync_s = 0.5
-"""
+    section = {
+        "kubeconfig": str(api.kubeconfig),
+        "namespace": NS,
+        "node": "host-pc",
+        "address": "192.0.2.12",
+        "lender": "host",
+        "resync_s": 0.5,
+    }
     app, seen = openai_like_app()
     async with serve_app(app) as target:
-        async with running_daemon(lender_toml(target, section)) as lender:
+        async with running_daemon(lender_toml(target, kubernetes=section)) as lender:
             await lender.wait_ready()
             rows = await eventually(lambda: _lendable_rows(api, "host-pc"))
             assert "Lendable" in rows["VacancyLendable"]
@@ -455,8 +437,8 @@ resync_s = 0.5
 
         # now an API server that never answers: requests through the proxy stay fast
         hung = pointed_at(api.kubeconfig, silent_server, tmp_path / "hung.kubeconfig")
-        slow = section.replace(str(api.kubeconfig), str(hung)) + "request_timeout_s = 0.5\n"
-        async with running_daemon(lender_toml(target, slow)) as lender:
+        slow = {**section, "kubeconfig": str(hung), "request_timeout_s": 0.5}
+        async with running_daemon(lender_toml(target, kubernetes=slow)) as lender:
             await lender.wait_ready()
             import aiohttp
 
@@ -552,25 +534,17 @@ async def test_two_lenders_behind_one_service(installed: Any) -> None:
         ):
             await a.wait_ready()
             await b.wait_ready()
-            toml = f"""
-listen = "127.0.0.1:0"
-lender_timeout_s = 2
-status_poll_s = 30
-[kubernetes]
-kubeconfig = "{api.kubeconfig}"
-namespace = "{NS}"
-resync_s = 0.5
-[[lender]]
-name = "pc-a"
-url = "{a.api_url}"
-token = "{READ}"
-address = "192.0.2.21"
-[[lender]]
-name = "pc-b"
-url = "{b.api_url}"
-token = "{READ}"
-address = "192.0.2.22"
-"""
+            toml = cfg.companion_toml(
+                cfg.lender("pc-a", a.api_url, READ, "192.0.2.21"),
+                cfg.lender("pc-b", b.api_url, READ, "192.0.2.22"),
+                kubernetes={
+                    "kubeconfig": str(api.kubeconfig),
+                    "namespace": NS,
+                    "resync_s": 0.5,
+                },
+                lender_timeout_s=2,
+                status_poll_s=30,
+            )
             async with companion_for(toml):
                 b.state.set_lending(False)
                 selector = "kubernetes.io/service-name=vacancyd-chat"
@@ -605,9 +579,7 @@ async def test_companion_process_publishes_and_stops_cleanly(
         await lender.wait_ready()
         config = tmp_path / "companion.toml"
         config.write_text(
-            companion_toml(lender.api_url, api.kubeconfig, node="proc-pc").replace(
-                'name = "pc"', 'name = "proc"'
-            )
+            companion_toml(lender.api_url, api.kubeconfig, name="proc", node="proc-pc")
         )
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "vacancyd", "companion", "--config", str(config),

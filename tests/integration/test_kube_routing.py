@@ -11,7 +11,6 @@ starts a Pod: ``helm test`` and the companion Deployment's Pod are not exercised
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import random
 import re
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from tests.support import config as cfg
 from tests.support import kube
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.k8s_lender import READ, lender_toml
@@ -135,25 +135,6 @@ def make_node(api: Any, name: str) -> None:
     api.kubectl("create", "-f", "-", input=json.dumps(manifest))
 
 
-def token_kubeconfig(api: Any, token: str, path: Path) -> Path:
-    ca = base64.b64encode(api.ca_file.read_bytes()).decode()
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": api.url, "certificate-authority-data": ca}}
-                ],
-                "users": [{"name": "u", "user": {"token": token}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    return path
-
-
 async def kubectl_json(api: Any, *args: str) -> Any:
     proc = await asyncio.to_thread(api.kubectl, *args, "-o", "json")  # type: ignore[call-arg]
     return json.loads(proc.stdout)
@@ -183,21 +164,20 @@ async def test_host_side_publishing_with_the_documented_chart_rbac(
     assert secret["type"] == "kubernetes.io/service-account-token"
     # No token controller runs here to fill that Secret; the TokenRequest API stands in.
     token = api.kubectl("-n", NS, "create", "token", "vacancyd-host-publisher").stdout.strip()
-    kubeconfig = token_kubeconfig(api, token, tmp_path / "host.kubeconfig")
+    kubeconfig = kube.token_kubeconfig(api, token, tmp_path / "host.kubeconfig")
     make_node(api, "gaming-pc")
     make_node(api, "someone-else")
-    section = f"""
-[kubernetes]
-kubeconfig = "{kubeconfig}"
-namespace = "{NS}"
-node = "gaming-pc"
-address = "192.0.2.30"
-lender = "gaming-pc"
-resync_s = 0.5
-"""
+    section = {
+        "kubeconfig": str(kubeconfig),
+        "namespace": NS,
+        "node": "gaming-pc",
+        "address": "192.0.2.30",
+        "lender": "gaming-pc",
+        "resync_s": 0.5,
+    }
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        async with running_daemon(lender_toml(target, section)) as d:
+        async with running_daemon(lender_toml(target, kubernetes=section)) as d:
             await d.wait_ready()
 
             async def published() -> Any:
@@ -358,28 +338,22 @@ async def test_fifty_lenders_behind_one_service_converge_when_half_flip(
     api.kubectl("create", "namespace", "many", check=False)
     lenders = [SimulatedLender(i) for i in range(LENDERS)]
     async with serving(lenders) as urls:
-        blocks = "".join(
-            f"""
-[[lender]]
-name = "{lender.name}"
-url = "{url}"
-token = "{READ}"
-address = "{lender.address}"
-"""
-            for lender, url in zip(lenders, urls, strict=True)
+        toml = cfg.companion_toml(
+            *(
+                cfg.lender(lender.name, url, READ, lender.address)
+                for lender, url in zip(lenders, urls, strict=True)
+            ),
+            kubernetes={
+                "kubeconfig": str(api.kubeconfig),
+                "namespace": "many",
+                "direct_services": True,
+                "heartbeat_s": 60,
+                "resync_s": 60,
+                "request_timeout_s": 10,
+            },
+            lender_timeout_s=10,
+            status_poll_s=30,
         )
-        toml = f"""
-listen = "127.0.0.1:0"
-lender_timeout_s = 10
-status_poll_s = 30
-[kubernetes]
-kubeconfig = "{api.kubeconfig}"
-namespace = "many"
-direct_services = true
-heartbeat_s = 60
-resync_s = 60
-request_timeout_s = 10
-{blocks}"""
         companion = Companion(parse_companion_config(toml, "<test>"))
         await companion.start()
         loop = asyncio.get_running_loop()

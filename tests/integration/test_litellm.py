@@ -12,6 +12,7 @@ import asyncio
 import os
 import re
 import time
+import tomllib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
@@ -48,23 +50,11 @@ def stated_recovery_s(recipe: str) -> float:
 
 
 def lender_toml(target: str, upstream_keys: str) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-{upstream_keys}
-"""
+    """A lender in front of ``target`` whose upstream carries the recipe's keys, given as
+    the TOML lines docs/litellm.md shows."""
+    return daemon_toml(
+        upstream("up", target, **tomllib.loads(upstream_keys)), collectors={"poll_s": None}
+    )
 
 
 def group_of(config: dict[str, Any]) -> str:

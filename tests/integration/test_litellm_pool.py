@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import running_daemon
 from tests.support.llamacpp import LlamaServer, require_llama_server, running_llama_server
 
@@ -73,25 +74,10 @@ async def close_clients() -> None:
 
 
 async def test_router_loses_no_request_with_slots_matching_the_server(llama: LlamaServer) -> None:
-    toml = f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "llama"
-adapter = "llamacpp"
-listen = "127.0.0.1:0"
-target = "{llama.base_url}"
-resource = "ram"
-max_concurrent = 4
-"""
+    toml = daemon_toml(
+        upstream("llama", llama.base_url, adapter="llamacpp", max_concurrent=4),
+        collectors={"poll_s": 0.2},
+    )
     async with running_daemon(toml) as d:
         await d.wait_ready()
         await d.wait_until(lambda: "llama" in d.state.servers, 10)

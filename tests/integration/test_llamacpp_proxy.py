@@ -15,6 +15,7 @@ import aiohttp
 import openai
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.llamacpp import LlamaServer, require_llama_server, running_llama_server
 
@@ -30,31 +31,10 @@ async def llama(tmp_path: Path) -> AsyncIterator[LlamaServer]:
 
 @pytest.fixture
 async def lender(llama: LlamaServer) -> AsyncIterator[RunningDaemon]:
-    toml = f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-
-[owner]
-presence = "headless"
-
-[collectors]
-poll_s = 0.5
-
-[[resource]]
-name = "ram"
-kind = "memory"
-
-[[upstream]]
-name = "llama"
-adapter = "llamacpp"
-listen = "127.0.0.1:0"
-target = "{llama.base_url}"
-resource = "ram"
-
-[upstream.models]
-default_mib = 512
-"""
+    toml = daemon_toml(
+        upstream("llama", llama.base_url, adapter="llamacpp", models={"default_mib": 512}),
+        collectors={"poll_s": 0.5},
+    )
     async with running_daemon(toml) as d:
         await d.wait_ready()
         await d.wait_until(lambda: "llama" in d.state.servers, 10)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import aiohttp
 import openai
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.llamacpp import LlamaServer, require_llama_server, running_llama_server
 
@@ -38,30 +39,15 @@ async def llama(tmp_path: Path) -> AsyncIterator[LlamaServer]:
         yield server
 
 
-def config(target: str, sharing: str) -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.2
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "llama"
-adapter = "llamacpp"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-max_concurrent = 4
-{sharing}
-"""
+def config(target: str, sharing: Mapping[str, Any]) -> str:
+    """A lender in front of a four-slot llama-server; ``sharing``: more upstream keys."""
+    return daemon_toml(
+        upstream("llama", target, adapter="llamacpp", max_concurrent=4, **sharing),
+        collectors={"poll_s": 0.2},
+    )
 
 
-async def lender(llama: LlamaServer, sharing: str) -> Any:
+async def lender(llama: LlamaServer, sharing: Mapping[str, Any]) -> Any:
     return running_daemon(config(llama.base_url, sharing))
 
 
@@ -107,7 +93,7 @@ async def processing_slots(llama: LlamaServer) -> int:
 
 
 async def test_four_streams_at_once_and_the_fifth_is_refused(llama: LlamaServer) -> None:
-    async with await lender(llama, "") as d:
+    async with await lender(llama, {}) as d:
         await d.wait_ready()
         await d.wait_until(lambda: "llama" in d.state.servers, 10)
         async with client(d) as c:
@@ -128,7 +114,7 @@ async def test_four_streams_at_once_and_the_fifth_is_refused(llama: LlamaServer)
 
 
 async def test_the_fifth_waits_for_a_slot_and_completes(llama: LlamaServer) -> None:
-    async with await lender(llama, 'busy = "wait"\nwait_timeout_s = 120') as d:
+    async with await lender(llama, {"busy": "wait", "wait_timeout_s": 120}) as d:
         await d.wait_ready()
         await d.wait_until(lambda: "llama" in d.state.servers, 10)
         async with client(d) as c:

@@ -26,6 +26,7 @@ import pytest
 from aiohttp import web
 from dbus_fast import Variant
 
+from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from tests.support.dbus import PrivateBus, private_bus
 from tests.support.fake_logind import FakeLogind, SessionSpec, monotonic_us
@@ -42,42 +43,22 @@ def bus(tmp_path: Path) -> Iterator[PrivateBus]:
         yield running
 
 
-def config(address: str, target: str, *, poll_s: float = 30.0, **owner: object) -> str:
-    extra = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in owner.items())
-    extra = extra.replace("= True", "= true").replace("= False", "= false")
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-
-[owner]
-presence = "logind"
-bus_address = "{address}"
-release_after_s = 0
-{extra}
-[collectors]
-poll_s = {poll_s}
-probe_timeout_s = 0.5
-
-[[resource]]
-name = "ram"
-kind = "memory"
-
-[[upstream]]
-name = "llm"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-
-[[upstream]]
-name = "exempt"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-owner_scope = "resource"
-"""
+def config(
+    address: str,
+    target: str,
+    *,
+    poll_s: float = 30.0,
+    on_owner_return: str | None = None,
+    **owner: object,
+) -> str:
+    """Presence read from the logind look-alike at ``address``; ``owner``: more keys of
+    ``[owner]``. Upstream ``llm`` is gated on the owner, ``exempt`` only on its resource."""
+    return daemon_toml(
+        upstream("llm", target, on_owner_return=on_owner_return),
+        upstream("exempt", target, owner_scope="resource"),
+        owner={"presence": "logind", "bus_address": address, "release_after_s": 0, **owner},
+        collectors={"poll_s": poll_s, "probe_timeout_s": 0.5},
+    )
 
 
 @asynccontextmanager
@@ -313,11 +294,7 @@ async def test_owner_login_cancels_borrowed_work_under_cancel_policy(bus: Privat
     fake = await FakeLogind.start(bus.address, [])
     try:
         async with serve_app(app) as target:
-            toml = config(bus.address, target).replace(
-                'resource = "ram"\n\n[[upstream]]',
-                'resource = "ram"\non_owner_return = "cancel"\n\n[[upstream]]',
-                1,
-            )
+            toml = config(bus.address, target, on_owner_return="cancel")
             assert 'on_owner_return = "cancel"' in toml
             async with running_daemon(toml) as d, aiohttp.ClientSession() as http:
                 await d.wait_ready()

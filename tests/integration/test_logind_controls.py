@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.config import daemon_toml, resource, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.dbus import PrivateBus, private_bus
 from tests.support.fake_logind import FakeLogind, SessionSpec
@@ -33,53 +34,32 @@ def bus(tmp_path: Path) -> Iterator[PrivateBus]:
         yield running
 
 
-def config(address: str, target: str, state_dir: Path, owner: str) -> str:
-    return f"""
-state_dir = "{state_dir}"
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "logind"
-bus_address = "{address}"
-release_after_s = 0
-{owner}
-[collectors]
-poll_s = 0.1
-probe_timeout_s = 1.0
-[[resource]]
-name = "ram"
-kind = "memory"
-[[resource]]
-name = "gpu0"
-kind = "gpu"
-enabled = false
-[[upstream]]
-name = "llm"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-on_owner_return = "cancel"
-[[upstream]]
-name = "gpu-llm"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-also_requires = ["gpu0"]
-"""
+def config(address: str, target: str, state_dir: Path, owner: Mapping[str, Any]) -> str:
+    """Presence read from the logind look-alike at ``address``; ``owner``: more keys of
+    ``[owner]``. Upstream ``llm`` is gated on memory, ``gpu-llm`` also on a GPU (unread)."""
+    return daemon_toml(
+        upstream("llm", target, on_owner_return="cancel"),
+        upstream("gpu-llm", target, also_requires=["gpu0"]),
+        resources=(resource("ram"), resource("gpu0", "gpu", enabled=False)),
+        owner={"presence": "logind", "bus_address": address, "release_after_s": 0, **owner},
+        collectors={"poll_s": 0.1, "probe_timeout_s": 1.0},
+        state_dir=state_dir,
+    )
 
 
 @asynccontextmanager
 async def lender(
-    bus: PrivateBus, tmp_path: Path, sessions: list[SessionSpec], owner: str = "", **kw: Any
+    bus: PrivateBus,
+    tmp_path: Path,
+    sessions: list[SessionSpec],
+    owner: Mapping[str, Any] | None = None,
+    **kw: Any,
 ) -> AsyncIterator[tuple[RunningDaemon, FakeLogind, aiohttp.ClientSession, SlowOpenAI]]:
     fake = await FakeLogind.start(bus.address, sessions)
     upstream = SlowOpenAI(**kw)
     try:
         async with serve_app(upstream.app()) as target:
-            async with running_daemon(config(bus.address, target, tmp_path, owner)) as d:
+            async with running_daemon(config(bus.address, target, tmp_path, owner or {})) as d:
                 async with aiohttp.ClientSession() as http:
                     yield d, fake, http, upstream
     finally:
@@ -95,10 +75,10 @@ async def borrow(d: RunningDaemon, http: aiohttp.ClientSession, upstream: str = 
 
 
 @pytest.mark.parametrize(
-    ("setting", "counts"), [("", True), ('remote_graphical = "ignore"', False)]
+    ("setting", "counts"), [({}, True), ({"remote_graphical": "ignore"}, False)], ids=str
 )
 async def test_a_remote_desktop_counts_as_the_owner_by_default(
-    bus: PrivateBus, tmp_path: Path, setting: str, counts: bool
+    bus: PrivateBus, tmp_path: Path, setting: dict[str, str], counts: bool
 ) -> None:
     rdp = SessionSpec("7", type="x11", remote=True, remote_host="10.0.0.7", seat="")
     async with lender(bus, tmp_path, [rdp], setting, chunks=1) as (d, _fake, http, _):
@@ -130,10 +110,11 @@ def exclusive_app() -> Iterator[subprocess.Popen[bytes]]:
 async def test_a_host_exclusive_app_cuts_borrowed_work_after_its_grace_and_resumes_later(
     bus: PrivateBus, tmp_path: Path
 ) -> None:
-    owner = (
-        f'exclusive_apps = [{{ name = "{APP}", scope = "host" }}]\n'
-        "exclusive_grace_s = 0.5\nexclusive_resume_after_s = 1.0\n"
-    )
+    owner = {
+        "exclusive_apps": [{"name": APP, "scope": "host"}],
+        "exclusive_grace_s": 0.5,
+        "exclusive_resume_after_s": 1.0,
+    }
     away = [SessionSpec("1", locked=True)]
     async with lender(bus, tmp_path, away, owner, chunks=400, interval_s=0.05) as (
         d,
@@ -172,10 +153,11 @@ async def test_a_host_exclusive_app_cuts_borrowed_work_after_its_grace_and_resum
 async def test_a_gpu_exclusive_app_holds_only_gpu_upstreams(
     bus: PrivateBus, tmp_path: Path
 ) -> None:
-    owner = (
-        f'exclusive_apps = [{{ name = "{APP}", scope = "gpu" }}]\n'
-        "exclusive_grace_s = 0\nexclusive_resume_after_s = 0\n"
-    )
+    owner = {
+        "exclusive_apps": [{"name": APP, "scope": "gpu"}],
+        "exclusive_grace_s": 0,
+        "exclusive_resume_after_s": 0,
+    }
     async with lender(bus, tmp_path, [SessionSpec("1", locked=True)], owner, chunks=1) as (
         d,
         _fake,

@@ -13,36 +13,22 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import openai
 import pytest
 
+from tests.support.config import daemon_toml, resource, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from tests.support.lender import owner_returns
 from vacancyd.core.ledger import Job
 
 
-def toml(target: str, *, min_free_mib: int = 0, extra: str = "") -> str:
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-trust_loopback = true
-[owner]
-presence = "headless"
-[collectors]
-poll_s = 0.1
-[[resource]]
-name = "ram"
-kind = "memory"
-min_free_mib = {min_free_mib}
-[[upstream]]
-name = "up"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "{target}"
-resource = "ram"
-{extra}
-"""
+def toml(target: str, *, min_free_mib: int = 0, **upstream_keys: Any) -> str:
+    return daemon_toml(
+        upstream("up", target, **upstream_keys),
+        resources=(resource("ram", min_free_mib=min_free_mib),),
+    )
 
 
 @asynccontextmanager
@@ -103,7 +89,7 @@ async def test_long_refusals_return_at_once(setup: str, reason: str, retry_after
 
 
 async def test_capped_retry_after_still_says_do_not_retry() -> None:
-    async with lender(extra="retry_after_max_s = 5") as (d, client):
+    async with lender(retry_after_max_s=5) as (d, client):
         d.state.set_lending(False)
         started = time.monotonic()
         with pytest.raises(openai.APIStatusError) as info:

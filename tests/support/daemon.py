@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.support.config import daemon_toml, upstream
 from vacancyd.config import parse_config
 from vacancyd.runtime.daemon import Daemon
 from vacancyd.state import SharedState
@@ -146,24 +147,21 @@ def openai_like_app(
 
 
 def single_upstream_toml(
-    *, api: int, proxy: int, target: str, adapter: str = "openai", name: str = "up"
+    *,
+    api: int,
+    proxy: int,
+    target: str,
+    adapter: str = "openai",
+    name: str = "up",
+    state_dir: Path | None = None,
 ) -> str:
     """A loopback-trusting lender with one upstream gated on system memory, presence
     headless, on fixed ports: the config the process-level tests and benchmarks start
-    ``vacancyd run --config`` with."""
-    return f"""
-[server]
-listen = "127.0.0.1:{api}"
-trust_loopback = true
-[owner]
-presence = "headless"
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "{name}"
-adapter = "{adapter}"
-listen = "127.0.0.1:{proxy}"
-target = "{target}"
-resource = "ram"
-"""
+    ``vacancyd run --config`` with. A process started on it should be given a ``state_dir``
+    of its own (a temporary directory), or it uses the machine's /var/lib/vacancyd."""
+    return daemon_toml(
+        upstream(name, target, adapter=adapter, listen=f"127.0.0.1:{proxy}"),
+        server={"listen": f"127.0.0.1:{api}"},
+        collectors={"poll_s": None},
+        state_dir=state_dir,
+    )

@@ -284,6 +284,13 @@ def _write_kubeconfig(path: Path, *, url: str, ca_file: Path, user: str, token: 
     path.chmod(0o600)
 
 
+def token_kubeconfig(api: ApiServer, token: str, path: Path, *, user: str = "bearer") -> Path:
+    """A kubeconfig at ``path`` that reaches ``api`` as ``user`` with the bearer ``token``
+    (a ServiceAccount's, say): only that token's RBAC applies. Returns ``path``."""
+    _write_kubeconfig(path, url=api.url, ca_file=api.ca_file, user=user, token=token)
+    return path
+
+
 def _https_get(url: str, ca_file: Path, token: str | None, timeout: float) -> bytes:
     context = ssl.create_default_context(cafile=str(ca_file))
     request = urllib.request.Request(url)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.config import daemon_toml, token, upstream
 from vacancyd.cli import main
 from vacancyd.config import ConfigError, load_config, load_default_config, parse_config
 
@@ -113,48 +114,33 @@ def test_out_of_range_values(snippet: str, needle: str) -> None:
     assert any(needle.replace("Value error, ", "") in p for p in ps), ps
 
 
+def one_upstream(
+    listen: str = "127.0.0.1:1", target: str = "http://127.0.0.1:2", resource: str = "ram"
+) -> str:
+    """One memory resource and one upstream ``a``, nothing else."""
+    return daemon_toml(upstream("a", target, resource=resource, listen=listen), defaults=False)
+
+
 def test_cross_checks() -> None:
-    base = """
-    [[resource]]
-    name = "ram"
-    kind = "memory"
-    [[upstream]]
-    name = "a"
-    adapter = "openai"
-    listen = "{listen}"
-    target = "{target}"
-    resource = "{resource}"
-    """
-    ps = problems(base.format(listen="127.0.0.1:1", target="http://127.0.0.1:2", resource="gpu"))
+    ps = problems(one_upstream(resource="gpu"))
     assert any("names resource 'gpu', which no [[resource]] declares" in p for p in ps)
-    ps = problems(base.format(listen="0.0.0.0:1", target="http://127.0.0.1:2", resource="ram"))
+    ps = problems(one_upstream(listen="0.0.0.0:1"))
     assert any(
         "non-loopback listener needs [[server.tokens]]" in p and "0.0.0.0:1" in p for p in ps
     )
-    ps = problems(base.format(listen="127.0.0.1:1", target="https://127.0.0.1:2", resource="ram"))
+    ps = problems(one_upstream(target="https://127.0.0.1:2"))
     assert any("http://" in p for p in ps)
-    ps = problems(base.format(listen="127.0.0.1:1", target="http://127.0.0.1:2/v1", resource="ram"))
+    ps = problems(one_upstream(target="http://127.0.0.1:2/v1"))
     assert any("no path" in p for p in ps)
-    ps = problems(base.format(listen="127.0.0.1:9470", target="http://127.0.0.1:2", resource="ram"))
+    ps = problems(one_upstream(listen="127.0.0.1:9470"))
     assert any("listen addresses must be unique" in p for p in ps)
 
 
 def test_remote_listener_allowed_with_tokens_or_escape_hatch() -> None:
-    body = """
-    [[resource]]
-    name = "ram"
-    kind = "memory"
-    [[upstream]]
-    name = "a"
-    adapter = "openai"
-    listen = "0.0.0.0:18081"
-    target = "http://127.0.0.1:2"
-    resource = "ram"
-    """
-    parse_config("[server]\nallow_unauthenticated_remote = true\n" + textwrap.dedent(body))
+    remote = upstream("a", "http://127.0.0.1:2", listen="0.0.0.0:18081")
+    parse_config(daemon_toml(remote, server={"allow_unauthenticated_remote": True}, defaults=False))
     parse_config(
-        '[[server.tokens]]\ntoken = "0123456789abcdef"\nscopes = ["borrow"]\n'
-        + textwrap.dedent(body)
+        daemon_toml(remote, tokens=(token(None, "0123456789abcdef", "borrow"),), defaults=False)
     )
     ps = problems('[[server.tokens]]\ntoken = "short"\nscopes = ["borrow"]\n')
     assert any("at least 16" in p for p in ps)
@@ -185,38 +171,18 @@ def test_check_config_reads_secrets(tmp_path: Path, capsys: pytest.CaptureFixtur
     empty.write_text("  \n")
     cfg = tmp_path / "v.toml"
     cfg.write_text(
-        f"""
-[[server.tokens]]
-name = "a"
-token = "same-secret-0123456789"
-scopes = ["borrow"]
-[[server.tokens]]
-name = "b"
-token = "same-secret-0123456789"
-scopes = ["admin"]
-[[server.tokens]]
-token_file = "/dev/urandom"
-scopes = ["read"]
-[[server.tokens]]
-token_file = "{tmp_path / "missing.token"}"
-scopes = ["read"]
-[[server.tokens]]
-token_file = "{big}"
-scopes = ["read"]
-[[server.tokens]]
-token_file = "{empty}"
-scopes = ["read"]
-[[resource]]
-name = "ram"
-kind = "memory"
-[[upstream]]
-name = "up"
-adapter = "openai"
-listen = "127.0.0.1:0"
-target = "http://127.0.0.1:1"
-resource = "ram"
-credential_file = "{tmp_path}"
-"""
+        daemon_toml(
+            upstream("up", "http://127.0.0.1:1", credential_file=tmp_path),
+            tokens=(
+                token("a", "same-secret-0123456789", "borrow"),
+                token("b", "same-secret-0123456789", "admin"),
+                token(None, "", "read", token_file="/dev/urandom"),
+                token(None, "", "read", token_file=tmp_path / "missing.token"),
+                token(None, "", "read", token_file=big),
+                token(None, "", "read", token_file=empty),
+            ),
+            defaults=False,
+        )
     )
     assert main(["check-config", str(cfg)]) == 1
     err = capsys.readouterr().err

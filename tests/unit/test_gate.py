@@ -446,16 +446,18 @@ def test_present_budget_does_not_override_pressure() -> None:
 
 
 def test_present_budget_is_only_set_on_resource_scoped_upstreams() -> None:
+    from tests.support import config as cfg
     from vacancyd.config import parse_config
     from vacancyd.config.policies import upstream_policy
 
     settings = parse_config(
-        "[owner]\npresent_max_model_mib = 4096\n"
-        '[[resource]]\nname = "gpu0"\nkind = "gpu"\n'
-        '[[upstream]]\nname = "a"\nadapter = "openai"\nlisten = "127.0.0.1:0"\n'
-        'target = "http://127.0.0.1:1"\nresource = "gpu0"\nowner_scope = "resource"\n'
-        '[[upstream]]\nname = "b"\nadapter = "openai"\nlisten = "127.0.0.1:0"\n'
-        'target = "http://127.0.0.1:1"\nresource = "gpu0"\n'
+        cfg.daemon_toml(
+            cfg.upstream("a", "http://127.0.0.1:1", resource="gpu0", owner_scope="resource"),
+            cfg.upstream("b", "http://127.0.0.1:1", resource="gpu0"),
+            resources=(cfg.resource("gpu0", "gpu"),),
+            owner={"present_max_model_mib": 4096},
+            defaults=False,
+        )
     )
     a, b = (upstream_policy(settings, u, needs_model_observation=False) for u in settings.upstream)
     assert (a.present_max_model_mib, b.present_max_model_mib) == (4096, None)

@@ -4,8 +4,11 @@ program holds the machine; an owner edge still hands its running work back."""
 
 from __future__ import annotations
 
+import tomllib
+
 import pytest
 
+from tests.support.config import daemon_toml, upstream
 from vacancyd.config import ConfigError, parse_config
 from vacancyd.core import gate
 from vacancyd.core.events import EdgeRaised, StateEvent
@@ -108,7 +111,5 @@ def test_an_owner_edge_on_it_does_not_stand_down_while_the_owner_is_present() ->
 def test_lend_while_present_config_errors(extra: str, error: str) -> None:
     with pytest.raises(ConfigError, match=error):
         parse_config(
-            '[[resource]]\nname = "ram"\nkind = "memory"\n'
-            '[[upstream]]\nname = "a"\nadapter = "openai"\nlisten = "127.0.0.1:0"\n'
-            'target = "http://127.0.0.1:1"\nresource = "ram"\n' + extra
+            daemon_toml(upstream("a", "http://127.0.0.1:1", **tomllib.loads(extra)), defaults=False)
         )

@@ -2,40 +2,39 @@
 
 from __future__ import annotations
 
-import textwrap
+import tomllib
 
 import pytest
 
-from vacancyd.config import ConfigError, parse_config
+from tests.support.config import daemon_toml, resource, upstream
+from vacancyd.config import ConfigError, Settings, parse_config
 from vacancyd.config.policies import upstream_policy
 
-BASE = """
-[[resource]]
-name = "gpu0"
-kind = "memory"
-[[resource]]
-name = "gpu1"
-kind = "memory"
-[[upstream]]
-name = "ollama"
-adapter = "ollama"
-listen = "127.0.0.1:11434"
-target = "http://127.0.0.1:11435"
-resource = "gpu0"
-{ollama}
-[[upstream]]
-name = "comfy"
-adapter = "comfyui"
-listen = "127.0.0.1:8188"
-target = "http://127.0.0.1:8189"
-resource = "{comfy_resource}"
-{comfy}
-"""
 
-
-def parse(ollama: str = "", comfy: str = "", comfy_resource: str = "gpu0"):  # type: ignore[no-untyped-def]
-    text = BASE.format(ollama=ollama, comfy=comfy, comfy_resource=comfy_resource)
-    return parse_config(textwrap.dedent(text), "test.toml")
+def parse(ollama: str = "", comfy: str = "", comfy_resource: str = "gpu0") -> Settings:
+    """Ollama on ``gpu0`` and ComfyUI on ``comfy_resource``; ``ollama`` and ``comfy`` are more
+    keys of each upstream, as the TOML lines a user would write."""
+    text = daemon_toml(
+        upstream(
+            "ollama",
+            "http://127.0.0.1:11435",
+            adapter="ollama",
+            resource="gpu0",
+            listen="127.0.0.1:11434",
+            **tomllib.loads(ollama),
+        ),
+        upstream(
+            "comfy",
+            "http://127.0.0.1:8189",
+            adapter="comfyui",
+            resource=comfy_resource,
+            listen="127.0.0.1:8188",
+            **tomllib.loads(comfy),
+        ),
+        resources=(resource("gpu0"), resource("gpu1")),
+        defaults=False,
+    )
+    return parse_config(text, "test.toml")
 
 
 def problems(**kw: str) -> list[str]:

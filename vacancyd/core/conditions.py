@@ -34,6 +34,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from vacancyd.core.reasons import PublishReason, Reason
+
 #: ``endpointslice.kubernetes.io/managed-by`` value on every EndpointSlice we write (a label
 #: value: no ``/``), named like the endpointslice controller's ``endpointslice-controller.k8s.io``.
 MANAGED_BY = "companion.vacancyd.io"
@@ -145,7 +147,7 @@ class LenderState:
         upstreams = self.upstreams
         if refusing:
             upstreams = {
-                name: replace(up, lendable=False, reason="lending_disabled", detail=detail)
+                name: replace(up, lendable=False, reason=Reason.LENDING_DISABLED, detail=detail)
                 for name, up in upstreams.items()
             }
         return replace(self, terminating=True, detail=detail, upstreams=upstreams)
@@ -197,7 +199,9 @@ def lender_from_status(doc: Any) -> LenderState:
                 lendable=bool(up["lendable"]),
                 bound=bool(listener.get("bound", False)),
                 port=_port_of(listener.get("address")),
-                reason=None if up["lendable"] else str(refusal.get("reason", "unknown")),
+                reason=None
+                if up["lendable"]
+                else str(refusal.get("reason", PublishReason.UNKNOWN.value)),
                 detail=str(refusal.get("detail", "")),
                 largest_model=_opt_str(headroom.get("largest_model")),
                 largest_model_mib=_opt_int(headroom.get("largest_model_mib")),
@@ -256,7 +260,7 @@ def _gpu_pressure(
         if isinstance(pressure, dict) and pressure.get("engaged"):
             engaged.append(f"{name}: {pressure.get('detail') or 'engaged'}")
     engaged += [
-        f"{u.name}: {u.detail}" for u in upstreams.values() if u.reason == "resource_pressured"
+        f"{u.name}: {u.detail}" for u in upstreams.values() if u.reason == Reason.RESOURCE_PRESSURED
     ]
     if engaged:
         return True, "; ".join(engaged)
@@ -334,7 +338,7 @@ def node_conditions(lender: LenderState) -> tuple[Condition, ...]:
         lend = Condition(
             LENDABLE,
             Status.FALSE,
-            camel(first.reason or "unknown"),
+            camel(first.reason or PublishReason.UNKNOWN),
             _message(
                 "; ".join(
                     f"{u.name}: {u.reason}: {u.detail}" for _, u in sorted(lender.upstreams.items())
@@ -693,7 +697,7 @@ class LendableDamper:
             changed[name] = replace(
                 up,
                 lendable=False,
-                reason="settling",
+                reason=PublishReason.SETTLING,
                 detail=(
                     f"lendable again for {now - since:.0f} s; published after "
                     f"{self.stable_s:.0f} s without a refusal (lendable_stable_s)"

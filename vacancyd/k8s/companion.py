@@ -16,6 +16,11 @@
 
 The lender needs no cluster credentials; the companion needs a read-scope token per lender.
 Its own listener serves ``/healthz`` and ``/metrics`` (``vacancyd_companion_*``).
+
+Its background tasks are one ``follower NAME`` and one ``publisher NAME`` per lender, kept
+by :class:`Companion`; every one is essential: one that ends stops the companion (exit 1),
+so that its Deployment restarts it rather than it publishing nothing. A follower's own two
+loops (``status NAME``, ``events NAME``) run in a task group inside its task.
 """
 
 from __future__ import annotations
