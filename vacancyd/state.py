@@ -182,6 +182,9 @@ class SharedState:
         #: per upstream: what kind of socket serves its target (vacancyd.core.exposure)
         self.target_exposure: dict[str, Exposure] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
+        #: Keys whose on-demand samples are taken on the loop itself (see sample_inline).
+        self._inline: dict[str, Callable[[], None]] = {}
+        self._inline_due: set[str] = set()
         self._presence_view: PresenceView | None = None
         self._presence_view_of: Observation[PresenceReading] | None = None
         #: When each key's sample was last asked for (monotonic s).
@@ -645,12 +648,32 @@ class SharedState:
         """The event a collector waits on (besides its timer) to sample ``key`` at once."""
         return self._sample_wanted.setdefault(key, asyncio.Event())
 
+    def sample_inline(self, key: str, sample: Callable[[], None]) -> None:
+        """Take ``key``'s on-demand samples on the event loop: ``sample()`` (which probes and
+        records the reading) runs in a loop callback soon after :meth:`request_sample`.
+
+        Only for a probe that cannot block: one that reads kernel memory through procfs
+        (``/proc/meminfo``), never a device driver (NVML stays in its thread). Requests made
+        before the callback runs share it: the sample it takes starts after all of them.
+        """
+        self._inline[key] = sample
+
     def request_sample(self, key: str) -> None:
         """Wake ``key``'s collector for a sample now (a probe that starts after this call)."""
+        if key in self._inline:
+            self._requested_at[key] = self.clock()
+            if key not in self._inline_due:
+                self._inline_due.add(key)
+                asyncio.get_running_loop().call_soon(self._sample_inline_now, key)
+            return
         event = self._sample_wanted.get(key)
         if event is not None:
             self._requested_at[key] = self.clock()
             event.set()
+
+    def _sample_inline_now(self, key: str) -> None:
+        self._inline_due.discard(key)
+        self._inline[key]()
 
     def _observed_at(self, key: str) -> float | None:
         if key.startswith("server:"):
@@ -670,7 +693,7 @@ class SharedState:
 
         Returns False when none arrived within ``timeout_s`` seconds or nobody samples it.
         """
-        if key not in self._sample_wanted:
+        if key not in self._sample_wanted and key not in self._inline:
             return False
         since = self.clock() if after is None else after
 

@@ -142,6 +142,7 @@ async def read_body(
         raise _exhausted()
     chunks: list[bytes] = []
     total = 0
+    content = request.content
     loop = asyncio.get_running_loop()
     deadline = loop.time() + read_timeout_s
     try:
@@ -153,8 +154,11 @@ async def read_body(
                     408, ErrorCode.BODY_TIMEOUT, f"body not received within {read_timeout_s:g} s"
                 )
             try:
-                async with asyncio.timeout(wait):
-                    chunk = await request.content.readany()
+                if content.is_eof():
+                    chunk = await content.readany()  # all of it is here: never waits
+                else:
+                    async with asyncio.timeout(wait):
+                        chunk = await content.readany()
             except RequestPayloadError as exc:
                 raise BodyError(
                     400,

@@ -51,6 +51,7 @@ import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,12 @@ from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import build_status
 from vacancyd.collectors import exposure, logind, presence, system
-from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
+from vacancyd.collectors.base import (
+    run_async_probe_loop,
+    run_inline_probe_loop,
+    run_probe_loop,
+    sample_now,
+)
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import ResourceSettings, Settings, is_loopback, split_listen
@@ -94,6 +100,7 @@ from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.core.snapshot import ServerState
 from vacancyd.k8s.host import HostPublisher
 from vacancyd.proxy.app import Proxy, Upstream, make_server
+from vacancyd.proxy.client import UpstreamClient
 from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.tunnel import TunnelLimits
@@ -256,6 +263,7 @@ class Daemon:
     tls: ssl.SSLContext | None = None
     _tls_files: TlsFiles | None = None
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
+    _clients: list[UpstreamClient] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
@@ -413,6 +421,7 @@ class Daemon:
                 controller=controller,
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
+            self._clients.append(proxy.client)
             probes[up.name] = ProbeEndpoint(up.public_probe, proxy.probe)
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(
@@ -436,6 +445,7 @@ class Daemon:
                 metrics=self.metrics,
                 limits=limits,
                 session=first.session,
+                upstream_client=first.client,
                 work=self.work,
                 tunnels=TunnelLimits(
                     first.upstream.settings.websocket_max_tunnels,
@@ -720,14 +730,29 @@ class Daemon:
             if not res.enabled:
                 continue
             name = res.name
+            probe = _capacity_probe(res, self.settings, self._gpus)
+            on_sample = partial(state.record_capacity, name)
+            on_error = partial(state.record_capacity_failure, name)
+            if probe is system.sample_memory:
+                # /proc/meminfo is kernel memory, not a disk or a driver: every sample,
+                # the one a release asks for included, is taken on the loop, not handed to a
+                # thread and back (and one source keeps the samples in the order taken).
+                sample = sample_now(name, probe, on_sample=on_sample, on_error=on_error)
+                state.sample_inline(name, sample)
+                self.supervisor.spawn(
+                    run_inline_probe_loop(sample, interval_s=cfg.poll_s),
+                    name=f"collector {name}",
+                    essential=True,
+                )
+                continue
             self.supervisor.spawn(
                 run_probe_loop(
                     name,
-                    _capacity_probe(res, self.settings, self._gpus),
+                    probe,
                     interval_s=cfg.poll_s,
                     timeout_s=cfg.probe_timeout_s,
-                    on_sample=lambda r, t, n=name: state.record_capacity(n, r, t),  # type: ignore[misc]
-                    on_error=lambda e, t, n=name: state.record_capacity_failure(n, e, t),  # type: ignore[misc]
+                    on_sample=on_sample,
+                    on_error=on_error,
                     wake=state.sample_wanted(name),
                 ),
                 name=f"collector {name}",
@@ -894,6 +919,8 @@ class Daemon:
         await self.saver.flush()
         for session in self._sessions:
             await session.close()
+        for upstream_client in self._clients:
+            await upstream_client.close()
 
     async def reload_tls(self) -> bool:
         """Load renewed TLS files into the running context (SIGHUP). Returns False, logging

@@ -76,7 +76,9 @@ def host_name(host_header: str) -> str:
 HOST_CACHE_SIZE = 256
 
 
+@functools.lru_cache(maxsize=1024)
 def _is_ip(name: str) -> bool:
+    """Whether ``name`` is an IP literal (remembered: Host values repeat)."""
     try:
         ipaddress.ip_address(name.split("%", 1)[0])
     except ValueError:
