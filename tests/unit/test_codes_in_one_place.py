@@ -23,6 +23,8 @@ ENUMS: tuple[type[StrEnum], ...] = (
     reasons.AuthOutcome,
     reasons.PublishReason,
 )
+# ReclaimOutcome is left out: its words are also a reclaim phase (``stood_down``) and an
+# unload's outcome (``timed_out``), which are other vocabularies.
 #: Codes that are compound words (``owner_active``, ``not_loaded``): a literal with one of
 #: these values is a code. Single words (``busy``, ``unknown``) are also ordinary words and
 #: values of other enums, so they are not searched for.

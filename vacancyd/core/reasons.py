@@ -3,7 +3,8 @@
 Every reason and error code vacancyd emits is a member of an enum here, and nowhere else:
 the gate's refusal reasons (:class:`Reason`), the ``error.type`` and ``error.code`` of the
 errors it answers itself (:class:`ErrorType`, :class:`ErrorCode`), a residency proof's
-reason (:class:`CreditCode`), why a job is held (:class:`HoldReason`), the reasons of the
+reason (:class:`CreditCode`), why a job is held (:class:`HoldReason`), how a reclaim
+ended (:class:`ReclaimOutcome`), the reasons of the
 browser guards (:class:`GuardReason`) and the authenticator's outcomes
 (:class:`AuthOutcome`), and the reasons only the Kubernetes publisher writes
 (:class:`PublishReason`). The codes and retry hints are a wire contract
@@ -123,6 +124,16 @@ class HoldReason(StrEnum):
     CUT_UNCERTAIN = "cut_uncertain"  #: a reclaim cut it; the server may still be working
     TRACKING_LOST = "tracking_lost"  #: the server's queue could no longer be read
     UPSTREAM_SILENT = "upstream_silent"  #: no byte from the server for its silence limit
+
+
+class ReclaimOutcome(StrEnum):
+    """How a reclaim ended (``reclaim.outcome`` in ``/status``, the ``outcome`` label of
+    ``vacancyd_reclaims_total``)."""
+
+    STOOD_DOWN = "stood_down"  #: the trigger cleared before the deadline
+    WORK_ENDED = "work_ended"  #: nothing was left to cut
+    CANCELLED = "cancelled"  #: work was cut at the deadline
+    TIMED_OUT = "timed_out"  #: finish mode's completion timeout passed
 
 
 class GuardReason(StrEnum):

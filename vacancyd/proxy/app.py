@@ -463,7 +463,10 @@ class Proxy:
         adapter = self.upstream.adapter
         if len(body) <= SMALL_JSON_BYTES:
             return adapter.read_facts(c.route, body, ctype)
-        return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
+        if len(body) <= bodies.JOIN_ON_LOOP_BYTES:
+            return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
+        async with self.budget.copying:  # the parser may copy a long value whole: one at a time
+            return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
 
     def _reclaim_refusal(self) -> Refuse | None:
         return self.work.refusal(self.upstream.name)
