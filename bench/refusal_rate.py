@@ -9,7 +9,9 @@ Every server runs pinned to CPU ``--server-cpu`` (taskset) and the load generato
   ``owner_active`` refusal from the owner's steps of the gate, lending still on);
 * ``bare``: bench/bare_refusal.py, an aiohttp handler answering the very envelope vacancyd
   sent (status, Retry-After, JSON body) and nothing else (``bare-paused``: the paused one);
-* ``nginx``: ``return 503`` with the same body, when installed (a ceiling, not a goal).
+* ``nginx``: ``return 503`` with the same body, when installed (a ceiling, not a goal);
+* ``before`` (with ``--before SOURCE_TREE``): an earlier vacancyd, lending off, to compare
+  with in the same run.
 
 Each target runs on asyncio's loop and, when installed, on uvloop. The load is ``wrk``
 (``-t1 -c32``, a POST chat completion with a JSON body) when installed, else
@@ -147,6 +149,13 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--server-cpu", default="0")
     parser.add_argument("--client-cpu", default="1")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="SOURCE_TREE",
+        help="also run the vacancyd of this source tree (an earlier version, e.g. from "
+        "`git archive`), lending off on the default loop, as target before/LOOP",
+    )
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
     if not shutil.which("wrk"):
@@ -163,8 +172,15 @@ def main() -> None:
             lending_off(api)
             envs.setdefault("lending_off", envelope(port))
             ports[f"vacancyd/{loop}"], pids[f"vacancyd/{loop}"] = port, proc.pid
-        # the owner's pause, on the default loop (the last one: uvloop when installed)
         default = LOOPS[-1]
+        if args.before is not None:
+            port, api, proc = start_vacancyd(
+                procs, upstream, tmp, pin=args.server_cpu, loop=default, source=args.before
+            )
+            wait_admitted(port)
+            lending_off(api)
+            ports[f"before/{default}"], pids[f"before/{default}"] = port, proc.pid
+        # the owner's pause, on the default loop (the last one: uvloop when installed)
         port, api, proc = start_vacancyd(procs, upstream, tmp, pin=args.server_cpu, loop=default)
         wait_admitted(port)
         pause(api)
@@ -236,6 +252,8 @@ def main() -> None:
         )
     pairs = [(f"vacancyd/{lp}", f"bare/{lp}") for lp in LOOPS]
     pairs += [(f"paused/{LOOPS[-1]}", f"bare-paused/{LOOPS[-1]}")]
+    if args.before is not None:
+        pairs.insert(0, (f"before/{LOOPS[-1]}", f"bare/{LOOPS[-1]}"))
     for ours, anchor in pairs:
         ratio = rows[ours]["rps_median"] / rows[anchor]["rps_median"]
         cpu_ratio = rows[ours]["cpu_s_per_1000"] / rows[anchor]["cpu_s_per_1000"]
