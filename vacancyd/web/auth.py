@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hmac
 import ipaddress
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -92,6 +93,29 @@ FOREIGN_FETCH_SITES = frozenset({"cross-site", "same-site"})
 JSON_TYPES = frozenset({"application/json"})
 #: The ``WWW-Authenticate`` challenge of a 401 (RFC 6750).
 CHALLENGE = 'Bearer realm="vacancyd"'
+
+
+#: The two 401 bodies never vary, so each is serialized once (what ``web.json_response``
+#: would send: the same JSON text, ``application/json; charset=utf-8``).
+_MISSING_TOKEN = json.dumps(
+    error_body(
+        "authentication required: send Authorization: Bearer <token>",
+        ErrorType.AUTHENTICATION,
+        ErrorCode.MISSING_TOKEN,
+    )
+)
+_INVALID_TOKEN = json.dumps(
+    error_body("the bearer token is not valid", ErrorType.AUTHENTICATION, ErrorCode.INVALID_TOKEN)
+)
+
+
+def _unauthorized(text: str, challenge: str) -> web.Response:
+    return web.Response(
+        text=text,
+        status=401,
+        headers={"WWW-Authenticate": challenge},
+        content_type="application/json",
+    )
 
 
 def _forbidden(message: str, code: ErrorCode) -> web.Response:
@@ -184,15 +208,7 @@ class Authenticator:
         kind, _, presented = header.partition(" ")
         if kind.lower() != "bearer" or not presented.strip():
             self._record(record, scope, AuthOutcome.MISSING)
-            return web.json_response(
-                error_body(
-                    "authentication required: send Authorization: Bearer <token>",
-                    ErrorType.AUTHENTICATION,
-                    ErrorCode.MISSING_TOKEN,
-                ),
-                status=401,
-                headers={"WWW-Authenticate": CHALLENGE},
-            )
+            return _unauthorized(_MISSING_TOKEN, CHALLENGE)
         # Header values arrive decoded with surrogateescape; bytes that are not UTF-8 must
         # compare as bytes (and never match), not raise.
         presented_bytes = presented.strip().encode("utf-8", "surrogateescape")
@@ -202,16 +218,8 @@ class Authenticator:
                 match = token
         if match is None:
             self._record(record, scope, AuthOutcome.INVALID)
-            return web.json_response(
-                error_body(
-                    "the bearer token is not valid",
-                    ErrorType.AUTHENTICATION,
-                    ErrorCode.INVALID_TOKEN,
-                ),
-                status=401,
-                # RFC 6750's error code for a bad token is the same string as ours.
-                headers={"WWW-Authenticate": f'{CHALLENGE}, error="{ErrorCode.INVALID_TOKEN}"'},
-            )
+            # RFC 6750's error code for a bad token is the same string as ours.
+            return _unauthorized(_INVALID_TOKEN, f'{CHALLENGE}, error="{ErrorCode.INVALID_TOKEN}"')
         if not match.grants(scope):
             self._record(record, scope, AuthOutcome.FORBIDDEN)
             return web.json_response(
