@@ -55,6 +55,7 @@ from vacancyd.core.pressure import (
     ThresholdLearner,
     UnseenGpuWork,
 )
+from vacancyd.core.reach import Reach
 from vacancyd.core.readiness import not_ready
 from vacancyd.core.reclaim import Reclaim, Trigger
 from vacancyd.core.snapshot import (
@@ -148,6 +149,11 @@ class _ReclaimViews(Mapping[str, dict[str, object]]):
         return len(self._reclaims)
 
 
+#: Seconds after the last lendability probe during which an upstream's connection check
+#: keeps running; without probes it idles (it would only open connections nobody reads).
+REACH_DEMAND_S = 60.0
+
+
 class SharedState:
     """Mutable daemon state. Not thread-safe: touch it only from the event loop."""
 
@@ -174,6 +180,13 @@ class SharedState:
             name: Observation() for name in resources
         }
         self.servers: dict[str, Observation[ServerState]] = {}
+        #: Per upstream: whether its server accepts connections (vacancyd.core.reach).
+        self.reach: dict[str, Reach] = {}
+        #: Evidence of reachability older than this (seconds) no longer counts.
+        self.reach_max_age_s = 30.0
+        #: Per upstream: when the lendability probe last asked (monotonic s); the connection
+        #: check runs only while someone probes (vacancyd.collectors.reach).
+        self.reach_asked_at: dict[str, float] = {}
         self.presence = PresenceState(presence_source, refuses=presence_refuses)
         self.presence_max_age_s = presence_max_age_s
         self.veto = VetoTracker(release_after_s)
@@ -517,6 +530,34 @@ class SharedState:
         for name in policy.resources:
             self.yielded_at[name] = now
         self._to_learn.pop(upstream, None)
+
+    def record_reach(self, upstream: str, ok: bool, now: float, error: str = "") -> None:
+        """Record whether ``upstream``'s server accepted a connection at ``now`` (monotonic
+        s); logs each change once."""
+        before = self.reach.get(upstream, Reach())
+        after = before.learned(ok, now, error)
+        if after is before:
+            return
+        self.reach[upstream] = after
+        if after.ok is not before.ok:
+            if not ok:
+                log.warning("upstream %s does not answer: %s", upstream, error or "unreachable")
+            elif before.ok is False:
+                log.info("upstream %s answers again", upstream)
+
+    def upstream_unreachable(self, upstream: str) -> bool:
+        """True while the newest (recent) evidence says ``upstream``'s server is down.
+
+        Also records that someone asked, which keeps ``upstream``'s connection check
+        running (and wakes it when it was idle)."""
+        first = upstream not in self.reach_asked_at or (
+            self.clock() - self.reach_asked_at[upstream] > REACH_DEMAND_S
+        )
+        self.reach_asked_at[upstream] = self.clock()
+        if first:
+            self.sample_wanted(f"reach:{upstream}").set()
+        reach = self.reach.get(upstream)
+        return reach is not None and reach.unreachable(self.clock(), self.reach_max_age_s)
 
     def record_server_failure(self, upstream: str, error: str, now: float) -> None:
         previous = self.servers.get(upstream, Observation())

@@ -43,7 +43,7 @@ from vacancyd.config.model import CompanionSettings, LenderSettings, split_liste
 from vacancyd.core import conditions
 from vacancyd.core.conditions import LenderState, StatusFormatError
 from vacancyd.k8s.api import K8sApiError, KubeApi
-from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for
+from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
 
 log = logging.getLogger(__name__)
 
@@ -430,6 +430,18 @@ class Companion:
                 task = loop.create_task(coro, name=f"{name} {f.name}")
                 task.add_done_callback(self._task_done)
                 self._tasks.append(task)
+        # An uninstall (the chart's pre-delete hook) announces itself before it removes
+        # anything: every publisher then stops writing, so nothing removed comes back.
+        watcher = loop.create_task(
+            watch_uninstall(
+                self._connect,
+                self.settings.kubernetes.namespace,
+                [f.publisher for f in self.followers],
+            ),
+            name="uninstall watcher",
+        )
+        watcher.add_done_callback(self._task_done)
+        self._tasks.append(watcher)
         self._runner = web.AppRunner(make_health_app(self.followers), handle_signals=False)
         await self._runner.setup()
         host, port = split_listen(self.settings.listen)

@@ -673,6 +673,10 @@ class Proxy:
             unreachable = isinstance(exc, client.ConnectFailed)
             stage = "connect" if unreachable else "response"
             self.metrics.upstream_error(up.name, stage)
+            if unreachable:  # the lendability probe answers upstream_unreachable from now
+                self.state.record_reach(
+                    up.name, False, self.state.clock(), f"a borrowed request: {exc}"
+                )
             log.warning(
                 "upstream %s %s for %s %s: %s",
                 up.name,

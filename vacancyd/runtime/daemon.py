@@ -31,8 +31,9 @@ Task tree (names as they appear in logs):
   ``[telemetry]`` (not essential)
 * ``SIGHUP config check`` — re-reads the configuration on SIGHUP (not essential)
 * ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
-* ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
-  ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
+* ``kubernetes feeder`` / ``kubernetes publisher`` / ``kubernetes uninstall watcher`` —
+  host-side publishing when ``[kubernetes]`` is configured (not essential: the API server
+  cannot stop the daemon)
 
 Every one goes through the supervisor (``vacancyd.runtime.tasks``), which holds its
 reference and its essential flag; ``tests/component/test_supervision.py`` checks that no
@@ -66,7 +67,7 @@ from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import build_status
-from vacancyd.collectors import exposure, logind, presence, system
+from vacancyd.collectors import exposure, logind, presence, reach, system
 from vacancyd.collectors.base import (
     run_async_probe_loop,
     run_inline_probe_loop,
@@ -107,7 +108,7 @@ from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, durable, learned, lendability, memory, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
-from vacancyd.state import PressureSample, SharedState
+from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
 from vacancyd.web.auth import Authenticator, Token
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import (
@@ -432,6 +433,7 @@ class Daemon:
                 traced=True,
             )
             self.state.set_listener(up.name, address, bound=True)
+            self._start_reach_check(upstream)
             if adapter.observable:
                 self._start_observer(upstream, credential)
             proxies[up.name] = proxy
@@ -684,6 +686,35 @@ class Daemon:
         )
         self._sessions.append(session)
         return session
+
+    def _start_reach_check(self, upstream: Upstream) -> None:
+        """While the lendability probe is asked (within the last minute), check on the
+        collectors' cadence (at most every 2 s) that the upstream's server accepts
+        connections (vacancyd.core.reach)."""
+        name = upstream.name
+        state = self.state
+        cfg = self.settings.collectors
+        interval = min(cfg.poll_s, 2.0)
+        state.reach_max_age_s = max(state.reach_max_age_s, 5 * (interval + cfg.probe_timeout_s))
+        host, port = reach.target_address(upstream.target)
+
+        def wanted() -> bool:
+            asked = state.reach_asked_at.get(name)
+            return asked is not None and state.clock() - asked <= REACH_DEMAND_S
+
+        self.supervisor.spawn(
+            reach.run_reach_loop(
+                host,
+                port,
+                interval_s=interval,
+                timeout_s=cfg.probe_timeout_s,
+                wanted=wanted,
+                wake=state.sample_wanted(f"reach:{name}"),
+                on_result=lambda ok, t, error: state.record_reach(name, ok, t, error),
+            ),
+            name=f"connection check {name}",
+            essential=False,
+        )
 
     def _start_observer(self, upstream: Upstream, credential: str | None) -> None:
         adapter = upstream.adapter
