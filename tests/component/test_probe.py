@@ -298,6 +298,13 @@ async def test_probe_says_upstream_unreachable_while_the_server_is_down() -> Non
             status, _, body = await get(probe + "?model=tiny")
             assert status == 503 and body["reason"] == "upstream_unreachable"
             assert "cannot connect to 127.0.0.1" in d.state.reach["llm"].error
+            # /status and /metrics say so too
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{d.api_url}/status", headers=auth(READ)) as resp:
+                    seen = (await resp.json())["upstreams"]["llm"]["reachable"]
+            assert seen["ok"] is False and "cannot connect to" in seen["error"]
+            gauge = d.daemon.metrics.registry.get_sample_value
+            assert gauge("vacancyd_upstream_reachable", {"upstream": "llm"}) == 0.0
             # the server being gone is named before any refusal of the lender's own
             d.state.set_lending(False)
             assert (await get(probe))[2]["reason"] == "upstream_unreachable"
@@ -308,6 +315,7 @@ async def test_probe_says_upstream_unreachable_while_the_server_is_down() -> Non
             await web.TCPSite(runner, "127.0.0.1", port).start()
             _, body = await _until_probe(probe, 200)
             assert body == {"lendable": True, "upstream": "llm", "model": None}
+            assert gauge("vacancyd_upstream_reachable", {"upstream": "llm"}) == 1.0
     finally:
         await runner.cleanup()
     assert upstream.calls == []  # neither the probes nor the checks sent the server a request

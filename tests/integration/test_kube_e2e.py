@@ -895,3 +895,33 @@ async def test_the_uninstall_hook_removes_vacancyds_objects_and_only_those(
     code, out, _ = await vacancyd_cli(*args, f"--kubeconfig={kubeconfig}")
     report = json.loads(out)
     assert code == 0 and report["changed"] == [] and report["unchanged"] == ["node/gone-pc"]
+
+
+async def test_mark_stale_every_repeats_until_sigterm(installed: Any, tmp_path: Path) -> None:
+    """`--every S` runs a pass every S seconds (one JSON line each) and exits 0 on SIGTERM."""
+    import signal
+    import sys
+
+    api = installed
+    make_node(api, "every-pc")
+    set_conditions(api, "every-pc", [condition("VacancyLendable", "True", "Lendable", OLD)])
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "vacancyd", "k8s", "mark-stale", "--node=every-pc",
+        "--every=0.3", f"--kubeconfig={api.kubeconfig}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(30):
+            first = json.loads(await proc.stdout.readline())
+            second = json.loads(await proc.stdout.readline())
+        assert first["changed"] == ["every-pc"] and second["unchanged"] == ["every-pc"]
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    assert node_conditions(api, "every-pc")["VacancyLendable"]["reason"] == "PublisherStale"

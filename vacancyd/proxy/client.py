@@ -40,6 +40,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 #: Unconsumed response bytes after which the socket stops being read (back-pressure).
 READ_LIMIT_BYTES = 2**16
+#: Request bodies up to this size go out in one write with their head (bytes); larger ones
+#: are written as a view, so sending them makes no joined copy.
+_JOINED_WRITE_BYTES = 64 * 1024
 #: An idle pooled connection is closed after this many seconds unused.
 IDLE_TIMEOUT_S = 15.0
 #: The most header bytes (names and values) and header lines a reply may carry.
@@ -351,10 +354,16 @@ class _Connection(asyncio.Protocol):
         self._no_body = no_body
         waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._head_waiter = waiter
-        if body:
-            self.transport.writelines((head, body))
-        else:
+        if not body:
             self.transport.write(head)
+        elif len(body) <= _JOINED_WRITE_BYTES:
+            self.transport.writelines((head, body))  # one send for head and body
+        else:
+            # Python 3.11's writelines joins its pieces and the transport copies what the
+            # socket did not take yet; a view is buffered once, without the joined copy
+            # (docs/benchmarks.md, upload storm).
+            self.transport.write(head)
+            self.transport.write(memoryview(body))
         self._silence_s = silence_s
         if silence_s is not None:
             self._last_byte_at = self._loop.time()
