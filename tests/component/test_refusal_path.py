@@ -29,17 +29,31 @@ BODY = b'{"error": {"message": "No vacancy: test", "code": "lending_disabled"}}'
 DATE = re.compile(rb"\r\nDate: [^\r]*\r\n")
 
 
+async def draining(_request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """The daemon's reply hook while it drains: every reply closes its connection."""
+    response.headers["Server"] = "vacancyd"
+    response.force_close()
+    response.headers["Connection"] = "close"
+
+
 @asynccontextmanager
 async def low_level_server(
-    handler: Callable[[web.BaseRequest], Any],
+    handler: Callable[[web.BaseRequest], Any], drain: bool = False
 ) -> AsyncIterator[tuple[str, int]]:
-    """An aiohttp low-level server on loopback whose requests are proxy requests."""
+    """An aiohttp low-level server on loopback whose requests are proxy requests (with the
+    daemon's draining reply hook when ``drain``)."""
     loop = asyncio.get_running_loop()
+
+    class Draining(ProxyRequest):
+        async def _prepare_hook(self, response: web.StreamResponse) -> None:
+            await draining(self, response)
+
+    request_class = Draining if drain else ProxyRequest
 
     def make_request(
         message: Any, payload: Any, protocol: Any, writer: Any, task: Any
     ) -> web.BaseRequest:
-        return ProxyRequest(message, payload, protocol, writer, task, loop)
+        return request_class(message, payload, protocol, writer, task, loop)
 
     server = web.Server(handler, request_factory=make_request)
     runner = web.ServerRunner(server)
@@ -78,10 +92,11 @@ REQUESTS = {
 }
 
 
+@pytest.mark.parametrize("drain", [False, True], ids=["serving", "draining"])
 @pytest.mark.parametrize("close", [False, True], ids=["as asked", "force_close"])
 @pytest.mark.parametrize("request_bytes", list(REQUESTS.values()), ids=list(REQUESTS))
 async def test_a_prepared_reply_is_the_bytes_a_plain_response_sends(
-    request_bytes: bytes, close: bool
+    request_bytes: bytes, close: bool, drain: bool
 ) -> None:
     template = Template(503, HEADERS, BODY)
 
@@ -97,7 +112,7 @@ async def test_a_prepared_reply_is_the_bytes_a_plain_response_sends(
             reply.force_close()
         return reply
 
-    async with low_level_server(prepared) as a, low_level_server(plain) as b:
+    async with low_level_server(prepared, drain) as a, low_level_server(plain, drain) as b:
         ours, theirs = await exchange(a, request_bytes), await exchange(b, request_bytes)
     assert theirs.startswith(b"HTTP/1."), theirs
     assert DATE.sub(b"\r\nDate: -\r\n", ours) == DATE.sub(b"\r\nDate: -\r\n", theirs)

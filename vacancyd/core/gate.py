@@ -53,7 +53,7 @@ RESIDENCY_PROOF_MAX_AGE_S = 4.0
 
 #: Step 1's two answers never vary, so each is one shared value (a ``Refuse`` is frozen):
 #: the proxy can recognize it and reuse the reply it rendered for it.
-SHUTTING_DOWN = Refuse.of(Reason.LENDING_DISABLED, "vacancyd on this host is shutting down")
+SHUTTING_DOWN = Refuse.of(Reason.SHUTTING_DOWN, "vacancyd on this host is shutting down")
 LENDING_OFF = Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
 
 

@@ -850,7 +850,18 @@ Trace = Callable[
 ]
 
 
-def make_server(proxy: Proxy, *, trace: Trace | None = None, **handler_settings: Any) -> web.Server:
+#: What a listener does to every reply before its head is written (``Server``, and
+#: ``Connection: close`` while the daemon drains): ``hook(request, response)``.
+ReplyHook = Callable[[web.BaseRequest, web.StreamResponse], Awaitable[None]]
+
+
+def make_server(
+    proxy: Proxy,
+    *,
+    trace: Trace | None = None,
+    reply_hook: ReplyHook | None = None,
+    **handler_settings: Any,
+) -> web.Server:
     """The listener's aiohttp low-level server: every request goes to ``proxy.handle``.
 
     No router and no middleware chain, so a refusal costs little more than aiohttp's own
@@ -858,18 +869,31 @@ def make_server(proxy: Proxy, *, trace: Trace | None = None, **handler_settings:
     a target without a path (``CONNECT host:port``, ``OPTIONS *``) is a 404; ``Expect`` is
     answered before the handler runs (:meth:`Proxy.expect`); ``trace`` (tracing on) wraps
     the handler; an aiohttp ``HTTPException`` of status >= 400 is answered as the JSON
-    error envelope (:func:`~vacancyd.web.errors.json_error_for`). ``handler_settings`` are
-    aiohttp's per-connection settings (``keepalive_timeout``, ``access_log_class``...),
-    as ``web.AppRunner`` takes them.
+    error envelope (:func:`~vacancyd.web.errors.json_error_for`); ``reply_hook`` runs on
+    every reply before its head is written (default: name vacancyd as ``Server``).
+    ``handler_settings`` are aiohttp's per-connection settings (``keepalive_timeout``,
+    ``access_log_class``...), as ``web.AppRunner`` takes them.
     """
     loop = asyncio.get_running_loop()
     max_body = proxy.max_body
     handle = proxy.handle
 
+    request_class: type[ProxyRequest] = ProxyRequest
+    if reply_hook is not None:
+        hook = reply_hook
+
+        class HookedRequest(ProxyRequest):
+            __slots__ = ()
+
+            async def _prepare_hook(self, response: web.StreamResponse) -> None:
+                await hook(self, response)
+
+        request_class = HookedRequest
+
     def make_request(
         message: Any, payload: Any, protocol: Any, writer: Any, task: Any
     ) -> web.BaseRequest:
-        return ProxyRequest(
+        return request_class(
             message, payload, protocol, writer, task, loop, client_max_size=max_body
         )
 

@@ -77,6 +77,11 @@ class PreparedReply(web.StreamResponse):
         if keep_alive is None:
             keep_alive = request.keep_alive
         self._keep_alive = keep_alive
+        # The listener's reply hook, as aiohttp runs it after choosing the headers: it names
+        # the Server (written from the template) and may close the connection, saying so in
+        # a Connection header of its own, which then replaces aiohttp's choice.
+        await request._prepare_hook(self)
+        connection = self.headers.get(hdrs.CONNECTION)
         version = request.version
         template = self._template
         if version == HttpVersion11:
@@ -86,6 +91,8 @@ class PreparedReply(web.StreamResponse):
         else:
             status = f"HTTP/{version[0]}.{version[1]} {template.status} {template.reason}\r\n"
             line, tail = status.encode(), _END
+        if connection is not None:
+            tail = f"{hdrs.CONNECTION}: {connection}\r\n\r\n".encode()
         writer = request.writer
         await writer.write(
             b"".join((line, template.head, _clock.date_line(), _SERVER_LINE, tail, template.body))
