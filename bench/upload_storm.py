@@ -44,6 +44,8 @@ app.router.add_post("/v1/chat/completions", chat)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
 """
 MIB = 1024 * 1024
+#: The per-body limit the daemon runs with (``max_request_body_mib``).
+BODY_LIMIT_MIB = 16
 
 
 def free_port() -> int:
@@ -95,7 +97,7 @@ async def main() -> None:
         toml = single_upstream_toml(api=api, proxy=proxy, target=f"http://127.0.0.1:{up_port}")
         toml = toml.replace(
             "trust_loopback = true",
-            "trust_loopback = true\n[server.limits]\nmax_request_body_mib = 16\n"
+            f"trust_loopback = true\n[server.limits]\nmax_request_body_mib = {BODY_LIMIT_MIB}\n"
             f"max_buffered_body_mib = {args.budget_mib}",
         )
         cfg.write_text(toml, encoding="utf-8")
@@ -141,6 +143,10 @@ async def main() -> None:
         "rss_peak_mib": round(peak / MIB, 1),
         "rss_after_mib": round(after / MIB, 1),
         "peak_over_before_minus_budget_mib": round((peak - before) / MIB - args.budget_mib, 1),
+        # what docs/benchmarks.md states as the bound: budget + one body + a constant
+        "peak_over_before_minus_budget_and_one_body_mib": round(
+            (peak - before) / MIB - args.budget_mib - BODY_LIMIT_MIB, 1
+        ),
         "after_over_before_ratio": round(after / before, 3),
     }
     print(json.dumps(row, indent=2))

@@ -1,5 +1,6 @@
 """Command line: ``vacancyd run | check-config | status | pause | resume | measure |
-profiles export|import | init | companion | install-service | remove-service | --version``."""
+profiles export|import | init | companion | k8s mark-stale|cleanup | install-service |
+remove-service | --version``."""
 
 from __future__ import annotations
 
@@ -82,6 +83,69 @@ def cmd_companion(args: argparse.Namespace) -> int:
         print(f"vacancyd companion: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(run_companion(settings))
+
+
+def cmd_k8s(args: argparse.Namespace) -> int:
+    """``vacancyd k8s mark-stale`` and ``vacancyd k8s cleanup`` (vacancyd.k8s.maintenance).
+
+    Prints one JSON line per pass ({"action", "changed", "unchanged", "errors"}). Exit 0
+    when every object was handled, 1 when some failed, 2 when no API server could be used.
+    ``mark-stale --every S`` repeats the pass every S seconds until SIGTERM (exit 0).
+    """
+    if not _configure_logging(args):
+        return 2
+    return asyncio.run(_k8s(args))
+
+
+async def _k8s(args: argparse.Namespace) -> int:
+    import signal
+
+    from vacancyd.k8s import maintenance
+    from vacancyd.k8s.api import K8sApiError
+    from vacancyd.k8s.client import KubeClient
+
+    try:
+        api = await KubeClient.connect(args.kubeconfig, args.context)
+    except K8sApiError as exc:
+        _say(args, "ERROR", f"k8s {args.action}: {exc}")
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while True:
+            try:
+                if args.action == "cleanup":
+                    outcome = await maintenance.cleanup(
+                        api,
+                        args.namespace,
+                        args.node,
+                        lenders=args.lender,
+                        stand_down_s=args.stand_down_s,
+                    )
+                else:
+                    outcome = await maintenance.mark_stale(api, args.node, args.stale_after_s)
+            except K8sApiError as exc:
+                _say(args, "ERROR", f"k8s {args.action}: {exc} ({exc.hint})")
+                if getattr(args, "every", None) is None:
+                    return 2
+            else:
+                print(json.dumps(maintenance.summary(args.action, outcome)), flush=True)
+                for error in outcome.errors:
+                    _say(args, "ERROR", f"k8s {args.action}: {error}")
+                if getattr(args, "every", None) is None:
+                    return 0 if outcome.ok else 1
+            try:
+                async with asyncio.timeout(args.every):
+                    await stop.wait()
+                return 0
+            except TimeoutError:
+                pass
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await api.close()
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -671,6 +735,16 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0 and at most 86400")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vacancyd", description="Lend an idle GPU without costing its owner."
@@ -697,6 +771,64 @@ def build_parser() -> argparse.ArgumentParser:
     companion.add_argument("--log-level", default="info", help="debug, info, warning, error")
     companion.add_argument("--log-format", default="plain", choices=["plain", "json"])
     companion.set_defaults(func=cmd_companion)
+
+    k8s = sub.add_parser(
+        "k8s", help="upkeep of what vacancyd published to Kubernetes (stale conditions, cleanup)"
+    )
+    k8s_sub = k8s.add_subparsers(dest="action", required=True)
+
+    def _cluster_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--kubeconfig",
+            type=Path,
+            help="kubeconfig (default: in-cluster in a Pod, else $KUBECONFIG or ~/.kube/config)",
+        )
+        p.add_argument("--context", help="kubeconfig context (default: its current one)")
+        p.add_argument("--log-level", default="info", help="debug, info, warning, error")
+        p.add_argument("--log-format", default="plain", choices=["plain", "json"])
+        p.set_defaults(func=cmd_k8s)
+
+    stale = k8s_sub.add_parser(
+        "mark-stale",
+        help="mark Vacancy* Node conditions Unknown (PublisherStale) when no heartbeat came",
+    )
+    stale.add_argument(
+        "--node", action="append", required=True, help="a Node to check (repeat for more)"
+    )
+    stale.add_argument(
+        "--stale-after-s",
+        type=_positive_seconds,
+        default=180.0,
+        help="seconds without a heartbeat after which a condition is stale (default 180: "
+        "three of the publishers' default 60 s heartbeats)",
+    )
+    stale.add_argument(
+        "--every", type=_positive_seconds, help="repeat every this many seconds until SIGTERM"
+    )
+    _cluster_args(stale)
+
+    clean = k8s_sub.add_parser(
+        "cleanup",
+        help="delete vacancyd's EndpointSlices and remove its Vacancy* Node conditions",
+    )
+    clean.add_argument("--namespace", required=True, help="namespace of the EndpointSlices")
+    clean.add_argument(
+        "--node", action="append", default=[], help="a Node to clean (repeat for more)"
+    )
+    clean.add_argument(
+        "--lender",
+        action="append",
+        default=[],
+        help="only this lender's EndpointSlices (repeat for more; default: every lender's)",
+    )
+    clean.add_argument(
+        "--stand-down-s",
+        type=float,
+        default=5.0,
+        help="first tell running publishers to stop writing and wait this long (default 5: "
+        "they look every 2 s); 0: remove at once",
+    )
+    _cluster_args(clean)
 
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("file", type=Path)

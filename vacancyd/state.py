@@ -55,6 +55,7 @@ from vacancyd.core.pressure import (
     ThresholdLearner,
     UnseenGpuWork,
 )
+from vacancyd.core.reach import Reach
 from vacancyd.core.readiness import not_ready
 from vacancyd.core.reclaim import Reclaim, Trigger
 from vacancyd.core.snapshot import (
@@ -148,6 +149,11 @@ class _ReclaimViews(Mapping[str, dict[str, object]]):
         return len(self._reclaims)
 
 
+#: Seconds after the last lendability probe during which an upstream's connection check
+#: keeps running; without probes it idles (it would only open connections nobody reads).
+REACH_DEMAND_S = 60.0
+
+
 class SharedState:
     """Mutable daemon state. Not thread-safe: touch it only from the event loop."""
 
@@ -174,6 +180,13 @@ class SharedState:
             name: Observation() for name in resources
         }
         self.servers: dict[str, Observation[ServerState]] = {}
+        #: Per upstream: whether its server accepts connections (vacancyd.core.reach).
+        self.reach: dict[str, Reach] = {}
+        #: Evidence of reachability older than this (seconds) no longer counts.
+        self.reach_max_age_s = 30.0
+        #: Per upstream: when the lendability probe last asked (monotonic s); the connection
+        #: check runs only while someone probes (vacancyd.collectors.reach).
+        self.reach_asked_at: dict[str, float] = {}
         self.presence = PresenceState(presence_source, refuses=presence_refuses)
         self.presence_max_age_s = presence_max_age_s
         self.veto = VetoTracker(release_after_s)
@@ -182,6 +195,9 @@ class SharedState:
         #: per upstream: what kind of socket serves its target (vacancyd.core.exposure)
         self.target_exposure: dict[str, Exposure] = {}
         self._sample_wanted: dict[str, asyncio.Event] = {}
+        #: Keys whose on-demand samples are taken on the loop itself (see sample_inline).
+        self._inline: dict[str, Callable[[], None]] = {}
+        self._inline_due: set[str] = set()
         self._presence_view: PresenceView | None = None
         self._presence_view_of: Observation[PresenceReading] | None = None
         #: When each key's sample was last asked for (monotonic s).
@@ -515,6 +531,34 @@ class SharedState:
             self.yielded_at[name] = now
         self._to_learn.pop(upstream, None)
 
+    def record_reach(self, upstream: str, ok: bool, now: float, error: str = "") -> None:
+        """Record whether ``upstream``'s server accepted a connection at ``now`` (monotonic
+        s); logs each change once."""
+        before = self.reach.get(upstream, Reach())
+        after = before.learned(ok, now, error)
+        if after is before:
+            return
+        self.reach[upstream] = after
+        if after.ok is not before.ok:
+            if not ok:
+                log.warning("upstream %s does not answer: %s", upstream, error or "unreachable")
+            elif before.ok is False:
+                log.info("upstream %s answers again", upstream)
+
+    def upstream_unreachable(self, upstream: str) -> bool:
+        """True while the newest (recent) evidence says ``upstream``'s server is down.
+
+        Also records that someone asked, which keeps ``upstream``'s connection check
+        running (and wakes it when it was idle)."""
+        first = upstream not in self.reach_asked_at or (
+            self.clock() - self.reach_asked_at[upstream] > REACH_DEMAND_S
+        )
+        self.reach_asked_at[upstream] = self.clock()
+        if first:
+            self.sample_wanted(f"reach:{upstream}").set()
+        reach = self.reach.get(upstream)
+        return reach is not None and reach.unreachable(self.clock(), self.reach_max_age_s)
+
     def record_server_failure(self, upstream: str, error: str, now: float) -> None:
         previous = self.servers.get(upstream, Observation())
         if previous.error != error:
@@ -645,12 +689,32 @@ class SharedState:
         """The event a collector waits on (besides its timer) to sample ``key`` at once."""
         return self._sample_wanted.setdefault(key, asyncio.Event())
 
+    def sample_inline(self, key: str, sample: Callable[[], None]) -> None:
+        """Take ``key``'s on-demand samples on the event loop: ``sample()`` (which probes and
+        records the reading) runs in a loop callback soon after :meth:`request_sample`.
+
+        Only for a probe that cannot block: one that reads kernel memory through procfs
+        (``/proc/meminfo``), never a device driver (NVML stays in its thread). Requests made
+        before the callback runs share it: the sample it takes starts after all of them.
+        """
+        self._inline[key] = sample
+
     def request_sample(self, key: str) -> None:
         """Wake ``key``'s collector for a sample now (a probe that starts after this call)."""
+        if key in self._inline:
+            self._requested_at[key] = self.clock()
+            if key not in self._inline_due:
+                self._inline_due.add(key)
+                asyncio.get_running_loop().call_soon(self._sample_inline_now, key)
+            return
         event = self._sample_wanted.get(key)
         if event is not None:
             self._requested_at[key] = self.clock()
             event.set()
+
+    def _sample_inline_now(self, key: str) -> None:
+        self._inline_due.discard(key)
+        self._inline[key]()
 
     def _observed_at(self, key: str) -> float | None:
         if key.startswith("server:"):
@@ -670,7 +734,7 @@ class SharedState:
 
         Returns False when none arrived within ``timeout_s`` seconds or nobody samples it.
         """
-        if key not in self._sample_wanted:
+        if key not in self._sample_wanted and key not in self._inline:
             return False
         since = self.clock() if after is None else after
 

@@ -17,6 +17,8 @@ STARTUP = (
     # prometheus_client's process collector reads /proc/self on each scrape: kernel
     # memory, not a disk, and bounded by the scrape rate.
     ("prometheus_client/process_collector.py", frozenset({"collect"})),
+    # The system-memory collector samples on the loop: /proc/meminfo is kernel memory too.
+    ("vacancyd/collectors/system.py", frozenset({"sample_memory"})),
 )
 
 

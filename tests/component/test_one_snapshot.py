@@ -1,7 +1,8 @@
 """One status document, three renderings: ``/status`` (its JSON), ``/metrics`` (the lender's
 gauges) and what the Kubernetes publisher writes (Node conditions, EndpointSlice readiness
 and annotations) agree for the same document, sharing, waiting, the owner's holds and the
-publisher's own health included.
+publisher's own health included; the host-side publisher and an in-cluster companion
+reading ``GET /status`` over HTTP publish the same state.
 
 The daemon is built as ``vacancyd run`` builds it (without binding its listeners); the
 state it renders is set the way its writers set it: capacity and presence readings, a job
@@ -16,15 +17,19 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from tests.support.config import RAM, daemon_toml, resource, upstream
+from tests.support.config import RAM, companion_toml, daemon_toml, lender, resource, upstream
+from tests.support.daemon import serve_app
+from vacancyd.api.app import make_api
 from vacancyd.api.metrics import render_gauges
 from vacancyd.api.status import build_status
 from vacancyd.config import parse_config
+from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions
 from vacancyd.core.conditions import Status
 from vacancyd.core.holds import Hold, HoldKind
@@ -32,9 +37,11 @@ from vacancyd.core.ledger import Job
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.status import StatusDocument
 from vacancyd.k8s.api import K8sApiError, KubeApi
+from vacancyd.k8s.companion import make_followers
 from vacancyd.k8s.host import HostPublisher
 from vacancyd.runtime.daemon import Daemon
 from vacancyd.state import PresenceReading
+from vacancyd.web.auth import Authenticator
 
 T0 = 1_000.0
 MIB = 1024 * 1024
@@ -77,6 +84,25 @@ def scrape(doc: StatusDocument) -> dict[tuple[str, tuple[tuple[str, str], ...]],
 
 async def never_connects() -> KubeApi:
     raise K8sApiError("connect", 403, "forbidden: the service account cannot get nodes")
+
+
+async def companion_view(daemon: Daemon) -> conditions.LenderState:
+    """What an in-cluster companion follower reads from this daemon's ``GET /status``,
+    served by the daemon's own API application on a real socket."""
+    state = daemon.state
+    auth = Authenticator([], trust_loopback=True, metrics=daemon.metrics)
+    api = make_api(state, auth, daemon.metrics, started_at=T0, release=daemon.work.admin_release)
+    async with serve_app(api) as url, aiohttp.ClientSession() as session:
+        toml = companion_toml(
+            lender("pc", url, "r" * 24, "192.0.2.10", node="pc"),
+            kubernetes={"namespace": "vacancyd"},
+        )
+        (follower,) = make_followers(
+            parse_companion_config(toml, "<test>"), session, never_connects
+        )
+        await follower.read_status()
+        assert follower.last_seen is not None, "the follower could not read /status"
+        return follower.lender
 
 
 async def test_status_metrics_and_the_publisher_agree_for_one_document(tmp_path: Path) -> None:
@@ -128,8 +154,10 @@ async def test_status_metrics_and_the_publisher_agree_for_one_document(tmp_path:
     assert status["upstreams"]["b"]["busy"] is True
     assert status["kubernetes"]["writes_ok"] is False
 
-    # The host-side publisher reads this state exactly as the companion reads /status.
+    # The host-side publisher reads this state exactly as the companion does over HTTP.
     assert host.lender() == lender
+    companion = await companion_view(daemon)
+    assert companion == lender
 
     # Upstreams: lendable, bound, headroom, jobs and waiters.
     slices = {

@@ -255,3 +255,96 @@ async def test_headroom_in_status_and_metrics(lender: tuple[RunningDaemon, Upstr
         async with http.get(f"{d.api_url}/status", headers=auth(READ)) as resp:
             room = (await resp.json())["upstreams"]["llm"]["headroom"]
     assert room == {"lendable_mib": 0.0, "largest_model": None, "largest_model_mib": None}
+
+
+async def _until_probe(url: str, status: int, timeout_s: float = 10.0) -> Any:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            got, headers, body = await get(url)
+            if got == status:
+                return headers, body
+            await asyncio.sleep(0.05)
+
+
+async def test_probe_says_upstream_unreachable_while_the_server_is_down() -> None:
+    """The server behind the listener stops: the probe answers 503 upstream_unreachable
+    (from the daemon's own connection check, no probe reaches the server), and 200 again
+    once the server is back on its port."""
+    upstream = Upstream()
+    runner = web.AppRunner(upstream.app(), handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with running_daemon(config(f"http://127.0.0.1:{port}")) as d:
+            await d.wait_ready()
+            await asyncio.sleep(0.5)
+            assert "llm" not in d.state.reach  # nobody probes: no connection is opened
+            probe = d.proxy_url("llm") + PATH
+            assert (await get(probe))[0] == 200
+            await runner.cleanup()  # the inference server goes away
+            headers, body = await _until_probe(probe, 503)
+            assert body == {
+                "lendable": False,
+                "upstream": "llm",
+                "model": None,
+                "reason": "upstream_unreachable",
+                "retry_after_s": 5,
+            }
+            assert headers["Retry-After"] == "5"
+            status, _, body = await get(f"{d.api_url}/lendable/llm")
+            assert status == 503 and body["reason"] == "upstream_unreachable"
+            status, _, body = await get(probe + "?model=tiny")
+            assert status == 503 and body["reason"] == "upstream_unreachable"
+            assert "cannot connect to 127.0.0.1" in d.state.reach["llm"].error
+            # /status and /metrics say so too
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{d.api_url}/status", headers=auth(READ)) as resp:
+                    seen = (await resp.json())["upstreams"]["llm"]["reachable"]
+            assert seen["ok"] is False and "cannot connect to" in seen["error"]
+            gauge = d.daemon.metrics.registry.get_sample_value
+            assert gauge("vacancyd_upstream_reachable", {"upstream": "llm"}) == 0.0
+            # the server being gone is named before any refusal of the lender's own
+            d.state.set_lending(False)
+            assert (await get(probe))[2]["reason"] == "upstream_unreachable"
+            d.state.set_lending(True)
+            # the server comes back on the same port: lendable again within a few checks
+            runner = web.AppRunner(upstream.app(), handle_signals=False)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            _, body = await _until_probe(probe, 200)
+            assert body == {"lendable": True, "upstream": "llm", "model": None}
+            assert gauge("vacancyd_upstream_reachable", {"upstream": "llm"}) == 1.0
+    finally:
+        await runner.cleanup()
+    assert upstream.calls == []  # neither the probes nor the checks sent the server a request
+
+
+async def test_a_borrowed_request_that_cannot_connect_turns_the_probe_at_once() -> None:
+    """No wait for the next connection check: a borrowed request whose connection failed
+    (502 to its borrower) is evidence enough, and the probe says so right after."""
+    upstream = Upstream()
+    runner = web.AppRunner(upstream.app(), handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    # checks every 2 s (the cap), so the evidence below comes from the request
+    slow_checks = config(f"http://127.0.0.1:{port}").replace("poll_s = 0.2", "poll_s = 30")
+    async with running_daemon(slow_checks) as d:
+        await d.wait_ready(timeout_s=40)
+        probe = d.proxy_url("llm") + PATH
+        assert (await get(probe))[0] == 200  # a probe starts the connection check
+        await d.wait_until(lambda: d.state.reach.get("llm") is not None)
+        await runner.cleanup()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                d.proxy_url("llm") + "/api/chat",
+                json={"model": "tiny", "messages": []},
+                headers=auth(BORROW),
+            ) as resp:
+                assert resp.status == 502
+        status, _, body = await get(probe)
+        assert status == 503 and body["reason"] == "upstream_unreachable"
+        assert d.state.reach["llm"].error.startswith("a borrowed request: ")

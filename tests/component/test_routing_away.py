@@ -6,6 +6,7 @@ lender whose /events stream and /status stall is published not ready after its t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -39,6 +40,7 @@ HOST_SECTION = {
     "namespace": NS,
     "heartbeat_s": 60,
     "resync_s": 60,
+    "lendable_stable_s": 0,
 }
 
 
@@ -120,6 +122,34 @@ async def test_host_side_publishes_a_new_lender_within_a_second(
         running_daemon(lender_toml(target, kubernetes=HOST_SECTION)) as d,
     ):
         await published_within_a_second(d, kube)
+
+
+async def test_with_the_default_damping_a_new_lender_is_still_published_within_a_second(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lendable_stable_s (10 s by default) damps returns to lendable, not a new lender: the
+    refusals of a daemon whose first samples are not in yet do not start the damping."""
+    monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
+    default_host = {k: v for k, v in HOST_SECTION.items() if k != "lendable_stable_s"}
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        for mode in ("companion", "host"):
+            kube.slices.clear()
+            section = default_host if mode == "host" else None
+            async with running_daemon(lender_toml(target, kubernetes=section)) as d:
+                async with contextlib.AsyncExitStack() as stack:
+                    if mode == "companion":
+                        toml = follower_toml(
+                            d.api_url, timeout_s=2.0, ns=NS, lendable_stable_s=None
+                        )
+                        assert "lendable_stable_s" not in toml
+                        await stack.enter_async_context(running_companion(toml, kube))
+                    lendable_at = await moment(lambda: admits(d))
+                    published_at = await moment(
+                        lambda: (gated(kube) or {}).get("ready") is True, 5.0
+                    )
+                    assert published_at - lendable_at < 1.0, mode
+                    assert kube.conditions("pc")[c.LENDABLE]["reason"] == "Lendable"
 
 
 async def test_a_stopping_lender_tells_its_companion_at_once(kube: FakeKube) -> None:
@@ -205,3 +235,24 @@ async def test_a_stalled_lender_is_published_not_ready_after_its_timeout(
         assert 0.8 <= at - began < 2.5  # lender_timeout_s is 1 s
         assert lendable_status(kube) == "Unknown"
         await moment(lambda: "nothing received for" in caplog.text, 8.0)
+
+
+async def test_a_host_side_lender_stands_down_for_an_uninstall(
+    kube: FakeKube, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The uninstall marker appears: the lender stops writing at once, and its shutdown
+    writes nothing either (an uninstall's cleanup must not be undone)."""
+    monkeypatch.setattr("vacancyd.k8s.host._connect", lambda _settings: kube.connect)
+    kube.delay_s = 0.0
+    app, _ = openai_like_app()
+    async with serve_app(app) as target:
+        async with running_daemon(lender_toml(target, kubernetes=HOST_SECTION)) as d:
+            await moment(lambda: (gated(kube) or {}).get("ready") is True)
+            await kube.apply_endpoint_slice(c.uninstall_marker(NS), "vacancyd-cleanup")
+            await moment(lambda: "no more writes for pc" in caplog.text, 5.0)
+            kube.slices = {k: v for k, v in kube.slices.items() if k[1] == c.UNINSTALL_MARKER}
+            kube.nodes["pc"]["status"]["conditions"] = []
+            d.state.set_lending(False)  # a change that would be published at once
+            await asyncio.sleep(0.5)
+    assert list(kube.slices) == [(NS, c.UNINSTALL_MARKER)]
+    assert kube.nodes["pc"]["status"]["conditions"] == []

@@ -22,10 +22,21 @@ from tests.support.lender import owner_returns
 
 
 def config(target: str, sharing: Mapping[str, Any], *, max_connections: int = 256) -> str:
-    """One upstream ``up`` with the sharing keys ``sharing``; the owner's veto holds an hour."""
+    """One upstream ``up`` with the sharing keys ``sharing``; the owner's veto holds an hour.
+
+    These tests are about slots and the wait queue, not the connection guard: every
+    connection may stay unauthenticated (one peer, all at once) up to ``max_connections``,
+    so a burst that the loaded loop has not yet read headers for is never refused by the
+    guard's per-peer budget instead of by the queue."""
+    limits = {
+        "max_connections": max_connections,
+        "max_unauthenticated_connections": max_connections,
+        "max_unauthenticated_per_peer": max_connections,
+        "body_idle_timeout_s": 5,
+    }
     return daemon_toml(
         upstream("up", target, **sharing),
-        limits={"max_connections": max_connections, "body_idle_timeout_s": 5},
+        limits=limits,
         owner={"release_after_s": 3600},
     )
 

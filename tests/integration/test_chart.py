@@ -285,3 +285,96 @@ def test_host_publishing_renders_its_own_least_privilege_rbac() -> None:
         CHART / "ci" / "host-publishing-values.yaml", "--api-versions", "monitoring.coreos.com/v1"
     )
     assert [d["kind"] for d in with_operator].count("PrometheusRule") == 1
+
+
+def test_the_chart_and_the_daemon_share_one_lendable_stable_default() -> None:
+    """companion.lendableStableSeconds and lendable_stable_s have one default (10 s), so a
+    companion from the chart and a host-side lender damp a return to lendable alike."""
+    from vacancyd.config.model import ClusterSettings
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    default = ClusterSettings.model_fields["lendable_stable_s"].default
+    assert values["companion"]["lendableStableSeconds"] == default == 10.0
+
+
+def _by_component(docs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    return [
+        d
+        for d in docs
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+    ]
+
+
+def _parses(args: list[str]) -> None:
+    """The container's args are a command vacancyd's own CLI accepts."""
+    from vacancyd.cli import build_parser
+
+    parsed = build_parser().parse_args(args)
+    assert parsed.func.__name__ == "cmd_k8s"
+
+
+def test_the_uninstall_hook_runs_as_the_identities_that_wrote() -> None:
+    companion = render(CHART / "ci" / "one-lender-values.yaml")
+    (job,) = _by_component(companion, "cleanup")
+    assert job["kind"] == "Job"
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    sa = pod["serviceAccountName"]
+    assert sa in {d["metadata"]["name"] for d in companion if d["kind"] == "ServiceAccount"}
+    args = pod["containers"][0]["args"]
+    assert args[:3] == ["k8s", "cleanup", "--namespace=vacancy"]
+    lenders = yaml.safe_load((CHART / "ci" / "one-lender-values.yaml").read_text())["lenders"]
+    assert sorted(a for a in args if a.startswith("--node=")) == sorted(
+        f"--node={x['node']}" for x in lenders if x.get("node")
+    )
+    _parses(args)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+
+    host = render(CHART / "ci" / "host-publishing-values.yaml")
+    (job,) = _by_component(host, "cleanup")
+    assert job["spec"]["template"]["spec"]["serviceAccountName"] == "vacancyd-host-publisher"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--node=gaming-pc" in args and "--node=office-pc" in args
+    _parses(args)
+
+    off = render(
+        CHART / "ci" / "one-lender-values.yaml", "--set", "cleanupOnUninstall.enabled=false"
+    )
+    assert _by_component(off, "cleanup") == []
+    # the plain manifests have no hooks: applied with kubectl, the Job would run at once
+    manifests = (ROOT / "manifests" / "vacancyd.yaml").read_text()
+    assert "helm.sh/hook" not in manifests
+
+
+def test_host_side_publishing_gets_the_stale_condition_check() -> None:
+    host = render(CHART / "ci" / "host-publishing-values.yaml")
+    (cron,) = _by_component(host, "stale-conditions")
+    assert cron["kind"] == "CronJob" and cron["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "vacancyd-host-publisher"
+    args = pod["containers"][0]["args"]
+    assert args[:2] == ["k8s", "mark-stale"] and "--stale-after-s=180" in args
+    assert "--node=gaming-pc" in args and "--node=office-pc" in args
+    _parses(args)
+    # its identity may get and patch exactly those Nodes
+    (role,) = [d for d in host if d["kind"] == "ClusterRole"]
+    for rule in role["rules"]:
+        assert rule["resourceNames"] == ["gaming-pc", "office-pc"]
+    # for the companion's lenders, as the companion (a companion whose Pod is gone)
+    companion = render(CHART / "ci" / "one-lender-values.yaml")
+    (cron,) = _by_component(companion, "stale-conditions")
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "vacancyd-companion"
+    assert "--node=gaming-pc" in pod["containers"][0]["args"]
+    off = render(
+        CHART / "ci" / "host-publishing-values.yaml", "--set", "staleConditions.enabled=false"
+    )
+    assert _by_component(off, "stale-conditions") == []
+    # a staleness limit the heartbeats cannot beat is refused at render time
+    helm = [tool("helm"), "template", "vacancyd", str(CHART), "-f"]
+    proc = run(
+        *helm, str(CHART / "ci" / "one-lender-values.yaml"),
+        "--set", "staleConditions.staleAfterSeconds=100", check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "more than twice companion.heartbeatSeconds" in proc.stderr

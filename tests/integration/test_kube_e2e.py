@@ -55,10 +55,10 @@ def chart_values(tmp_path: Path, lenders: list[dict[str, str]]) -> Path:
     return path
 
 
-def helm_template(values: Path) -> str:
+def helm_template(values: Path, *extra: str) -> str:
     helm = kube.require_kube_tools("helm")["helm"]
     proc = subprocess.run(
-        [str(helm), "template", "vacancyd", str(CHART), "-n", NS, "-f", str(values)],
+        [str(helm), "template", "vacancyd", str(CHART), "-n", NS, "-f", str(values), *extra],
         capture_output=True,
         text=True,
         timeout=60,
@@ -74,7 +74,9 @@ def installed(apiserver: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
         tmp_path_factory.mktemp("chart"),
         [{"name": "pc", "url": "http://192.0.2.10:9470", "address": "192.0.2.10", "node": NODE}],
     )
-    apiserver.kubectl("apply", "--server-side", "-f", "-", input=helm_template(values))
+    # What `helm install` creates: no hooks (the uninstall hook Job exists only at uninstall)
+    rendered = helm_template(values, "--no-hooks")
+    apiserver.kubectl("apply", "--server-side", "-f", "-", input=rendered)
     return apiserver
 
 
@@ -658,3 +660,268 @@ def test_helm_test_pod_passes_restricted_pod_security(apiserver: Any, tmp_path: 
     del loose["spec"]["containers"][0]["securityContext"]
     with pytest.raises(AssertionError, match="violates PodSecurity"):
         apiserver.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(loose))
+
+
+# -- upkeep: stale conditions and uninstall -------------------------------------------------
+
+OLD = "2026-01-01T00:00:00Z"
+
+
+def set_conditions(api: Any, node: str, conds: list[dict[str, str]]) -> None:
+    """Patch ``conds`` into the Node's status (merged by type, as any writer would)."""
+    api.kubectl(
+        "patch", "node", node, "--subresource=status", "--type=strategic",
+        "-p", json.dumps({"status": {"conditions": conds}}),
+    )  # fmt: skip
+
+
+def node_conditions(api: Any, node: str) -> dict[str, dict[str, Any]]:
+    doc = json.loads(api.kubectl("get", "node", node, "-o", "json").stdout)
+    return {c["type"]: c for c in doc["status"]["conditions"]}
+
+
+def condition(kind: str, status: str, reason: str, heartbeat: str) -> dict[str, str]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": f"{kind} as its writer left it",
+        "lastHeartbeatTime": heartbeat,
+        "lastTransitionTime": OLD,
+    }
+
+
+async def vacancyd_cli(*args: str) -> tuple[int, str, str]:
+    """``python -m vacancyd ARGS`` as a real process: (exit code, stdout, stderr)."""
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "vacancyd", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_mark_stale_turns_a_silent_publishers_conditions_unknown(
+    installed: Any, tmp_path: Path
+) -> None:
+    """A host-side lender switched off at the wall: its VacancyLendable stays True, and
+    nobody but `vacancyd k8s mark-stale` resets it. Only our stale conditions change; the
+    publisher's next write wins again."""
+    from datetime import UTC, datetime
+
+    api = installed
+    make_node(api, "wall-pc")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    set_conditions(
+        api,
+        "wall-pc",
+        [
+            condition("VacancyLendable", "True", "Lendable", OLD),
+            condition("VacancyOwnerPresent", "False", "OwnerAway", now),
+            condition("ExampleCondition", "True", "SomeoneElses", OLD),
+        ],
+    )
+    kubeconfig = sa_kubeconfig(api, tmp_path / "sa.kubeconfig")  # the chart's RBAC only
+    argv = ("k8s", "mark-stale", "--node=wall-pc", "--stale-after-s=60")
+    code, out, err = await vacancyd_cli(*argv, f"--kubeconfig={kubeconfig}")
+    assert code == 0, err
+    assert json.loads(out) == {
+        "action": "mark-stale", "changed": ["wall-pc"], "unchanged": [], "errors": [],
+    }  # fmt: skip
+    conds = node_conditions(api, "wall-pc")
+    lendable = conds["VacancyLendable"]
+    assert (lendable["status"], lendable["reason"]) == ("Unknown", "PublisherStale")
+    assert lendable["lastHeartbeatTime"] == OLD  # when its publisher last vouched for it
+    assert lendable["lastTransitionTime"] != OLD
+    assert "it last said True (Lendable)" in lendable["message"]
+    assert conds["VacancyOwnerPresent"]["status"] == "False"  # fresh: left alone
+    assert conds["ExampleCondition"] == condition("ExampleCondition", "True", "SomeoneElses", OLD)
+    assert conds["Ready"]["reason"] == "KubeletReady"
+    rows = await describe_conditions(api, "wall-pc")
+    assert rows["VacancyLendable"][1] == "Unknown" and "PublisherStale" in rows["VacancyLendable"]
+    # a second pass changes nothing; a Node that does not exist is an error (exit 1)
+    code, out, _ = await vacancyd_cli(*argv, f"--kubeconfig={kubeconfig}")
+    assert code == 0 and json.loads(out)["unchanged"] == ["wall-pc"]
+    code, out, _ = await vacancyd_cli(*argv, "--node=no-such-pc", f"--kubeconfig={kubeconfig}")
+    assert code == 1 and "not found" in json.loads(out)["errors"][0]
+
+    # the lender comes back: its own write puts its state back over PublisherStale
+    section = {"kubeconfig": str(api.kubeconfig), "namespace": NS, "node": "wall-pc"}
+    section["lender"] = "wall"
+    app, _ = openai_like_app()
+    async with (
+        serve_app(app) as target,
+        running_daemon(lender_toml(target, kubernetes=section)) as d,
+    ):
+        await d.wait_ready()
+        rows = await eventually(lambda: _lendable_rows(api, "wall-pc"))
+        assert "Lendable" in rows["VacancyLendable"]
+
+
+async def test_mark_stale_loses_to_a_publisher_that_writes_meanwhile(installed: Any) -> None:
+    """The patch carries the resourceVersion it read: a heartbeat that lands between the
+    read and the patch makes the real API server refuse it (409), and the fresh True stays."""
+    from datetime import UTC, datetime
+
+    from vacancyd.k8s import maintenance
+
+    api = installed
+    make_node(api, "race-pc")
+    set_conditions(api, "race-pc", [condition("VacancyLendable", "True", "Lendable", OLD)])
+    client = await KubeClient.connect(installed.kubeconfig)
+
+    class Racing:
+        """The real client; the publisher heartbeats right after the check's read."""
+
+        def __init__(self) -> None:
+            self.reads = 0
+
+        async def read_node_status(self, node: str) -> Any:
+            got = await client.read_node_status(node)
+            self.reads += 1
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            fresh = condition("VacancyLendable", "True", "Lendable", now)
+            await asyncio.to_thread(set_conditions, api, node, [fresh])
+            return got
+
+        async def patch_node_status(self, node: str, patch: Any) -> None:
+            await client.patch_node_status(node, patch)
+
+    try:
+        racing = Racing()
+        outcome = await maintenance.mark_stale(racing, ["race-pc"], 60.0)  # type: ignore[arg-type]
+        assert racing.reads == 1
+        assert outcome.changed == [] and outcome.unchanged == ["race-pc"] and outcome.ok
+        assert node_conditions(api, "race-pc")["VacancyLendable"]["status"] == "True"
+        # without the race the same pass marks it (the heartbeat above is fresh, so age it)
+        set_conditions(api, "race-pc", [condition("VacancyLendable", "True", "Lendable", OLD)])
+        outcome = await maintenance.mark_stale(client, ["race-pc"], 60.0)
+        assert outcome.changed == ["race-pc"]
+    finally:
+        await client.close()
+
+
+async def test_the_uninstall_hook_removes_vacancyds_objects_and_only_those(
+    installed: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`helm uninstall` order: the pre-delete hook's command (rendered by the chart, run with
+    the companion's ServiceAccount) while the companion still runs, then the companion
+    stops. Afterwards no EndpointSlice or Node condition of vacancyd is left, and other
+    writers' conditions and slices are untouched."""
+    api = installed
+    make_node(api, "gone-pc")
+    set_conditions(
+        api,
+        "gone-pc",
+        [
+            condition("VacancyOldName", "True", "Retired", OLD),
+            condition("ExampleCondition", "True", "SomeoneElses", OLD),
+        ],
+    )
+    foreign = {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "someone-elses",
+            "namespace": NS,
+            "labels": {
+                "kubernetes.io/service-name": "vacancyd-chat",
+                "endpointslice.kubernetes.io/managed-by": "other-controller.example.com",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["192.0.2.99"], "conditions": {"ready": True}}],
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
+    }
+    api.kubectl("apply", "-f", "-", input=json.dumps(foreign))
+    values = chart_values(
+        tmp_path,
+        [{"name": "gone", "url": "http://192.0.2.13:9470", "address": "192.0.2.13",
+          "node": "gone-pc"}],
+    )  # fmt: skip
+    helm = kube.require_kube_tools("helm")["helm"]
+    rendered = subprocess.run(  # noqa: ASYNC221 - before anything runs on the loop
+        [str(helm), "template", "vacancyd", str(CHART), "-n", NS, "-f", str(values),
+         "--show-only", "templates/cleanup-hook.yaml"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    (job,) = [d for d in yaml.safe_load_all(rendered) if d]
+    assert job["kind"] == "Job"
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == SA
+    args = pod["containers"][0]["args"]
+    assert args[:2] == ["k8s", "cleanup"] and "--node=gone-pc" in args
+
+    kubeconfig = sa_kubeconfig(api, tmp_path / "sa.kubeconfig")
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
+        await lender.wait_ready()
+        toml = companion_toml(
+            lender.api_url, kubeconfig, name="gone", node="gone-pc", address="192.0.2.13"
+        )
+        async with companion_for(toml):
+            await eventually(lambda: _lendable_rows(api, "gone-pc"))
+            await eventually(
+                lambda: _slices_where_sel(api, "vacancyd.io/lender=gone", "vacancyd-chat-gone-chat")
+            )
+            code, out, err = await vacancyd_cli(*args, f"--kubeconfig={kubeconfig}")
+            assert code == 0, err
+            report = json.loads(out)
+            # every lender's slices in the namespace go (other tests' lenders' too)
+            assert {
+                "endpointslice/vacancyd-chat-direct-gone-chat",
+                "endpointslice/vacancyd-chat-gone-chat",
+                "node/gone-pc",
+            } <= set(report["changed"])
+            assert "endpointslice/someone-elses" not in report["changed"]
+            assert report["errors"] == []
+            # the companion (resyncing every 0.5 s) saw the marker and stopped writing
+            assert "an uninstall is removing what vacancyd published" in caplog.text
+        # the companion has stopped: it wrote nothing back, not even its last state
+    assert await slices(api, "vacancyd.io/lender=gone") == {}
+    ours = "endpointslice.kubernetes.io/managed-by=companion.vacancyd.io"
+    assert await slices(api, ours) == {}  # the uninstall marker too
+    assert "someone-elses" in await slices(api, "kubernetes.io/service-name=vacancyd-chat")
+    conds = node_conditions(api, "gone-pc")
+    assert not [kind for kind in conds if kind.startswith("Vacancy")]
+    assert conds["ExampleCondition"] == condition("ExampleCondition", "True", "SomeoneElses", OLD)
+    assert conds["Ready"]["reason"] == "KubeletReady"
+    # nothing left: a second run changes nothing
+    code, out, _ = await vacancyd_cli(*args, f"--kubeconfig={kubeconfig}")
+    report = json.loads(out)
+    assert code == 0 and report["changed"] == [] and report["unchanged"] == ["node/gone-pc"]
+
+
+async def test_mark_stale_every_repeats_until_sigterm(installed: Any, tmp_path: Path) -> None:
+    """`--every S` runs a pass every S seconds (one JSON line each) and exits 0 on SIGTERM."""
+    import signal
+    import sys
+
+    api = installed
+    make_node(api, "every-pc")
+    set_conditions(api, "every-pc", [condition("VacancyLendable", "True", "Lendable", OLD)])
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "vacancyd", "k8s", "mark-stale", "--node=every-pc",
+        "--every=0.3", f"--kubeconfig={api.kubeconfig}",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        async with asyncio.timeout(30):
+            first = json.loads(await proc.stdout.readline())
+            second = json.loads(await proc.stdout.readline())
+        assert first["changed"] == ["every-pc"] and second["unchanged"] == ["every-pc"]
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            await proc.wait()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    assert node_conditions(api, "every-pc")["VacancyLendable"]["reason"] == "PublisherStale"

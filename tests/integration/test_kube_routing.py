@@ -125,7 +125,10 @@ def test_the_documented_install_works_without_and_with_the_operator(
     helm(api, "upgrade", "vacancyd", str(CHART), "-n", NS, "-f", str(values))
     rules = json.loads(api.kubectl("-n", NS, "get", "prometheusrules", "-o", "json").stdout)
     assert [r["metadata"]["name"] for r in rules["items"]] == ["vacancyd"]
-    helm(api, "uninstall", "vacancyd", "-n", NS)
+    # the pre-delete cleanup hook runs (played here by running its command)
+    with kube.running_hook_jobs(api, NS, tmp_path) as hooks:
+        helm(api, "uninstall", "vacancyd", "-n", NS)
+    assert [h.returncode for h in hooks] == [0], [h.output for h in hooks]
     api.kubectl("delete", "-f", "-", input=json.dumps(PROMETHEUS_RULE_CRD))
 
 
@@ -211,7 +214,16 @@ async def test_host_side_publishing_with_the_documented_chart_rbac(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert denied.returncode != 0 and "forbidden" in denied.stderr.lower()
-    helm(api, "uninstall", "vacancyd", "-n", NS)
+    # the pre-delete cleanup hook runs (played here by running its command)
+    with kube.running_hook_jobs(api, NS, tmp_path) as hooks:
+        helm(api, "uninstall", "vacancyd", "-n", NS)
+    assert [h.returncode for h in hooks] == [0], [h.output for h in hooks]
+    # ... as the host publisher, and it left nothing of vacancyd's behind
+    assert hooks[0].job == "vacancyd-host-cleanup"
+    node = await kubectl_json(api, "get", "node", "gaming-pc")
+    assert node["status"].get("conditions", []) == []  # it had only vacancyd's
+    left = await kubectl_json(api, "-n", NS, "get", "endpointslices", "-l", "vacancyd.io/lender")
+    assert left["items"] == []
 
 
 # -- many lenders ------------------------------------------------------------------------
@@ -350,6 +362,7 @@ async def test_fifty_lenders_behind_one_service_converge_when_half_flip(
                 "heartbeat_s": 60,
                 "resync_s": 60,
                 "request_timeout_s": 10,
+                "lendable_stable_s": 0,
             },
             lender_timeout_s=10,
             status_poll_s=30,

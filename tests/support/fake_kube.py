@@ -61,6 +61,10 @@ class FakeKube:
             raise K8sApiError(f"get node {node}", 404, f'nodes "{node}" not found')
         return copy.deepcopy(self.nodes[node]["status"]["conditions"])
 
+    async def read_node_status(self, node: str) -> tuple[str, Sequence[Mapping[str, Any]]]:
+        conditions = await self.get_node_conditions(node)
+        return str(len(self.patches)), conditions
+
     async def patch_node_status(self, node: str, patch: Mapping[str, Any]) -> None:
         await self._enter("patch_node_status")
         if node not in self.nodes:

@@ -27,13 +27,24 @@ def lender_toml(
     )
 
 
-def follower_toml(url: str, *, timeout_s: float, poll_s: float = 30.0, ns: str = "vacancy") -> str:
+def follower_toml(
+    url: str,
+    *,
+    timeout_s: float,
+    poll_s: float = 30.0,
+    ns: str = "vacancy",
+    lendable_stable_s: float | None = 0.0,
+) -> str:
     """A companion (against a fake API server: no kubeconfig) following one lender ``pc`` at
     ``url`` for node ``pc`` (192.0.2.10) in namespace ``ns``, with heartbeats and resyncs
-    far apart; ``timeout_s`` bounds each read of the lender, ``poll_s`` is its cadence."""
+    far apart; ``timeout_s`` bounds each read of the lender, ``poll_s`` is its cadence.
+    A return to lendable is published at once (``lendable_stable_s`` 0; None: the default)."""
+    cluster: dict[str, Any] = {"namespace": ns, "heartbeat_s": 60, "resync_s": 60}
+    if lendable_stable_s is not None:
+        cluster["lendable_stable_s"] = lendable_stable_s
     return companion_toml(
         lender("pc", url, READ, "192.0.2.10", node="pc"),
-        kubernetes={"namespace": ns, "heartbeat_s": 60, "resync_s": 60},
+        kubernetes=cluster,
         lender_timeout_s=timeout_s,
         status_poll_s=poll_s,
     )

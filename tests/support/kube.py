@@ -665,3 +665,89 @@ def write_kubeconform_schemas(api: ApiServer, dest: Path) -> str:
                 file_name = _kind_file_name(gvk["kind"], gvk.get("group", ""), gvk["version"])
                 (out_dir / file_name).write_text(json.dumps(kind_schema))
     return str(dest / "schemas{{ .StrictSuffix }}" / "{{ .ResourceKind }}{{ .KindSuffix }}.json")
+
+
+# --- Helm hook Jobs -------------------------------------------------------------------
+
+
+@dataclass
+class HookRun:
+    """One hook Job :func:`running_hook_jobs` ran: its name, argv and exit code."""
+
+    job: str
+    args: list[str]
+    returncode: int
+    output: str
+
+
+def service_account_kubeconfig(api: ApiServer, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig with a fresh token of ``namespace/account``: only its RBAC applies."""
+    token = api.kubectl("-n", namespace, "create", "token", account, "--duration=1h").stdout
+    ca = base64.b64encode(api.ca_file.read_bytes()).decode("ascii")
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": api.url, "certificate-authority-data": ca}}
+                ],
+                "users": [{"name": "sa", "user": {"token": token.strip()}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+                "current-context": "sa",
+            }
+        )
+    )
+    path.chmod(0o600)
+    return path
+
+
+@contextlib.contextmanager
+def running_hook_jobs(api: ApiServer, namespace: str, workdir: Path) -> Iterator[list[HookRun]]:
+    """Play kube-controller-manager and kubelet for vacancyd's Helm hook Jobs (neither runs
+    here), so that ``helm uninstall`` can wait for its pre-delete hook.
+
+    A thread polls ``namespace`` for Jobs annotated ``helm.sh/hook``; for each it runs the
+    container's args as ``python -m vacancyd ARGS --kubeconfig=...`` with a token of the
+    Job's own ServiceAccount (so only the chart's RBAC applies), against this API server,
+    then deletes the Job: Helm's wait for a hook Job ends when the Job completes or is
+    deleted. Yields the list of runs, filled as they happen.
+    """
+    import sys
+    import threading
+
+    runs: list[HookRun] = []
+    stop = threading.Event()
+    root = Path(__file__).resolve().parents[2]
+
+    def once() -> None:
+        proc = api.kubectl("-n", namespace, "get", "jobs", "-o", "json", check=False)
+        if proc.returncode:
+            return
+        for job in json.loads(proc.stdout)["items"]:
+            meta = job["metadata"]
+            if "helm.sh/hook" not in (meta.get("annotations") or {}):
+                continue
+            pod = job["spec"]["template"]["spec"]
+            args = list(pod["containers"][0]["args"])
+            config = service_account_kubeconfig(
+                api, namespace, pod["serviceAccountName"], workdir / f"{meta['name']}.kubeconfig"
+            )
+            ran = subprocess.run(
+                [sys.executable, "-m", "vacancyd", *args, f"--kubeconfig={config}"],
+                capture_output=True, text=True, timeout=120, check=False, cwd=root,
+            )  # fmt: skip
+            runs.append(HookRun(meta["name"], args, ran.returncode, ran.stdout + ran.stderr))
+            api.kubectl("-n", namespace, "delete", "job", meta["name"], "--wait=false", check=False)
+
+    def loop() -> None:
+        while not stop.wait(0.3):
+            once()
+
+    thread = threading.Thread(target=loop, name="hook jobs", daemon=True)
+    thread.start()
+    try:
+        yield runs
+    finally:
+        stop.set()
+        thread.join(timeout=150)

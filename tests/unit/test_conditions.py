@@ -250,3 +250,94 @@ def test_dns_name_is_a_valid_label_even_when_long() -> None:
 )
 def test_address_problem(address: str, bad: bool) -> None:
     assert (c.address_problem(address) is not None) is bad
+
+
+def _one(lendable: bool, reason: str | None = None, owner: bool | None = False) -> LenderState:
+    up = c.UpstreamState("chat", lendable=lendable, bound=True, port=1, reason=reason)
+    return LenderState(Phase.ALIVE, owner_present=owner, upstreams={"chat": up})
+
+
+def test_the_damper_ignores_start_up_refusals_but_damps_a_real_return() -> None:
+    damper = c.LendableDamper(10.0)
+    # a daemon that has just started: presence not sampled, a resource not measured yet
+    damper.observe(_one(False, "owner_active", owner=None), 0.0)
+    damper.observe(_one(False, "resource_unmeasured"), 1.0)
+    damper.observe(_one(True), 2.0)
+    shown, next_at = damper.apply(_one(True), 2.0)
+    assert shown.upstreams["chat"].lendable and next_at is None
+    # once it was lendable, even an unmeasured spell starts the stable period
+    damper.observe(_one(False, "resource_unmeasured"), 3.0)
+    damper.observe(_one(True), 4.0)
+    shown, next_at = damper.apply(_one(True), 5.0)
+    assert shown.upstreams["chat"].reason == "settling" and next_at == 14.0
+    # a real refusal before the first lendable state is damped, as before
+    owner_first = c.LendableDamper(10.0)
+    owner_first.observe(_one(False, "owner_active", owner=True), 0.0)
+    owner_first.observe(_one(True), 1.0)
+    assert owner_first.apply(_one(True), 2.0)[0].upstreams["chat"].reason == "settling"
+
+
+def _cond(kind: str, status: str, heartbeat: str | None) -> dict[str, Any]:
+    out = {"type": kind, "status": status, "reason": "R", "message": "m"}
+    if heartbeat is not None:
+        out["lastHeartbeatTime"] = heartbeat
+    return out
+
+
+def test_stale_patch_marks_only_our_stale_conditions_unknown() -> None:
+    now = c.parse_rfc3339("2026-11-29T14:10:00Z")
+    assert now is not None
+    current = [
+        _cond("VacancyLendable", "True", "2026-11-29T14:00:00Z"),  # 600 s old
+        _cond("VacancyOwnerPresent", "False", "2026-11-29T14:09:00Z"),  # fresh
+        _cond("VacancyGPUPressure", "Unknown", "2026-11-29T13:00:00Z"),  # already Unknown
+        _cond("Ready", "True", "2026-11-29T13:00:00Z"),  # kubelet's
+        _cond("VacancyOldName", "True", "2026-11-29T13:00:00Z"),  # retired: cleanup's job
+    ]
+    patch = c.stale_patch(current, now, 180.0)
+    assert patch is not None
+    (entry,) = patch["status"]["conditions"]
+    assert entry["type"] == "VacancyLendable" and entry["status"] == "Unknown"
+    assert entry["reason"] == c.PUBLISHER_STALE
+    assert entry["lastHeartbeatTime"] == "2026-11-29T14:00:00Z"
+    assert entry["lastTransitionTime"] == "2026-11-29T14:10:00Z"
+    assert "for 600 s" in entry["message"] and "last said True (R)" in entry["message"]
+    assert c.stale_patch(current[1:], now, 180.0) is None
+    # a condition with no time at all is vouched for by nobody
+    bare_patch = c.stale_patch([_cond("VacancyLendable", "True", None)], now, 180.0)
+    assert bare_patch is not None
+    (bare,) = bare_patch["status"]["conditions"]
+    assert bare["status"] == "Unknown" and "lastHeartbeatTime" not in bare
+
+
+def test_cleanup_patch_removes_every_vacancy_condition_and_nothing_else() -> None:
+    current = [
+        _cond("Ready", "True", None),
+        _cond("VacancyLendable", "True", None),
+        _cond("VacancyOldName", "True", None),
+        _cond("KernelDeadlock", "False", None),
+    ]
+    patch = c.cleanup_patch(current)
+    assert patch == {
+        "status": {
+            "conditions": [
+                {"type": "VacancyLendable", "$patch": "delete"},
+                {"type": "VacancyOldName", "$patch": "delete"},
+            ]
+        }
+    }
+    assert c.cleanup_patch([_cond("Ready", "True", None)]) is None
+
+
+def test_an_old_uninstall_marker_silences_nobody() -> None:
+    now = c.parse_rfc3339("2026-11-29T14:10:00Z")
+    assert now is not None
+    fresh = {"metadata": {"creationTimestamp": "2026-11-29T14:09:50Z"}}
+    old = {"metadata": {"creationTimestamp": "2026-11-29T13:00:00Z"}}
+    assert c.uninstall_in_progress({"m": fresh}, now)
+    assert not c.uninstall_in_progress({"m": old}, now)
+    assert c.uninstall_in_progress({"m": {"metadata": {}}}, now)
+    assert not c.uninstall_in_progress({}, now)
+    marker = c.uninstall_marker("ns")
+    assert c.LENDER_LABEL not in marker["metadata"]["labels"]
+    assert c.SERVICE_NAME_LABEL not in marker["metadata"]["labels"]

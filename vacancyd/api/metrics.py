@@ -159,6 +159,16 @@ def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     for name, up in sorted(doc.upstreams.items()):
         upstream_lendable.add_metric([name], 1.0 if up.lendable else 0.0)
     yield upstream_lendable
+    reachable = GaugeMetricFamily(
+        "vacancyd_upstream_reachable",
+        "1 when the upstream's server accepted a connection when last checked (checked while "
+        "the lendability probe is asked; absent without recent evidence).",
+        labels=["upstream"],
+    )
+    for name, up in sorted(doc.upstreams.items()):
+        if up.reachable is not None:
+            reachable.add_metric([name], 1.0 if up.reachable.ok else 0.0)
+    yield reachable
     yield from _headroom_metrics(doc)
 
     yield from _server_families(doc)

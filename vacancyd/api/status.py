@@ -90,6 +90,7 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.exposure import ListenerExposure
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope
+from vacancyd.core.reach import Reach
 from vacancyd.core.reasons import Admit, Credit
 from vacancyd.core.reclaim import Reclaim
 from vacancyd.core.snapshot import RequestFacts
@@ -106,6 +107,7 @@ from vacancyd.core.status import (
     PresenceStatus,
     PressureEdgeStatus,
     PressureStatus,
+    ReachStatus,
     ReclaimStatus,
     RefusalStatus,
     ResidentModelStatus,
@@ -321,6 +323,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             ),
             reclaim=_reclaim(state.reclaims.get(name), now),
             headroom=HeadroomStatus(room.lendable_mib, room.largest_model, room.largest_model_mib),
+            reachable=_reach(state.reach.get(name), now, state.reach_max_age_s),
             footprint_priors_mib=dict(sorted(state.priors.get(name, {}).items())),
             learned_contexts=None
             if learned is None
@@ -383,3 +386,11 @@ def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
     """The ``/status`` JSON object (see the module docstring for its shape): one
     :func:`build_status` document as JSON."""
     return build_status(state, started_at).to_json()
+
+
+def _reach(reach: Reach | None, now: float, max_age_s: float) -> ReachStatus | None:
+    """The upstream's latest reachability evidence for /status; None when there is none or
+    it is older than ``max_age_s`` (it no longer counts for the probe either)."""
+    if reach is None or reach.ok is None or reach.at is None or now - reach.at > max_age_s:
+        return None
+    return ReachStatus(reach.ok, max(0.0, now - reach.at), reach.error or None)

@@ -77,6 +77,40 @@ async def run_probe_loop(
         executor.shutdown(wait=False, cancel_futures=True)
 
 
+def sample_now(
+    name: str,
+    probe: Callable[[], T],
+    *,
+    on_sample: Callable[[T, float], None],
+    on_error: Callable[[str, float], None],
+) -> Callable[[], None]:
+    """A call that samples ``probe`` at once, on the calling thread, and records the result
+    (stamped with the :func:`time.monotonic` time it started). Only for a probe that cannot
+    block the event loop (see ``SharedState.sample_inline``)."""
+
+    def sample() -> None:
+        started = time.monotonic()
+        try:
+            value = probe()
+        except ProbeError as exc:
+            on_error(str(exc), started)
+        except Exception as exc:  # a probe bug must not break the loop callback
+            log.exception("probe %s failed unexpectedly", name)
+            on_error(f"probe failed: {exc!r}", started)
+        else:
+            on_sample(value, started)
+
+    return sample
+
+
+async def run_inline_probe_loop(sample: Callable[[], None], *, interval_s: float) -> None:
+    """Call ``sample`` (from :func:`sample_now`) every ``interval_s`` seconds on the loop;
+    the samples asked for in between are ``SharedState.sample_inline``'s. Never returns."""
+    while True:
+        sample()
+        await asyncio.sleep(interval_s)
+
+
 async def run_async_probe_loop(
     name: str,
     probe: Callable[[], Awaitable[T]],
@@ -105,4 +139,10 @@ async def run_async_probe_loop(
         await _wait(wake, interval_s)
 
 
-__all__ = ["ProbeError", "run_async_probe_loop", "run_probe_loop"]
+__all__ = [
+    "ProbeError",
+    "run_async_probe_loop",
+    "run_inline_probe_loop",
+    "run_probe_loop",
+    "sample_now",
+]

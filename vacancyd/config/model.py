@@ -604,7 +604,7 @@ class ClusterSettings(_Model):
     resync_s: float = Field(30.0, ge=0.5, le=3600)
     request_timeout_s: float = Field(10.0, gt=0, le=300)
     backoff_max_s: float = Field(60.0, ge=1, le=3600)
-    lendable_stable_s: float = Field(0.0, ge=0, le=3600)
+    lendable_stable_s: float = Field(10.0, ge=0, le=3600)
 
     def service_for(self, upstream: str) -> str:
         return self.services.get(upstream) or f"{self.service_prefix}-{upstream}"

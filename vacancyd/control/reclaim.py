@@ -30,7 +30,7 @@ from vacancyd.control.spawn import Spawner
 from vacancyd.control.work import Work
 from vacancyd.core.events import EdgeRaised, ReclaimChanged, StateEvent, VetoChanged
 from vacancyd.core.lifecycle import JobState
-from vacancyd.core.reasons import Refuse
+from vacancyd.core.reasons import ReclaimOutcome, Refuse
 from vacancyd.core.reclaim import (
     Edge,
     OnOwnerReturn,
@@ -216,7 +216,7 @@ class Reclaimer:
             trigger = reclaim.first.trigger.value
             if isinstance(action, StandDown):
                 log.info("reclaim on %s stands down: %s", name, action.why)
-                self.m_reclaims.labels(name, trigger, "stood_down").inc()
+                self.m_reclaims.labels(name, trigger, ReclaimOutcome.STOOD_DOWN).inc()
                 return
             await self._proceed(reclaim, action, active)
             self.m_reclaims.labels(name, trigger, action.outcome).inc()

@@ -34,6 +34,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from vacancyd.core.reasons import PublishReason, Reason
+
 #: ``endpointslice.kubernetes.io/managed-by`` value on every EndpointSlice we write (a label
 #: value: no ``/``), named like the endpointslice controller's ``endpointslice-controller.k8s.io``.
 MANAGED_BY = "companion.vacancyd.io"
@@ -145,7 +147,7 @@ class LenderState:
         upstreams = self.upstreams
         if refusing:
             upstreams = {
-                name: replace(up, lendable=False, reason="lending_disabled", detail=detail)
+                name: replace(up, lendable=False, reason=Reason.LENDING_DISABLED, detail=detail)
                 for name, up in upstreams.items()
             }
         return replace(self, terminating=True, detail=detail, upstreams=upstreams)
@@ -197,7 +199,9 @@ def lender_from_status(doc: Any) -> LenderState:
                 lendable=bool(up["lendable"]),
                 bound=bool(listener.get("bound", False)),
                 port=_port_of(listener.get("address")),
-                reason=None if up["lendable"] else str(refusal.get("reason", "unknown")),
+                reason=None
+                if up["lendable"]
+                else str(refusal.get("reason", PublishReason.UNKNOWN.value)),
                 detail=str(refusal.get("detail", "")),
                 largest_model=_opt_str(headroom.get("largest_model")),
                 largest_model_mib=_opt_int(headroom.get("largest_model_mib")),
@@ -256,7 +260,7 @@ def _gpu_pressure(
         if isinstance(pressure, dict) and pressure.get("engaged"):
             engaged.append(f"{name}: {pressure.get('detail') or 'engaged'}")
     engaged += [
-        f"{u.name}: {u.detail}" for u in upstreams.values() if u.reason == "resource_pressured"
+        f"{u.name}: {u.detail}" for u in upstreams.values() if u.reason == Reason.RESOURCE_PRESSURED
     ]
     if engaged:
         return True, "; ".join(engaged)
@@ -334,7 +338,7 @@ def node_conditions(lender: LenderState) -> tuple[Condition, ...]:
         lend = Condition(
             LENDABLE,
             Status.FALSE,
-            camel(first.reason or "unknown"),
+            camel(first.reason or PublishReason.UNKNOWN),
             _message(
                 "; ".join(
                     f"{u.name}: {u.reason}: {u.detail}" for _, u in sorted(lender.upstreams.items())
@@ -452,6 +456,123 @@ def retired_conditions(current: Sequence[Mapping[str, Any]]) -> list[str]:
             and c.get("type") not in CONDITION_TYPES
         }
     )
+
+
+#: The reason of a condition the stale-condition check marked Unknown: nobody has refreshed
+#: it within the staleness limit (its publisher stopped, or cannot reach the API server).
+PUBLISHER_STALE = "PublisherStale"
+
+
+def parse_rfc3339(value: Any) -> float | None:
+    """A Kubernetes timestamp (``2026-11-29T14:02:30Z``, or a datetime) as epoch seconds;
+    None when it is missing or not a timestamp."""
+    if isinstance(value, datetime):
+        stamp = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return stamp.timestamp()
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()
+
+
+def stale_patch(
+    current: Sequence[Mapping[str, Any]], now_wall: float, stale_after_s: float
+) -> dict[str, Any] | None:
+    """The strategic-merge patch that marks our stale conditions Unknown, or None.
+
+    A condition of ours (``CONDITION_TYPES``) is stale when its ``lastHeartbeatTime`` (or,
+    without one, its ``lastTransitionTime``) is more than ``stale_after_s`` seconds before
+    ``now_wall`` (epoch seconds), or when it carries neither. One already ``Unknown`` is
+    left alone. The patch keeps ``lastHeartbeatTime`` (it says when the publisher last
+    vouched for the condition, as the node lifecycle controller keeps kubelet's), sets
+    ``lastTransitionTime`` to now and the reason to ``PublisherStale``.
+    """
+    stamp = rfc3339(now_wall)
+    out = []
+    for cond in current:
+        if not isinstance(cond, Mapping) or cond.get("type") not in CONDITION_TYPES:
+            continue
+        if cond.get("status") == Status.UNKNOWN.value:
+            continue
+        heartbeat = cond.get("lastHeartbeatTime") or cond.get("lastTransitionTime")
+        seen = parse_rfc3339(heartbeat)
+        if seen is not None and now_wall - seen <= stale_after_s:
+            continue
+        since = "ever" if seen is None else f"{max(0.0, now_wall - seen):.0f} s"
+        message = (
+            f"no heartbeat from the publisher for {since} (stale after {stale_after_s:.0f} s); "
+            f"it last said {cond.get('status')} ({cond.get('reason') or 'no reason'})"
+        )
+        entry: dict[str, Any] = {
+            "type": cond["type"],
+            "status": Status.UNKNOWN.value,
+            "reason": PUBLISHER_STALE,
+            "message": _message(message),
+            "lastTransitionTime": stamp,
+        }
+        if heartbeat:
+            entry["lastHeartbeatTime"] = _as_rfc3339(heartbeat)
+        out.append(entry)
+    return {"status": {"conditions": out}} if out else None
+
+
+def cleanup_patch(current: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The strategic-merge patch that removes every condition vacancyd set on a Node (any
+    type with the ``Vacancy`` prefix, current or retired), or None when there is none.
+    Conditions of every other type are never in it."""
+    ours = sorted(
+        {
+            str(c.get("type"))
+            for c in current
+            if isinstance(c, Mapping) and str(c.get("type", "")).startswith(CONDITION_PREFIX)
+        }
+    )
+    if not ours:
+        return None
+    return {"status": {"conditions": [{"type": kind, "$patch": "delete"} for kind in ours]}}
+
+
+#: The uninstall marker: an EndpointSlice with this label (no endpoints, no Service) that
+#: ``vacancyd k8s cleanup`` writes before it removes anything. Every publisher that sees it
+#: stops writing, so nothing it removes is written back.
+UNINSTALL_LABEL = "vacancyd.io/uninstall"
+UNINSTALL_MARKER = "vacancyd-uninstall"
+#: A marker older than this (seconds) is a leftover of a cleanup that did not finish, not
+#: an uninstall in progress: it silences nobody (a reinstall publishes again).
+UNINSTALL_MARKER_MAX_AGE_S = 600.0
+
+
+def uninstall_marker(namespace: str) -> dict[str, Any]:
+    """The uninstall marker EndpointSlice for ``namespace``. It carries our managed-by label
+    (so a cleanup removes it with the rest) but no lender or Service label (so no publisher
+    or kube-proxy mistakes it for a lender's endpoints)."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": UNINSTALL_MARKER,
+            "namespace": namespace,
+            "labels": {MANAGED_BY_LABEL: MANAGED_BY, UNINSTALL_LABEL: "true"},
+        },
+        "addressType": "IPv4",
+        "endpoints": [],
+    }
+
+
+def uninstall_in_progress(markers: Mapping[str, Mapping[str, Any]], now_wall: float) -> bool:
+    """True when one of ``markers`` (EndpointSlices labelled ``UNINSTALL_LABEL``, by name,
+    as the server holds them) was created within ``UNINSTALL_MARKER_MAX_AGE_S`` of
+    ``now_wall`` (epoch seconds). A marker without a creation time counts."""
+    for body in markers.values():
+        created = parse_rfc3339((body.get("metadata") or {}).get("creationTimestamp"))
+        if created is None or now_wall - created <= UNINSTALL_MARKER_MAX_AGE_S:
+            return True
+    return False
 
 
 def _as_rfc3339(value: Any) -> str:
@@ -653,13 +774,17 @@ class LendableDamper:
     A flapping lender (free memory around a policy's limit, an owner who comes and goes)
     would otherwise rewrite every Service's endpoints on each flip. The first lendable
     observation of an upstream is published at once; the damping starts with its first
-    not-lendable one (or the lender becoming unreachable or stopped). Times are monotonic
-    seconds, passed in.
+    not-lendable one (or the lender becoming unreachable or stopped). Until an upstream has
+    been lendable once, a refusal that only says "not measured yet" (presence never
+    sampled, ``resource_unmeasured``) does not count: a daemon that has just started refuses
+    so until its first samples arrive, and its first lendable state must not wait for
+    ``stable_s``. Times are monotonic seconds, passed in.
     """
 
     stable_s: float = 0.0
     _lendable_since: dict[str, float] = field(default_factory=dict)
     _seen_unlendable: set[str] = field(default_factory=set)
+    _seen_lendable: set[str] = field(default_factory=set)
 
     def observe(self, lender: LenderState, now: float) -> None:
         """Record ``lender`` as observed at ``now``."""
@@ -668,9 +793,14 @@ class LendableDamper:
         for name, up in lender.upstreams.items():
             if lender.alive and not lender.terminating and up.lendable:
                 self._lendable_since.setdefault(name, now)
-            else:
+                self._seen_lendable.add(name)
+                continue
+            self._lendable_since.pop(name, None)
+            unmeasured = lender.alive and (
+                lender.owner_present is None or up.reason == Reason.RESOURCE_UNMEASURED.value
+            )
+            if name in self._seen_lendable or not unmeasured:
                 self._seen_unlendable.add(name)
-                self._lendable_since.pop(name, None)
 
     def apply(self, lender: LenderState, now: float) -> tuple[LenderState, float | None]:
         """(``lender`` as it should be published at ``now``, when that may change next).
@@ -693,7 +823,7 @@ class LendableDamper:
             changed[name] = replace(
                 up,
                 lendable=False,
-                reason="settling",
+                reason=PublishReason.SETTLING,
                 detail=(
                     f"lendable again for {now - since:.0f} s; published after "
                     f"{self.stable_s:.0f} s without a refusal (lendable_stable_s)"

@@ -36,7 +36,7 @@ from vacancyd.core import footprint, residency
 from vacancyd.core.holds import decide_holds
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, ResourceKind, UpstreamPolicy
-from vacancyd.core.reasons import Admit, Credit, Decision, Reason, Refuse
+from vacancyd.core.reasons import Admit, Credit, CreditCode, Decision, Reason, Refuse
 from vacancyd.core.snapshot import RequestFacts, ResourceView, ServerState, Snapshot
 
 #: A residency proof must be at most this old (seconds; docs/architecture.md).
@@ -234,16 +234,16 @@ def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolic
     server = snap.servers.get(upstream.name)
     if server is None:
         return Credit(
-            False, f"adapter {upstream.adapter!r} has no residency proof", code="no_proof"
+            False, f"adapter {upstream.adapter!r} has no residency proof", code=CreditCode.NO_PROOF
         )
     state = server.value
     if state is None or server.observed_at is None:
-        return Credit(False, "the server has not been observed", code="unobserved")
+        return Credit(False, "the server has not been observed", code=CreditCode.UNOBSERVED)
     if server.failed_at is not None and server.failed_at >= server.observed_at:
         return Credit(
             False,
             f"the newest server observation failed: {server.error}",
-            code="observation_failed",
+            code=CreditCode.OBSERVATION_FAILED,
         )
     for name in upstream.resources:
         view = snap.resources.get(name)
@@ -254,14 +254,14 @@ def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolic
                 False,
                 f"the server observation predates the last job on {name!r}",
                 failed_only_for_age=True,
-                code="stale",
+                code=CreditCode.STALE,
             )
         if view.yielded_at is not None and server.observed_at <= view.yielded_at:
             return Credit(
                 False,
                 f"the server observation predates the last yield on {name!r}",
                 failed_only_for_age=True,
-                code="stale",
+                code=CreditCode.STALE,
             )
     age = snap.now - server.observed_at
     if age > RESIDENCY_PROOF_MAX_AGE_S:
@@ -270,12 +270,12 @@ def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolic
             f"the server observation is {age:.1f} s old (a proof must be at most "
             f"{RESIDENCY_PROOF_MAX_AGE_S:.0f} s old)",
             failed_only_for_age=True,
-            code="stale",
+            code=CreditCode.STALE,
         )
     if state.idle is False and not snap.active_jobs.get(upstream.name):
         # A busy server proves nothing about memory unless the work it runs is borrowed
         # work this ledger already charged (concurrent jobs on one resident model).
-        return Credit(False, "the server is processing other work", code="busy")
+        return Credit(False, "the server is processing other work", code=CreditCode.BUSY)
     if state.models is not None:
         model = None if facts.model is None else residency.find_model(state.models, facts.model)
         return residency.prove_ollama(
@@ -292,8 +292,8 @@ def prove_residency(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolic
     if state.resident_models is not None and (
         facts.model is None or facts.model not in state.resident_models
     ):
-        return Credit(False, f"model {facts.model!r} is not resident", code="not_loaded")
-    return Credit(True, "the server reports the model loaded and idle", code="resident")
+        return Credit(False, f"model {facts.model!r} is not resident", code=CreditCode.NOT_LOADED)
+    return Credit(True, "the server reports the model loaded and idle", code=CreditCode.RESIDENT)
 
 
 def _comfy_credit(state: ServerState, snap: Snapshot, upstream: UpstreamPolicy) -> Credit:
@@ -309,22 +309,24 @@ def _comfy_credit(state: ServerState, snap: Snapshot, upstream: UpstreamPolicy) 
         return Credit(
             False,
             "the route does not have exactly one GPU, its primary resource",
-            code="not_one_gpu",
+            code=CreditCode.NOT_ONE_GPU,
         )
     if state.devices != 1:
         return Credit(
             False,
             f"the server reports {state.devices} devices, not exactly one GPU",
-            code="not_one_gpu",
+            code=CreditCode.NOT_ONE_GPU,
         )
     held = state.allocator_mib or 0.0
     if held <= 0:
-        return Credit(False, "the server's allocator holds no memory", code="allocator_empty")
+        return Credit(
+            False, "the server's allocator holds no memory", code=CreditCode.ALLOCATOR_EMPTY
+        )
     return Credit(
         True,
         f"the server's allocator holds {held:.0f} MiB it reuses for the next job",
         added_mib=held,
-        code="allocator",
+        code=CreditCode.ALLOCATOR,
     )
 
 

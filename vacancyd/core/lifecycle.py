@@ -34,6 +34,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from vacancyd.core.ledger import Phase
+from vacancyd.core.reasons import (
+    HoldReason as HoldReason,
+)  # re-exported; defined with the other codes
 from vacancyd.core.reclaim import Edge
 
 
@@ -56,14 +59,6 @@ class JobPhase(StrEnum):
     def defers_reclaim(self) -> bool:
         """A reclaim waits for (or cuts) jobs in this phase; held jobs never count."""
         return self in (JobPhase.ADMITTED, JobPhase.FORWARDING, JobPhase.TRACKING)
-
-
-class HoldReason(StrEnum):
-    """Why a job is held (shown in logs and, later, in durable records)."""
-
-    CUT_UNCERTAIN = "cut_uncertain"  #: a reclaim cut it; the server may still be working
-    TRACKING_LOST = "tracking_lost"  #: the server's queue could no longer be read
-    UPSTREAM_SILENT = "upstream_silent"  #: no byte from the server for its silence limit
 
 
 class ReleaseBy(StrEnum):

@@ -1,8 +1,15 @@
 """Refusal reasons, error codes, their Retry-After hints, and the gate's decision values.
 
-The reason codes and retry hints are a wire contract (docs/architecture.md, the gate);
-their string values appear verbatim in the
-JSON refusal body (``error.code``), in metrics labels and in logs.
+Every reason and error code vacancyd emits is a member of an enum here, and nowhere else:
+the gate's refusal reasons (:class:`Reason`), the ``error.type`` and ``error.code`` of the
+errors it answers itself (:class:`ErrorType`, :class:`ErrorCode`), a residency proof's
+reason (:class:`CreditCode`), why a job is held (:class:`HoldReason`), how a reclaim
+ended (:class:`ReclaimOutcome`), the reasons of the
+browser guards (:class:`GuardReason`) and the authenticator's outcomes
+(:class:`AuthOutcome`), and the reasons only the Kubernetes publisher writes
+(:class:`PublishReason`). The codes and retry hints are a wire contract
+(docs/architecture.md, the gate): their string values appear verbatim in JSON bodies,
+``/status``, metrics labels, Kubernetes conditions and logs.
 """
 
 from __future__ import annotations
@@ -85,6 +92,81 @@ class ErrorCode(StrEnum):
     TOO_MANY_SUBSCRIBERS = "too_many_subscribers"
 
 
+class CreditCode(StrEnum):
+    """Why a residency proof did or did not apply (:class:`Credit` ``code``): the ``reason``
+    label of ``vacancyd_residency_credits_total`` and ``residency.code`` in ``/status``."""
+
+    #: Applied: the server reports the model loaded (with the context asked for) and idle.
+    RESIDENT = "resident"
+    #: Applied: memory the server's allocator holds and reuses is added back (ComfyUI).
+    ALLOCATOR = "allocator"
+    NO_PROOF = "no_proof"  #: the adapter has no way to prove residency
+    UNOBSERVED = "unobserved"  #: the server has not been observed yet
+    OBSERVATION_FAILED = "observation_failed"  #: the newest observation failed
+    STALE = "stale"  #: the observation is too old to prove anything
+    BUSY = "busy"  #: the server is processing other work
+    NOT_LOADED = "not_loaded"  #: the model is not resident
+    NOT_ONE_GPU = "not_one_gpu"  #: the allocator credit needs a server on exactly one GPU
+    ALLOCATOR_EMPTY = "allocator_empty"  #: the allocator holds no memory to reuse
+    NO_MODEL = "no_model"  #: the request names no model
+    RUNNER_OPTIONS = "runner_options"  #: the request changes options that reload the model
+    EXPIRY_UNREADABLE = "expiry_unreadable"  #: when the model unloads cannot be read
+    EXPIRING = "expiring"  #: the model unloads too soon to count on it
+    CONTEXT_UNKNOWN = "context_unknown"  #: the loaded context cannot be told
+    CONTEXT_MISMATCH = "context_mismatch"  #: loaded with another context than requested
+    #: A proof without a code (only a metrics label; never set by the gate).
+    UNKNOWN = "unknown"
+
+
+class HoldReason(StrEnum):
+    """Why a job is held (``hold.reason`` in ``/status``, logs and the durable holds file)."""
+
+    CUT_UNCERTAIN = "cut_uncertain"  #: a reclaim cut it; the server may still be working
+    TRACKING_LOST = "tracking_lost"  #: the server's queue could no longer be read
+    UPSTREAM_SILENT = "upstream_silent"  #: no byte from the server for its silence limit
+
+
+class ReclaimOutcome(StrEnum):
+    """How a reclaim ended (``reclaim.outcome`` in ``/status``, the ``outcome`` label of
+    ``vacancyd_reclaims_total``)."""
+
+    STOOD_DOWN = "stood_down"  #: the trigger cleared before the deadline
+    WORK_ENDED = "work_ended"  #: nothing was left to cut
+    CANCELLED = "cancelled"  #: work was cut at the deadline
+    TIMED_OUT = "timed_out"  #: finish mode's completion timeout passed
+
+
+class GuardReason(StrEnum):
+    """The ``reason`` label of ``vacancyd_request_guard_refusals_total``: which browser
+    guard refused a request (the JSON error carries the matching :class:`ErrorCode`)."""
+
+    HOST_NOT_ALLOWED = ErrorCode.HOST_NOT_ALLOWED.value
+    ORIGIN_NOT_ALLOWED = ErrorCode.ORIGIN_NOT_ALLOWED.value
+    CROSS_SITE_REQUEST = ErrorCode.CROSS_SITE_REQUEST.value
+    #: An admin body that is not JSON (``ErrorCode.UNSUPPORTED_MEDIA_TYPE``).
+    CONTENT_TYPE = "content_type"
+
+
+class AuthOutcome(StrEnum):
+    """The ``outcome`` label of ``vacancyd_auth_total``."""
+
+    ALLOWED = "allowed"
+    MISSING = "missing"  #: no bearer token
+    INVALID = "invalid"  #: a token that matches none
+    FORBIDDEN = "forbidden"  #: a valid token without the scope
+    HOST_NOT_ALLOWED = ErrorCode.HOST_NOT_ALLOWED.value  #: trusted without a token, wrong Host
+
+
+class PublishReason(StrEnum):
+    """Reasons the Kubernetes publisher writes beside the gate's :class:`Reason` (an
+    upstream's ``reason`` in the published state, CamelCased in ``VacancyLendable``)."""
+
+    #: Lendable again, but not yet for ``lendable_stable_s``: published not lendable.
+    SETTLING = "settling"
+    #: A /status document says an upstream is not lendable but gives no reason.
+    UNKNOWN = "unknown"
+
+
 #: Default Retry-After (seconds) per reason. Gate steps that share a reason but differ in
 #: urgency (``owner_active`` is 5, 30 or 120 s) pass their own value instead.
 RETRY_AFTER_S: dict[Reason, int] = {
@@ -116,7 +198,7 @@ class Credit:
     why: str
     failed_only_for_age: bool = False
     added_mib: float = 0.0
-    #: A short stable code for metrics labels (``resident``, ``not_loaded``, ``stale``...).
+    #: A short stable code for metrics labels: a :class:`CreditCode` value.
     code: str = ""
 
 

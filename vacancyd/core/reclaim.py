@@ -24,7 +24,7 @@ from vacancyd.core import gate
 from vacancyd.core.holds import decide_holds
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, UpstreamPolicy
-from vacancyd.core.reasons import Reason
+from vacancyd.core.reasons import Reason, ReclaimOutcome
 from vacancyd.core.snapshot import Snapshot
 
 
@@ -225,18 +225,23 @@ def plan(reclaim: Reclaim, *, trigger_cleared: bool, active_work: int, now: floa
     if trigger_cleared and policy.on_owner_return is not OnOwnerReturn.CANCEL:
         return StandDown("the trigger cleared before the deadline")
     if active_work == 0:
-        return Proceed(cut=False, unload=policy.yield_on_veto, outcome="work_ended")
+        return Proceed(cut=False, unload=policy.yield_on_veto, outcome=ReclaimOutcome.WORK_ENDED)
     if reclaim.deadline is not None and now >= reclaim.deadline:
         if policy.on_owner_return is OnOwnerReturn.FINISH:
-            return Proceed(cut=False, unload=policy.yield_on_veto, outcome="timed_out")
-        return Proceed(cut=True, unload=policy.yield_on_veto, outcome="cancelled")
+            return Proceed(cut=False, unload=policy.yield_on_veto, outcome=ReclaimOutcome.TIMED_OUT)
+        return Proceed(cut=True, unload=policy.yield_on_veto, outcome=ReclaimOutcome.CANCELLED)
     return Wait(reclaim.deadline)
 
 
 def decided(reclaim: Reclaim, action: StandDown | Proceed, now: float) -> Reclaim:
     """The reclaim after ``action`` was chosen at ``now``."""
     if isinstance(action, StandDown):
-        return replace(reclaim, phase=ReclaimPhase.STOOD_DOWN, decided_at=now, outcome="stood_down")
+        return replace(
+            reclaim,
+            phase=ReclaimPhase.STOOD_DOWN,
+            decided_at=now,
+            outcome=ReclaimOutcome.STOOD_DOWN,
+        )
     return replace(reclaim, phase=ReclaimPhase.PROCEEDING, decided_at=now, outcome=action.outcome)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from vacancyd.core.reasons import Credit
+from vacancyd.core.reasons import Credit, CreditCode
 
 #: A resident model must have at least this long before Ollama unloads it (seconds).
 MIN_EXPIRY_S = 30.0
@@ -173,23 +173,23 @@ def prove_ollama(
     ``age_s``: how old the observation is (seconds), subtracted from its expiry.
     """
     if requested is None:
-        return Credit(False, "the request names no model", code="no_model")
+        return Credit(False, "the request names no model", code=CreditCode.NO_MODEL)
     if model is None:
         return Credit(
-            False, f"model {requested!r} is not loaded (not in /api/ps)", code="not_loaded"
+            False, f"model {requested!r} is not loaded (not in /api/ps)", code=CreditCode.NOT_LOADED
         )
     if runner_options:
         return Credit(
             False,
             f"the request sets load-time option(s) {', '.join(runner_options)}, which make "
             "Ollama reload the model",
-            code="runner_options",
+            code=CreditCode.RUNNER_OPTIONS,
         )
     if model.expires_in_s is None:
         return Credit(
             False,
             f"its expires_at could not be read ({model.expires_error})",
-            code="expiry_unreadable",
+            code=CreditCode.EXPIRY_UNREADABLE,
         )
     left = model.expires_in_s - age_s
     if left < MIN_EXPIRY_S:
@@ -197,20 +197,26 @@ def prove_ollama(
             False,
             f"Ollama unloads it in {left:.1f} s (a credit needs at least {MIN_EXPIRY_S:.0f} s; "
             "a past expiry means the model is busy or being unloaded)",
-            code="expiring",
+            code=CreditCode.EXPIRING,
         )
     loaded = model.context_length
     if loaded is None:
         return Credit(
-            False, "the server does not report the loaded context_length", code="context_unknown"
+            False,
+            "the server does not report the loaded context_length",
+            code=CreditCode.CONTEXT_UNKNOWN,
         )
     if num_ctx is not None and num_ctx == loaded:
         return Credit(
-            True, f"{requested} is loaded with num_ctx {loaded} as requested", code="resident"
+            True,
+            f"{requested} is loaded with num_ctx {loaded} as requested",
+            code=CreditCode.RESIDENT,
         )
     if model.digest is None:
         return Credit(
-            False, "/api/ps gives no digest, so no learned context applies", code="context_unknown"
+            False,
+            "/api/ps gives no digest, so no learned context applies",
+            code=CreditCode.CONTEXT_UNKNOWN,
         )
     kind = ContextKey(model.digest, num_ctx, dialect or DIALECT_API)
     learned = learning.contexts.get(kind)
@@ -220,13 +226,13 @@ def prove_ollama(
                 True,
                 f"{requested} is loaded with context {loaded}, which this kind of request "
                 "was seen to load",
-                code="resident",
+                code=CreditCode.RESIDENT,
             )
         return Credit(
             False,
             f"{requested} is loaded with context {loaded}, but this kind of request loads "
             f"{learned} (Ollama would reload it)",
-            code="context_mismatch",
+            code=CreditCode.CONTEXT_MISMATCH,
         )
     if num_ctx is None:
         modelfile = learning.modelfile_num_ctx.get(model.digest, -1)
@@ -234,7 +240,7 @@ def prove_ollama(
             return Credit(
                 True,
                 f"{requested} is loaded with its Modelfile's num_ctx {loaded}",
-                code="resident",
+                code=CreditCode.RESIDENT,
             )
         if modelfile == -1:
             why = "its Modelfile has not been read yet"
@@ -248,10 +254,10 @@ def prove_ollama(
             False,
             f"{requested} is loaded with context {loaded}; the request leaves num_ctx unset "
             f"and no request of its kind was seen to load that context ({why})",
-            code="context_unknown",
+            code=CreditCode.CONTEXT_UNKNOWN,
         )
     return Credit(
         False,
         f"{requested} is loaded with context {loaded}, the request asks for num_ctx {num_ctx}",
-        code="context_mismatch",
+        code=CreditCode.CONTEXT_MISMATCH,
     )

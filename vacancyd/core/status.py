@@ -367,6 +367,16 @@ class HeadroomStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ReachStatus:
+    """Whether the upstream's server accepted connections when last checked (see
+    ``vacancyd.core.reach``): ``ok``, seconds since that evidence, and why it failed."""
+
+    ok: bool
+    age_s: float
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class UpstreamStatus:
     """One ``[[upstream]]``: what the gate would decide now and the work it has."""
 
@@ -391,6 +401,8 @@ class UpstreamStatus:
     #: What the upstream's controller reports of its server beside the observation (a vLLM
     #: server's sleep mode), as the controller renders it; None when it has no such view.
     sleep: Mapping[str, object] | None = None
+    #: The latest reachability evidence (None: none, or too old to count).
+    reachable: ReachStatus | None = None
 
     @property
     def lendable(self) -> bool:
@@ -425,6 +437,13 @@ class UpstreamStatus:
                 "detail": refusal.detail,
             },
             "server": None if server is None else server.to_json(),
+            "reachable": None
+            if self.reachable is None
+            else {
+                "ok": self.reachable.ok,
+                "age_s": _round(self.reachable.age_s),
+                "error": self.reachable.error,
+            },
             "headroom": None
             if self.headroom is None
             else {

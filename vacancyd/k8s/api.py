@@ -57,6 +57,10 @@ class KubeApi(Protocol):
     async def get_node_conditions(self, node: str) -> Sequence[Mapping[str, Any]]:
         """The Node's ``status.conditions`` (raises K8sApiError 404 if it does not exist)."""
 
+    async def read_node_status(self, node: str) -> tuple[str, Sequence[Mapping[str, Any]]]:
+        """(the Node's ``metadata.resourceVersion``, its ``status.conditions``); a patch that
+        carries that resourceVersion fails with 409 if the Node changed meanwhile."""
+
     async def patch_node_status(self, node: str, patch: Mapping[str, Any]) -> None:
         """Strategic-merge-patch ``nodes/NODE/status`` with ``patch``."""
 

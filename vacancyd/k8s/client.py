@@ -118,6 +118,13 @@ class KubeClient:
         conds = (doc.get("status") or {}).get("conditions") or []
         return [c for c in conds if isinstance(c, dict)]
 
+    async def read_node_status(self, node: str) -> tuple[str, Sequence[Mapping[str, Any]]]:
+        obj = await self._run(f"get node {node}", self._core.read_node(node))
+        doc = self._client.sanitize_for_serialization(obj)
+        conds = (doc.get("status") or {}).get("conditions") or []
+        version = str((doc.get("metadata") or {}).get("resourceVersion") or "")
+        return version, [c for c in conds if isinstance(c, dict)]
+
     async def patch_node_status(self, node: str, patch: Mapping[str, Any]) -> None:
         await self._run(
             f"patch node {node} status",

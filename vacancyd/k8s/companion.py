@@ -16,6 +16,11 @@
 
 The lender needs no cluster credentials; the companion needs a read-scope token per lender.
 Its own listener serves ``/healthz`` and ``/metrics`` (``vacancyd_companion_*``).
+
+Its background tasks are one ``follower NAME`` and one ``publisher NAME`` per lender, kept
+by :class:`Companion`; every one is essential: one that ends stops the companion (exit 1),
+so that its Deployment restarts it rather than it publishing nothing. A follower's own two
+loops (``status NAME``, ``events NAME``) run in a task group inside its task.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from vacancyd.config.model import CompanionSettings, LenderSettings, split_liste
 from vacancyd.core import conditions
 from vacancyd.core.conditions import LenderState, StatusFormatError
 from vacancyd.k8s.api import K8sApiError, KubeApi
-from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for
+from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
 
 log = logging.getLogger(__name__)
 
@@ -425,6 +430,18 @@ class Companion:
                 task = loop.create_task(coro, name=f"{name} {f.name}")
                 task.add_done_callback(self._task_done)
                 self._tasks.append(task)
+        # An uninstall (the chart's pre-delete hook) announces itself before it removes
+        # anything: every publisher then stops writing, so nothing removed comes back.
+        watcher = loop.create_task(
+            watch_uninstall(
+                self._connect,
+                self.settings.kubernetes.namespace,
+                [f.publisher for f in self.followers],
+            ),
+            name="uninstall watcher",
+        )
+        watcher.add_done_callback(self._task_done)
+        self._tasks.append(watcher)
         self._runner = web.AppRunner(make_health_app(self.followers), handle_signals=False)
         await self._runner.setup()
         host, port = split_listen(self.settings.listen)

@@ -23,7 +23,7 @@ from vacancyd.core import conditions
 from vacancyd.core.conditions import LenderState, StatusFormatError
 from vacancyd.core.status import PublisherStatus, StatusDocument
 from vacancyd.k8s.api import KubeApi
-from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for
+from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
 from vacancyd.state import SharedState
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,9 @@ class HostPublisher:
         self._state = state
         self._build = build_status
         self._poke = asyncio.Event()
+        self._connect = connect or _connect(settings)
         self.publisher = Publisher(
-            connect=connect or _connect(settings),
+            connect=self._connect,
             target=PublishTarget(
                 lender=lender_name(settings),
                 namespace=settings.namespace,
@@ -104,6 +105,10 @@ class HostPublisher:
         self._tasks = [
             spawn(self._feed(), "kubernetes feeder"),
             spawn(self.publisher.run(), "kubernetes publisher"),
+            spawn(
+                watch_uninstall(self._connect, target.namespace, [self.publisher]),
+                "kubernetes uninstall watcher",
+            ),
         ]
         log.info(
             "publishing to Kubernetes as lender %s (node %s, address %s, namespace %s)",

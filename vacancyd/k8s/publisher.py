@@ -143,6 +143,8 @@ class Publisher:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _damper: conditions.LendableDamper = field(init=False)
     _damped_until: float | None = None
+    #: Set by :meth:`stand_down` (an uninstall is removing what we wrote): write nothing more.
+    stood_down: bool = False
     _connect: _Part = field(init=False)
     _node: _Part = field(init=False)
     _slices: _Part = field(init=False)
@@ -206,8 +208,21 @@ class Publisher:
             except TimeoutError:
                 pass
 
+    def stand_down(self) -> None:
+        """Write nothing more, not even at shutdown: an uninstall is removing this lender's
+        objects (see :func:`watch_uninstall`). For good; never raises."""
+        if not self.stood_down:
+            log.warning(
+                "an uninstall is removing what vacancyd published: no more writes for %s",
+                self.target.lender,
+            )
+        self.stood_down = True
+        self._changed.set()
+
     def _next_wake(self, now: float) -> float:
         times = [now + 3600.0]
+        if self.stood_down:
+            return times[0]
         if self._damped_until is not None:
             times.append(self._damped_until)
         if self._api is None:
@@ -227,6 +242,8 @@ class Publisher:
         return min(times)
 
     async def _pass(self, now: float) -> None:
+        if self.stood_down:
+            return
         api = await self._ensure_api(now)
         if api is None:
             return
@@ -308,12 +325,20 @@ class Publisher:
     def _count(self, kind: str) -> None:
         self.calls[kind] = self.calls.get(kind, 0) + 1
 
-    async def _write_node(self, api: KubeApi, lender: LenderState) -> None:
-        """Read the Node's conditions, then patch ours in (and retired ones of ours out)."""
+    async def _write_node(
+        self, api: KubeApi, lender: LenderState, *, only_existing: bool = False
+    ) -> None:
+        """Read the Node's conditions, then patch ours in (and retired ones of ours out).
+
+        ``only_existing``: write nothing to a Node that carries none of our conditions (a
+        last write at shutdown must not bring back what an uninstall removed)."""
         node = self.target.node
         assert node is not None
         self._count("read")
         current = await self._call(f"get node {node}", api.get_node_conditions(node))
+        if only_existing and conditions.cleanup_patch(current) is None:
+            log.info("node %s has no vacancyd conditions (removed?): not writing them back", node)
+            return
         desired = conditions.node_conditions(lender)
         patch = conditions.condition_patch(desired, current, self.wall())
         retired = conditions.retired_conditions(current)
@@ -359,13 +384,17 @@ class Publisher:
                 )
         return out
 
-    async def _write_slices(self, api: KubeApi, lender: LenderState | None) -> LenderState:
+    async def _write_slices(
+        self, api: KubeApi, lender: LenderState | None, *, only_existing: bool = False
+    ) -> LenderState:
         """Read this lender's slices from the server; apply only those that differ from what
         is wanted, delete those no longer wanted. The comparison is with what the server
         holds, never with what was last written, so no needed write is skipped.
 
         ``lender`` None: the latest state as of the moment the server's copy arrived (so a
-        change during the read is included). Returns the state written.
+        change during the read is included). ``only_existing``: update slices the server
+        still holds, create none (a last write at shutdown must not bring back what an
+        uninstall deleted). Returns the state written.
         """
         namespace = self.target.namespace
         selector = (
@@ -384,6 +413,8 @@ class Publisher:
         for body in desired:
             name = body["metadata"]["name"]
             if conditions.slice_up_to_date(body, existing.get(name)):
+                continue
+            if only_existing and name not in existing:
                 continue
             try:
                 self._count("apply")
@@ -435,6 +466,8 @@ class Publisher:
 
     async def _write_final(self, lender: LenderState, what: str) -> bool:
         self.latest = lender
+        if self.stood_down:
+            return False
         api = self._api
         try:
             if api is None:
@@ -442,10 +475,12 @@ class Publisher:
                 api = await self._ensure_api(asyncio.get_running_loop().time())
             if api is None:
                 return False
+            # Update what the server holds, create nothing: after an uninstall's cleanup, a
+            # publisher that stops must not leave its objects behind again.
             if self.target.node is not None:
-                await self._write_node(api, lender)
+                await self._write_node(api, lender, only_existing=True)
             if self.target.address is not None:
-                await self._write_slices(api, lender)
+                await self._write_slices(api, lender, only_existing=True)
             log.info("published %s as %s", self.target.lender, what)
             return True
         except K8sApiError as exc:
@@ -475,3 +510,50 @@ class Publisher:
                 except Exception:  # closing must not fail a shutdown
                     log.debug("closing the Kubernetes client failed", exc_info=True)
             self._api = None
+
+
+#: Seconds between two looks for the uninstall marker; ``vacancyd k8s cleanup`` waits longer
+#: than this (``--stand-down-s``) before it removes anything.
+UNINSTALL_POLL_S = 2.0
+
+
+async def watch_uninstall(
+    connect: Callable[[], Awaitable[KubeApi]],
+    namespace: str,
+    publishers: list[Publisher],
+    *,
+    poll_s: float = UNINSTALL_POLL_S,
+    wall: Callable[[], float] = time.time,
+) -> None:
+    """Look for the uninstall marker in ``namespace`` every ``poll_s`` seconds (one list
+    call); once it is there, :meth:`Publisher.stand_down` every publisher. Runs until
+    cancelled (it idles after standing down); API failures are logged once and retried."""
+    api: KubeApi | None = None
+    last_error: str | None = None
+    selector = f"{conditions.UNINSTALL_LABEL}=true"
+    try:
+        while True:
+            try:
+                if api is None:
+                    async with asyncio.timeout(30.0):
+                        api = await connect()
+                async with asyncio.timeout(30.0):
+                    markers = await api.get_endpoint_slices(namespace, selector)
+            except (K8sApiError, TimeoutError) as exc:
+                text = str(exc) or "no answer within 30 s"
+                if text != last_error:
+                    log.debug("looking for the uninstall marker failed: %s", text)
+                last_error = text
+            else:
+                last_error = None
+                if conditions.uninstall_in_progress(markers, wall()):
+                    for publisher in publishers:
+                        publisher.stand_down()
+                    await asyncio.Event().wait()  # stood down for good: idle until cancelled
+            await asyncio.sleep(poll_s)
+    finally:
+        if api is not None:
+            try:
+                await api.close()
+            except Exception:  # closing must not fail a shutdown
+                log.debug("closing the Kubernetes client failed", exc_info=True)

@@ -21,7 +21,6 @@ Order for every request: authenticate (borrow scope) -> classify -> by class:
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import error_body, render_refusal_bytes
 from vacancyd.core.snapshot import RequestFacts
-from vacancyd.proxy import bodies, headers, observe, probe, tunnel
+from vacancyd.proxy import bodies, client, headers, observe, probe, tunnel
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.errors import json_errors
@@ -52,8 +51,6 @@ from vacancyd.web.site import reset_connection
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
-#: aiohttp warns about (and may stall the loop on) raw bytes bodies past 1 MiB.
-LARGE_BODY_BYTES = 1024 * 1024
 #: Upstream URLs remembered per listener (oldest forgotten first).
 URL_CACHE_SIZE = 256
 #: Statuses whose responses carry no body (RFC 9110 §6.4.1): always streamed as they are.
@@ -129,6 +126,7 @@ class Proxy:
         controller: Controller | None = None,
         tunnels: tunnel.TunnelLimits | None = None,
         members: Mapping[str, Proxy] | None = None,
+        upstream_client: client.UpstreamClient | None = None,
     ) -> None:
         self.upstream = upstream
         #: A pool's member proxies, first member first (``[[pool]]``); empty otherwise.
@@ -140,7 +138,13 @@ class Proxy:
         self.auth = auth
         self.metrics = metrics
         self.limits = limits
-        self.session = session
+        self.session = session  # WebSocket tunnels
+        #: Forwarded requests go through this pooled client (vacancyd.proxy.client).
+        self.client = upstream_client or client.UpstreamClient(
+            upstream.target.raw_host or "127.0.0.1",
+            upstream.target.port or 80,
+            connect_timeout_s=limits.upstream_connect_timeout_s,
+        )
         self.budget = bodies.BodyBudget(limits.buffered_budget_mib * MIB)
         self.max_body = limits.max_request_body_mib * MIB
         self.max_passthrough_body = limits.max_passthrough_body_kib * 1024
@@ -148,19 +152,14 @@ class Proxy:
         self.allowed_origins = frozenset(o.rstrip("/").lower() for o in settings.allowed_origins)
         self.pass_response = frozenset(h.lower() for h in settings.pass_response_headers)
         self.classify = Classifier(upstream.adapter.table)
-        #: Borrowed jobs' exchanges: the session's timeouts plus the upstream's silence limit
-        #: (aiohttp's sock_read: no byte from the upstream for that long, counted from the
-        #: end of the request body and paused while the borrower is not reading).
+        #: Borrowed jobs' silence limit (seconds, None: none): no byte from the upstream for
+        #: that long, counted from the end of the request body and paused while the borrower
+        #: is not reading, gives the job up (vacancyd.proxy.client).
         self.silence_s = settings.silence_limit
-        base = session.timeout
-        self.job_timeout = aiohttp.ClientTimeout(
-            total=base.total,
-            connect=base.connect,
-            sock_read=self.silence_s,
-            sock_connect=base.sock_connect,
-            ceil_threshold=base.ceil_threshold,
-        )
         self._urls: dict[tuple[str, str], URL] = {}
+        #: The controller when it wakes a sleeping server before work (decided once: a
+        #: runtime-checkable Protocol's isinstance costs more than the rest of the check).
+        self._waker: Waker | None = controller if isinstance(controller, Waker) else None
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -439,7 +438,10 @@ class Proxy:
         adapter = self.upstream.adapter
         if len(body) <= SMALL_JSON_BYTES:
             return adapter.read_facts(c.route, body, ctype)
-        return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
+        if len(body) <= bodies.JOIN_ON_LOOP_BYTES:
+            return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
+        async with self.budget.copying:  # the parser may copy a long value whole: one at a time
+            return await run_cooperatively(adapter.read_facts_steps(c.route, body, ctype))
 
     def _reclaim_refusal(self) -> Refuse | None:
         return self.work.refusal(self.upstream.name)
@@ -606,37 +608,35 @@ class Proxy:
         tracked: str | None = None,
     ) -> web.StreamResponse:
         up = self.upstream
-        controller: object = self.controller
-        if exchange is not None and isinstance(controller, Waker):
-            failed = await self._wake(controller)
+        if exchange is not None and self._waker is not None:
+            failed = await self._wake(self._waker)
             if failed is not None:
                 return failed
         out_headers = self._request_headers(request)
         observe.inject_trace_context(out_headers)
-        data: Any = body
-        if body is not None and len(body) > LARGE_BODY_BYTES:
-            data = io.BytesIO(body)  # aiohttp sends large in-memory bodies in chunks this way
         try:
-            upstream_resp = await self.session.request(
+            upstream_resp = await self.client.request(
                 request.method,
-                self._url(c, query),
-                headers=out_headers,
-                data=data,
-                allow_redirects=False,
-                timeout=self.session.timeout if exchange is None else self.job_timeout,
+                _target(c, query),
+                out_headers.items(),
+                body,
+                silence_s=None if exchange is None else self.silence_s,
             )
-        except aiohttp.SocketTimeoutError:
-            if exchange is None:
-                raise  # no read timeout outside borrowed jobs: never happens
+        except client.UpstreamSilent:
+            assert exchange is not None  # only borrowed jobs have a silence limit
             return self._silent(request, exchange, c)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (client.ForwardError, ValueError) as exc:
             # Connecting failed (refused, timed out) or the server answered with something
             # that is not a valid HTTP response (garbage, oversized headers, a hang-up).
-            unreachable = isinstance(exc, aiohttp.ClientConnectorError | TimeoutError)
+            unreachable = isinstance(exc, client.ConnectFailed)
             stage = "connect" if unreachable else "response"
             self.metrics.upstream_error(up.name, stage)
+            if unreachable:  # the lendability probe answers upstream_unreachable from now
+                self.state.record_reach(
+                    up.name, False, self.state.clock(), f"a borrowed request: {exc}"
+                )
             log.warning(
-                "upstream %s %s for %s %s: %r",
+                "upstream %s %s for %s %s: %s",
                 up.name,
                 "unreachable" if unreachable else "sent no valid response",
                 request.method,
@@ -646,7 +646,7 @@ class Proxy:
             what = "could not be reached" if unreachable else "did not send a valid HTTP response"
             return json_error(
                 502,
-                f"the upstream server of {up.name!r} {what} ({exc.__class__.__name__})",
+                f"the upstream server of {up.name!r} {what} ({exc.__class__.__name__}: {exc})",
                 ErrorType.UPSTREAM,
                 ErrorCode.UPSTREAM_UNREACHABLE
                 if unreachable
@@ -690,14 +690,13 @@ class Proxy:
             stalled = self.limits.write_stall_timeout_s
             try:
                 if complete is None:
-                    async for chunk in upstream_resp.content.iter_any():
+                    async for chunk in upstream_resp.iter_chunks():
                         async with asyncio.timeout(stalled):
                             await response.write(chunk)
                 async with asyncio.timeout(stalled):
                     await response.write_eof()
-            except aiohttp.SocketTimeoutError:
-                if exchange is None:
-                    raise  # no read timeout outside borrowed jobs: never happens
+            except client.UpstreamSilent:
+                assert exchange is not None  # only borrowed jobs have a silence limit
                 return self._silent(request, exchange, c)
             except TimeoutError:
                 log.warning(
@@ -705,7 +704,7 @@ class Proxy:
                 )
                 self._cut(request)
                 return response
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            except client.BrokenBody as exc:
                 if request.transport is None or request.transport.is_closing():
                     return response  # the borrower went away; nothing left to tell it
                 self.metrics.upstream_error(up.name, "stream")
@@ -715,12 +714,9 @@ class Proxy:
             return response
         finally:
             # A fully read response returns its connection to the pool; anything else
-            # (cancelled by a client disconnect, cut, stalled) closes it, which is what
+            # (cancelled by a client disconnect, cut, stalled) aborts it, which is what
             # tells the upstream to stop.
-            if upstream_resp.content.at_eof():
-                upstream_resp.release()
-            else:
-                upstream_resp.close()
+            upstream_resp.release()
 
     def _silent(
         self, request: web.BaseRequest, exchange: _Exchange, c: Classification
@@ -763,7 +759,12 @@ class Proxy:
         reset_connection(request.transport)
 
 
-def _complete_body(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -> bytes | None:
+def _target(c: Classification, query: str) -> str:
+    """The request target sent upstream: the dot-resolved raw path and the query as sent."""
+    return f"{c.path}?{query}" if query else c.path
+
+
+def _complete_body(request: web.BaseRequest, upstream: client.Response) -> bytes | None:
     """The upstream's whole body when it is already buffered, else None (stream it).
 
     Never for HEAD or bodiless statuses, whose headers must pass exactly as sent.
@@ -771,10 +772,7 @@ def _complete_body(request: web.BaseRequest, upstream: aiohttp.ClientResponse) -
     status = upstream.status
     if request.method == "HEAD" or status < 200 or status in NO_BODY_STATUSES:
         return None
-    content = upstream.content
-    if not content.is_eof() or content.exception() is not None:
-        return None
-    return content.read_nowait()
+    return upstream.complete_body()
 
 
 def make_app(proxy: Proxy) -> web.Application:

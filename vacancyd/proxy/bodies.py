@@ -9,7 +9,7 @@ proxy holds at once must fit its budget (503 + Retry-After); the whole body must
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -34,10 +34,17 @@ class BodyError(Exception):
 
 @dataclass
 class BodyBudget:
-    """Bytes of request bodies one proxy may hold at once."""
+    """Bytes of request bodies one proxy may hold at once.
+
+    ``copying`` is held while a large body is copied whole: joined from its chunks
+    (:func:`read_body`) or read for its facts (``vacancyd.proxy.app``, whose parser builds
+    the long values it scans). Those copies are not counted in the budget, so taking them one
+    at a time bounds what the proxy holds beyond it to one body, however many arrive at once.
+    """
 
     limit_bytes: int
     used_bytes: int = 0
+    copying: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def try_reserve(self, n: int) -> bool:
         if self.used_bytes + n > self.limit_bytes:
@@ -142,6 +149,7 @@ async def read_body(
         raise _exhausted()
     chunks: list[bytes] = []
     total = 0
+    content = request.content
     loop = asyncio.get_running_loop()
     deadline = loop.time() + read_timeout_s
     try:
@@ -153,8 +161,11 @@ async def read_body(
                     408, ErrorCode.BODY_TIMEOUT, f"body not received within {read_timeout_s:g} s"
                 )
             try:
-                async with asyncio.timeout(wait):
-                    chunk = await request.content.readany()
+                if content.is_eof():
+                    chunk = await content.readany()  # all of it is here: never waits
+                else:
+                    async with asyncio.timeout(wait):
+                        chunk = await content.readany()
             except RequestPayloadError as exc:
                 raise BodyError(
                     400,
@@ -186,13 +197,25 @@ async def read_body(
                     raise _exhausted()
             chunks.append(chunk)
     except BaseException:
+        # The error's traceback keeps this frame alive while the caller answers and drains
+        # the rest of the body: let go of what arrived now, as the budget already does.
+        chunks.clear()
         reservation.release()
         raise
     reservation.shrink(total)
     if total <= JOIN_ON_LOOP_BYTES:
         return b"".join(chunks), reservation
-    # Copying tens of MiB takes tens of ms; bytes.join releases the GIL for large buffers.
-    return await asyncio.to_thread(b"".join, chunks), reservation
+    try:
+        async with budget.copying:
+            # Copying tens of MiB takes tens of ms; bytes.join releases the GIL for large
+            # buffers. The chunks go before the next body may copy (see BodyBudget).
+            body = await asyncio.to_thread(b"".join, chunks)
+            chunks.clear()
+    except BaseException:
+        chunks.clear()
+        reservation.release()
+        raise
+    return body, reservation
 
 
 def _size(n: int) -> str:

@@ -14,7 +14,10 @@ answer it, with the same decision:
 with ``{"lendable": true, ...}``, or the upstream's ``refusal_status`` (503 by default) with
 ``Retry-After`` and ``{"lendable": false, "reason": CODE, "retry_after_s": N, ...}``: the
 gate's reason code only, never its detail, so the route can be public. Unknown upstream or
-model: 404 JSON.
+model: 404 JSON. While the upstream's server does not accept connections (the daemon's own
+connection check, or a borrowed request that could not connect, said so last) the answer
+is ``503`` with reason ``upstream_unreachable`` instead of any other answer, whatever
+``refusal_status`` says: nothing would serve the request.
 
 It runs the admission checks a work request meets before forwarding (gate, open reclaim,
 ledger) on one snapshot without reserving anything: it calls no upstream, takes no ledger
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from vacancyd.core import reach
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import ErrorCode, ErrorType, Refuse
 from vacancyd.core.refusal import SDK_MAX_RETRY_AFTER_S, error_body
@@ -92,9 +96,23 @@ def answer(
                 ErrorCode.UNKNOWN_MODEL,
                 models=known,
             )
-    refusal = decide(work, policy.name, model)
-    doc: dict[str, object] = {"lendable": refusal is None, "upstream": policy.name, "model": model}
+    # A server that does not answer comes first: whatever the gate says, nothing would
+    # serve the request (and a transient refusal would hide why).
+    down = work.state.upstream_unreachable(policy.name)
+    refusal = None if down else decide(work, policy.name, model)
+    doc: dict[str, object] = {
+        "lendable": refusal is None and not down,
+        "upstream": policy.name,
+        "model": model,
+    }
     headers = {"Cache-Control": "no-store"}
+    if down:
+        # Not a refusal of the lender's: the server behind it is gone. Always 503, which
+        # every balancer reads as "out of rotation" (a 429 would read as "slow down").
+        doc["reason"] = reach.UPSTREAM_UNREACHABLE
+        doc["retry_after_s"] = reach.UNREACHABLE_RETRY_AFTER_S
+        headers["Retry-After"] = str(reach.UNREACHABLE_RETRY_AFTER_S)
+        return web.json_response(doc, status=503, headers=headers)
     if refusal is None:
         return web.json_response(doc, headers=headers)
     doc["reason"] = refusal.reason.value

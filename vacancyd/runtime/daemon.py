@@ -31,8 +31,9 @@ Task tree (names as they appear in logs):
   ``[telemetry]`` (not essential)
 * ``SIGHUP config check`` — re-reads the configuration on SIGHUP (not essential)
 * ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
-* ``kubernetes feeder`` / ``kubernetes publisher`` — host-side publishing when
-  ``[kubernetes]`` is configured (not essential: the API server cannot stop the daemon)
+* ``kubernetes feeder`` / ``kubernetes publisher`` / ``kubernetes uninstall watcher`` —
+  host-side publishing when ``[kubernetes]`` is configured (not essential: the API server
+  cannot stop the daemon)
 
 Every one goes through the supervisor (``vacancyd.runtime.tasks``), which holds its
 reference and its essential flag; ``tests/component/test_supervision.py`` checks that no
@@ -51,6 +52,7 @@ import ssl
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +67,13 @@ from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import build_status
-from vacancyd.collectors import exposure, logind, presence, system
-from vacancyd.collectors.base import run_async_probe_loop, run_probe_loop
+from vacancyd.collectors import exposure, logind, presence, reach, system
+from vacancyd.collectors.base import (
+    run_async_probe_loop,
+    run_inline_probe_loop,
+    run_probe_loop,
+    sample_now,
+)
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import ResourceSettings, Settings, is_loopback, split_listen
@@ -94,13 +101,14 @@ from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.core.snapshot import ServerState
 from vacancyd.k8s.host import HostPublisher
 from vacancyd.proxy.app import Proxy, Upstream, make_app
+from vacancyd.proxy.client import UpstreamClient
 from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.probe import ProbeEndpoint
 from vacancyd.proxy.tunnel import TunnelLimits
 from vacancyd.runtime import calibration, durable, learned, lendability, memory, sdnotify
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
-from vacancyd.state import PressureSample, SharedState
+from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
 from vacancyd.web.auth import Authenticator, Token
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import (
@@ -256,6 +264,7 @@ class Daemon:
     tls: ssl.SSLContext | None = None
     _tls_files: TlsFiles | None = None
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
+    _clients: list[UpstreamClient] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
@@ -413,6 +422,7 @@ class Daemon:
                 controller=controller,
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
+            self._clients.append(proxy.client)
             probes[up.name] = ProbeEndpoint(up.public_probe, proxy.probe)
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(
@@ -422,6 +432,7 @@ class Daemon:
                 access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
             )
             self.state.set_listener(up.name, address, bound=True)
+            self._start_reach_check(upstream)
             if adapter.observable:
                 self._start_observer(upstream, credential)
             proxies[up.name] = proxy
@@ -435,6 +446,7 @@ class Daemon:
                 metrics=self.metrics,
                 limits=limits,
                 session=first.session,
+                upstream_client=first.client,
                 work=self.work,
                 tunnels=TunnelLimits(
                     first.upstream.settings.websocket_max_tunnels,
@@ -667,6 +679,35 @@ class Daemon:
         self._sessions.append(session)
         return session
 
+    def _start_reach_check(self, upstream: Upstream) -> None:
+        """While the lendability probe is asked (within the last minute), check on the
+        collectors' cadence (at most every 2 s) that the upstream's server accepts
+        connections (vacancyd.core.reach)."""
+        name = upstream.name
+        state = self.state
+        cfg = self.settings.collectors
+        interval = min(cfg.poll_s, 2.0)
+        state.reach_max_age_s = max(state.reach_max_age_s, 5 * (interval + cfg.probe_timeout_s))
+        host, port = reach.target_address(upstream.target)
+
+        def wanted() -> bool:
+            asked = state.reach_asked_at.get(name)
+            return asked is not None and state.clock() - asked <= REACH_DEMAND_S
+
+        self.supervisor.spawn(
+            reach.run_reach_loop(
+                host,
+                port,
+                interval_s=interval,
+                timeout_s=cfg.probe_timeout_s,
+                wanted=wanted,
+                wake=state.sample_wanted(f"reach:{name}"),
+                on_result=lambda ok, t, error: state.record_reach(name, ok, t, error),
+            ),
+            name=f"connection check {name}",
+            essential=False,
+        )
+
     def _start_observer(self, upstream: Upstream, credential: str | None) -> None:
         adapter = upstream.adapter
         session = aiohttp.ClientSession(
@@ -712,14 +753,29 @@ class Daemon:
             if not res.enabled:
                 continue
             name = res.name
+            probe = _capacity_probe(res, self.settings, self._gpus)
+            on_sample = partial(state.record_capacity, name)
+            on_error = partial(state.record_capacity_failure, name)
+            if probe is system.sample_memory:
+                # /proc/meminfo is kernel memory, not a disk or a driver: every sample,
+                # the one a release asks for included, is taken on the loop, not handed to a
+                # thread and back (and one source keeps the samples in the order taken).
+                sample = sample_now(name, probe, on_sample=on_sample, on_error=on_error)
+                state.sample_inline(name, sample)
+                self.supervisor.spawn(
+                    run_inline_probe_loop(sample, interval_s=cfg.poll_s),
+                    name=f"collector {name}",
+                    essential=True,
+                )
+                continue
             self.supervisor.spawn(
                 run_probe_loop(
                     name,
-                    _capacity_probe(res, self.settings, self._gpus),
+                    probe,
                     interval_s=cfg.poll_s,
                     timeout_s=cfg.probe_timeout_s,
-                    on_sample=lambda r, t, n=name: state.record_capacity(n, r, t),  # type: ignore[misc]
-                    on_error=lambda e, t, n=name: state.record_capacity_failure(n, e, t),  # type: ignore[misc]
+                    on_sample=on_sample,
+                    on_error=on_error,
                     wake=state.sample_wanted(name),
                 ),
                 name=f"collector {name}",
@@ -886,6 +942,8 @@ class Daemon:
         await self.saver.flush()
         for session in self._sessions:
             await session.close()
+        for upstream_client in self._clients:
+            await upstream_client.close()
 
     async def reload_tls(self) -> bool:
         """Load renewed TLS files into the running context (SIGHUP). Returns False, logging

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from vacancyd.core.reasons import ErrorCode, ErrorType
+from vacancyd.core.reasons import AuthOutcome, ErrorCode, ErrorType, GuardReason
 from vacancyd.core.refusal import error_body
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import mark_authenticated
@@ -71,7 +71,9 @@ def host_name(host_header: str) -> str:
     return host.rstrip(".")
 
 
+@functools.lru_cache(maxsize=1024)
 def _is_ip(name: str) -> bool:
+    """Whether ``name`` is an IP literal (remembered: Host values repeat)."""
     try:
         ipaddress.ip_address(name.split("%", 1)[0])
     except ValueError:
@@ -83,6 +85,8 @@ def _is_ip(name: str) -> bool:
 FOREIGN_FETCH_SITES = frozenset({"cross-site", "same-site"})
 #: Content types a page may send cross-origin without a CORS preflight.
 JSON_TYPES = frozenset({"application/json"})
+#: The ``WWW-Authenticate`` challenge of a 401 (RFC 6750).
+CHALLENGE = 'Bearer realm="vacancyd"'
 
 
 def _forbidden(message: str, code: ErrorCode) -> web.Response:
@@ -150,13 +154,13 @@ class Authenticator:
         """
         trusted = self._position_trusted(request, scope)
         if trusted:
-            self._record(record, scope, "allowed")
+            self._record(record, scope, AuthOutcome.ALLOWED)
             mark_authenticated(request)
             return None
         if trusted is False:
-            self._record(record, scope, "host_not_allowed")
+            self._record(record, scope, AuthOutcome.HOST_NOT_ALLOWED)
             if record:
-                self._metrics.request_guard.labels("host_not_allowed").inc()
+                self._metrics.request_guard.labels(GuardReason.HOST_NOT_ALLOWED).inc()
             return _forbidden(
                 f"Host {request.headers.get('Host', '')!r} does not name this lender; a request "
                 "trusted without a token must use localhost, an IP address or one of "
@@ -166,7 +170,7 @@ class Authenticator:
         header = request.headers.get("Authorization", "")
         kind, _, presented = header.partition(" ")
         if kind.lower() != "bearer" or not presented.strip():
-            self._record(record, scope, "missing")
+            self._record(record, scope, AuthOutcome.MISSING)
             return web.json_response(
                 error_body(
                     "authentication required: send Authorization: Bearer <token>",
@@ -174,7 +178,7 @@ class Authenticator:
                     ErrorCode.MISSING_TOKEN,
                 ),
                 status=401,
-                headers={"WWW-Authenticate": 'Bearer realm="vacancyd"'},
+                headers={"WWW-Authenticate": CHALLENGE},
             )
         # Header values arrive decoded with surrogateescape; bytes that are not UTF-8 must
         # compare as bytes (and never match), not raise.
@@ -184,7 +188,7 @@ class Authenticator:
             if hmac.compare_digest(secret, presented_bytes):
                 match = token
         if match is None:
-            self._record(record, scope, "invalid")
+            self._record(record, scope, AuthOutcome.INVALID)
             return web.json_response(
                 error_body(
                     "the bearer token is not valid",
@@ -192,10 +196,11 @@ class Authenticator:
                     ErrorCode.INVALID_TOKEN,
                 ),
                 status=401,
-                headers={"WWW-Authenticate": 'Bearer realm="vacancyd", error="invalid_token"'},
+                # RFC 6750's error code for a bad token is the same string as ours.
+                headers={"WWW-Authenticate": f'{CHALLENGE}, error="{ErrorCode.INVALID_TOKEN}"'},
             )
         if not match.grants(scope):
-            self._record(record, scope, "forbidden")
+            self._record(record, scope, AuthOutcome.FORBIDDEN)
             return web.json_response(
                 error_body(
                     f"token {match.name!r} lacks the {scope!r} scope",
@@ -204,7 +209,7 @@ class Authenticator:
                 ),
                 status=403,
             )
-        self._record(record, scope, "allowed")
+        self._record(record, scope, AuthOutcome.ALLOWED)
         mark_authenticated(request)
         return None
 
@@ -231,7 +236,7 @@ class Authenticator:
         if request.body_exists and (
             (ctype or "").split(";", 1)[0].strip().lower() not in JSON_TYPES
         ):
-            self._metrics.request_guard.labels("content_type").inc()
+            self._metrics.request_guard.labels(GuardReason.CONTENT_TYPE).inc()
             return web.json_response(
                 error_body(
                     "admin requests must send their body as Content-Type: application/json",
@@ -247,9 +252,9 @@ class Authenticator:
         return self._trust_loopback and is_loopback_peer(request)
 
     def _guard_refusal(self, code: ErrorCode, message: str) -> web.Response:
-        self._metrics.request_guard.labels(code).inc()
+        self._metrics.request_guard.labels(GuardReason(code.value)).inc()
         return _forbidden(message, code)
 
-    def _record(self, record: bool, scope: str, outcome: str) -> None:
+    def _record(self, record: bool, scope: str, outcome: AuthOutcome) -> None:
         if record:
             self._metrics.auth(scope, outcome)

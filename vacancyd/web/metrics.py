@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd import __version__
-from vacancyd.core.reasons import Credit
+from vacancyd.core.reasons import Credit, CreditCode
 
 #: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
 #: seconds to minutes.
@@ -177,4 +177,4 @@ class Metrics:
     def residency(self, upstream: str, credit: Credit) -> None:
         """Count one residency proof's outcome (admitted or refused at the per-model step)."""
         outcome = "applied" if credit.applied else "denied"
-        self.residency_credits.inc(upstream, outcome, credit.code or "unknown")
+        self.residency_credits.inc(upstream, outcome, credit.code or CreditCode.UNKNOWN)

@@ -1,0 +1,591 @@
+"""The forwarding leg: a pooled HTTP/1.1 client for one upstream, over asyncio protocols.
+
+The proxy sends every forwarded request (borrowed work, pass-through routes) with it; the
+WebSocket tunnels and the adapters' controllers keep aiohttp's client. Responses are parsed
+by httptools (llhttp, the C parser Node.js uses). What it keeps from a general client:
+
+* connection reuse: an idle kept-alive connection is reused, most recently used first, and
+  closed after :data:`IDLE_TIMEOUT_S` seconds unused or when the server closes it;
+* framing: ``Content-Length``, chunked and close-delimited bodies; no body for ``HEAD``,
+  1xx, 204 and 304; interim 1xx replies are skipped;
+* streaming with back-pressure: once :data:`READ_LIMIT_BYTES` are buffered and not yet
+  consumed, the socket stops being read until the consumer catches up;
+* cancellation: cancelling a caller that waits for a reply or reads a body, or
+  :meth:`Response.close`, aborts the connection at once, which is what tells the upstream
+  to stop;
+* a connect deadline, and for borrowed jobs a silence limit: no byte from the upstream
+  for that long (counted once the request has gone out, and not while the reply waits for
+  a slow consumer) ends the exchange with :class:`UpstreamSilent`;
+* classified failures: :class:`ConnectFailed` (nothing listens, the connect timed out),
+  :class:`BadResponse` (no valid HTTP reply: garbage, oversized headers, the connection
+  closed before a reply), :class:`BrokenBody` (the reply broke off after its headers).
+
+A request that fails on a *reused* connection before any byte of a reply arrived is sent
+once more on a fresh connection: the server closed that kept-alive connection as the
+request went out (llama-server closes idle ones), and the request body is in memory, so it
+can be replayed. A failure on a fresh connection, or after any reply byte, is never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Iterable
+from typing import cast
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+
+#: Unconsumed response bytes after which the socket stops being read (back-pressure).
+READ_LIMIT_BYTES = 2**16
+#: Request bodies up to this size go out in one write with their head (bytes); larger ones
+#: are written as a view, so sending them makes no joined copy.
+_JOINED_WRITE_BYTES = 64 * 1024
+#: An idle pooled connection is closed after this many seconds unused.
+IDLE_TIMEOUT_S = 15.0
+#: The most header bytes (names and values) and header lines a reply may carry.
+MAX_HEADER_BYTES = 64 * 1024
+MAX_HEADERS = 256
+#: Methods whose replies never carry a body, whatever their headers say.
+_NO_BODY_METHODS = frozenset({"HEAD"})
+
+
+class ForwardError(Exception):
+    """The upstream exchange failed; the subclass says at which stage."""
+
+
+class ConnectFailed(ForwardError):
+    """No connection to the upstream: refused, unreachable, or past the connect deadline."""
+
+
+class BadResponse(ForwardError):
+    """The upstream did not send a valid HTTP reply (garbage, oversized headers, an
+    unexpected protocol switch, or the connection closed before the reply's headers)."""
+
+
+class BrokenBody(ForwardError):
+    """The upstream's reply broke off after its headers (reset, closed early, bad framing)."""
+
+
+class UpstreamSilent(ForwardError):
+    """The upstream sent nothing for the exchange's silence limit (before its reply or
+    between two pieces of it); the connection is aborted."""
+
+
+class _ClosedBeforeReply(BadResponse):
+    """The connection ended before any byte of a reply arrived (a retry may be allowed)."""
+
+
+class Response:
+    """One reply: ``status`` (int), ``reason`` (str), ``headers`` (case-insensitive, as
+    sent). The body is read with :meth:`iter_chunks` or, when it arrived with the headers,
+    :meth:`complete_body`; then :meth:`release` (connection back to the pool when the body
+    was read to its end) or :meth:`close` (connection aborted)."""
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_done",
+        "_error",
+        "_waiter",
+        "buffered",
+        "headers",
+        "reason",
+        "status",
+    )
+
+    def __init__(self, conn: _Connection, status: int, reason: str, headers: CIMultiDict[str]):
+        self._conn: _Connection | None = conn
+        self.status = status
+        self.reason = reason
+        self.headers = CIMultiDictProxy(headers)
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self._done = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- fed by the connection ---------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self.buffered += len(data)
+        self._wake()
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        if self._done or self._error is not None:
+            return
+        if error is None:
+            self._done = True
+        else:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- read by the proxy -------------------------------------------------------------
+
+    @property
+    def at_eof(self) -> bool:
+        """True once the whole body arrived and was consumed."""
+        return self._done and not self._chunks
+
+    def complete_body(self) -> bytes | None:
+        """The whole body when it has all arrived (and none was consumed), else None."""
+        if not self._done:
+            return None
+        chunks, self._chunks = self._chunks, collections.deque()
+        self.buffered = 0
+        return b"".join(chunks)
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive; raises :class:`BrokenBody` if it breaks off."""
+        while True:
+            if self._chunks:
+                chunk = self._chunks.popleft()
+                self.buffered -= len(chunk)
+                conn = self._conn
+                if conn is not None and self.buffered < READ_LIMIT_BYTES:
+                    conn.resume()
+                yield chunk
+                continue
+            if self._done:
+                return
+            if self._error is not None:
+                raise self._error
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def release(self) -> None:
+        """Done with the reply: the connection goes back to the pool if the body was read
+        to its end and the server keeps it alive; otherwise it is aborted."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self.at_eof:
+            conn.finished()
+        else:
+            conn.abort()
+
+    def close(self) -> None:
+        """Abort the connection now (the upstream sees its client go away)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.abort()
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection to the upstream, carrying one exchange at a time."""
+
+    def __init__(self, pool: UpstreamClient) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        #: An exchange on this connection has completed before (it came from the pool).
+        self.reused = False
+        self.keep_alive = False
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._head_waiter: asyncio.Future[Response] | None = None
+        self._response: Response | None = None
+        self._no_body = False
+        self._received = 0
+        self._status = b""
+        self._headers: CIMultiDict[str] = CIMultiDict()
+        self._header_bytes = 0
+        self._reading_paused = False
+        self._complete = False
+        #: Resolved once the socket is closed.
+        self._loop = asyncio.get_running_loop()
+        self.lost: asyncio.Future[None] = self._loop.create_future()
+        self._silence_s: float | None = None
+        self._silence_timer: asyncio.TimerHandle | None = None
+        self._last_byte_at = 0.0
+
+    # -- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.pool.opened(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_waiter is None and self._response is None:
+            self.abort()  # bytes nobody asked for on an idle connection: not reusable
+            return
+        self._received += len(data)
+        if self._silence_timer is not None:
+            self._last_byte_at = self._loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(BadResponse("the upstream switched protocols on a plain request"))
+        except httptools.HttpParserError as exc:
+            self._fail(BadResponse(f"invalid HTTP response: {exc}"))
+        except ForwardError as exc:
+            self._fail(exc)
+
+    def eof_received(self) -> bool:
+        self.closed = True  # never pooled again; a close-delimited body ends on the close
+        return False  # close the transport: HTTP/1.1 has no half-closed replies
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.transport = None
+        self.pool.forget(self, lost=True)
+        if not self.lost.done():
+            self.lost.set_result(None)
+        waiter = self._head_waiter
+        if waiter is not None and not waiter.done():
+            why = f": {exc}" if exc is not None else ""
+            error: BadResponse = (
+                _ClosedBeforeReply(f"the upstream closed the connection before replying{why}")
+                if self._received == 0
+                else BadResponse(f"the upstream closed the connection mid-reply{why}")
+            )
+            waiter.set_exception(error)
+        response = self._response
+        if response is not None and not self._complete:
+            if self._close_delimited():
+                self._complete = True
+                response._finish()
+            else:
+                why = f" ({exc})" if exc is not None else ""
+                response._finish(BrokenBody(f"the upstream's reply broke off{why}"))
+
+    # -- httptools callbacks -----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._complete:
+            self.keep_alive = False  # a second reply nobody asked for: do not reuse
+        self._status = b""
+        self._headers = CIMultiDict()
+        self._header_bytes = 0
+
+    def on_status(self, status: bytes) -> None:
+        self._status += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > MAX_HEADER_BYTES or len(self._headers) >= MAX_HEADERS:
+            raise BadResponse(
+                f"the upstream's reply headers exceed {MAX_HEADERS} lines or "
+                f"{MAX_HEADER_BYTES} bytes"
+            )
+        self._headers.add(
+            name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")
+        )
+
+    def on_headers_complete(self) -> None:
+        code = self.parser.get_status_code()
+        if 100 <= code < 200:
+            return  # an interim reply (100 Continue, 103 Early Hints): the final one follows
+        waiter = self._head_waiter
+        if waiter is None or waiter.done():
+            return
+        response = Response(
+            self, code, self._status.decode("utf-8", "surrogateescape"), self._headers
+        )
+        self._response = response
+        self._head_waiter = None
+        self.keep_alive = self.parser.should_keep_alive()
+        waiter.set_result(response)
+        if self._no_body or code in (204, 304):
+            # llhttp cannot be told that a HEAD reply has no body: end it here and never
+            # reuse the connection (its parser would wait for the announced body).
+            self._complete = True
+            self._stop_silence()
+            if self._no_body:
+                self.keep_alive = False
+            response._finish()
+
+    def on_body(self, body: bytes) -> None:
+        response = self._response
+        if response is None or self._complete:
+            return
+        response._feed(body)
+        if response.buffered >= READ_LIMIT_BYTES and not self._reading_paused:
+            self._reading_paused = True
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    def on_message_complete(self) -> None:
+        if self.parser.get_status_code() < 200 or self._response is None:
+            return
+        if not self._complete:
+            self._complete = True
+            self._stop_silence()
+            self._response._finish()
+
+    # -- used by the pool and the response ---------------------------------------------
+
+    def _close_delimited(self) -> bool:
+        """The reply's body ends when the connection does (no length, not chunked)."""
+        response = self._response
+        if response is None:
+            return False
+        headers = response.headers
+        return (
+            "Content-Length" not in headers
+            and "chunked" not in headers.get("Transfer-Encoding", "").lower()
+        )
+
+    def start(
+        self, head: bytes, body: bytes | None, no_body: bool, silence_s: float | None
+    ) -> asyncio.Future[Response]:
+        """Send a request; the future resolves with the reply once its headers are in."""
+        if self.transport is None or self.transport.is_closing():
+            raise _ClosedBeforeReply("the pooled connection was already closed")
+        self._cancel_idle_timer()
+        self._received = 0
+        self._response = None
+        self._complete = False
+        self._no_body = no_body
+        waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self._head_waiter = waiter
+        if not body:
+            self.transport.write(head)
+        elif len(body) <= _JOINED_WRITE_BYTES:
+            self.transport.writelines((head, body))  # one send for head and body
+        else:
+            # Python 3.11's writelines joins its pieces and the transport copies what the
+            # socket did not take yet; a view is buffered once, without the joined copy
+            # (docs/benchmarks.md, upload storm).
+            self.transport.write(head)
+            self.transport.write(memoryview(body))
+        self._silence_s = silence_s
+        if silence_s is not None:
+            self._last_byte_at = self._loop.time()
+            self._silence_timer = self._loop.call_at(
+                self._last_byte_at + silence_s, self._check_silence
+            )
+        return waiter
+
+    def _check_silence(self) -> None:
+        """The silence timer fired. A byte that arrived since (``data_received`` notes
+        when) moves the deadline to the limit after it; a request body still going out or a
+        reply waiting for its consumer starts the count again; otherwise the upstream has
+        been silent for the whole limit."""
+        self._silence_timer = None
+        limit = self._silence_s
+        if limit is None or self._complete or self.closed:
+            return
+        loop = self._loop
+        now = loop.time()
+        transport = self.transport
+        if self._reading_paused or (
+            transport is not None and transport.get_write_buffer_size() > 0
+        ):
+            self._last_byte_at = now  # waiting on the borrower or the send: not silence
+        due = self._last_byte_at + limit
+        if due > now + 0.001:
+            self._silence_timer = loop.call_at(due, self._check_silence)
+            return
+        self._fail(UpstreamSilent(f"the upstream sent nothing for {limit:g} s"))
+
+    def _stop_silence(self) -> None:
+        if self._silence_timer is not None:
+            self._silence_timer.cancel()
+            self._silence_timer = None
+
+    def resume(self) -> None:
+        if self._reading_paused:
+            self._reading_paused = False
+            if self.transport is not None:
+                self.transport.resume_reading()
+
+    def finished(self) -> None:
+        """The reply was read to its end: pool the connection if it stays alive."""
+        self._response = None
+        if self.closed or not self.keep_alive or not self._complete:
+            self.abort()
+            return
+        self.reused = True
+        self.resume()
+        self.pool.put_idle(self)
+
+    def idle_for(self, timeout_s: float) -> None:
+        self._idle_timer = asyncio.get_running_loop().call_later(timeout_s, self.abort)
+
+    def _cancel_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _fail(self, error: ForwardError) -> None:
+        waiter = self._head_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+        elif self._response is not None and not self._complete:
+            silent = isinstance(error, UpstreamSilent)
+            self._response._finish(error if silent else BrokenBody(str(error)))
+        self.abort()
+
+    def abort(self) -> None:
+        self._cancel_idle_timer()
+        self._stop_silence()
+        self.closed = True
+        self.pool.forget(self)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class UpstreamClient:
+    """Pooled connections to one upstream (``host``, ``port``), plain HTTP/1.1.
+
+    ``connect_timeout_s``: the deadline for opening a connection (seconds). One per upstream
+    listener; :meth:`close` aborts every connection it holds.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout_s: float,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.connect_timeout_s = connect_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self._idle: list[_Connection] = []
+        self._busy: set[_Connection] = set()
+        #: Every connection whose socket is still open (closed on shutdown).
+        self._open: set[_Connection] = set()
+        self._closed = False
+
+    async def request(
+        self,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | None,
+        *,
+        silence_s: float | None = None,
+    ) -> Response:
+        """Send ``method target`` (origin form: path and query, as sent by the borrower)
+        with ``headers`` (``Host`` included; ``Content-Length`` is set here) and ``body``
+        (None: no body). Returns once the reply's headers are in. ``silence_s``: the most
+        seconds the upstream may send nothing (None: no limit).
+
+        Raises :class:`ConnectFailed`, :class:`BadResponse`, :class:`UpstreamSilent` or
+        ValueError (a header value that would break the request's framing). A request that
+        fails on a reused connection before any reply byte is sent again once on a fresh
+        connection.
+        """
+        head = _request_head(method, target, headers, body)
+        no_body = method in _NO_BODY_METHODS
+        conn = self._take_idle()
+        if conn is not None:
+            try:
+                return await self._exchange(conn, head, body, no_body, silence_s)
+            except _ClosedBeforeReply:
+                pass  # the server closed the kept-alive connection as we sent: once more
+        conn = await self._connect()
+        try:
+            return await self._exchange(conn, head, body, no_body, silence_s)
+        except _ClosedBeforeReply as exc:
+            raise BadResponse(str(exc)) from None
+
+    async def _exchange(
+        self,
+        conn: _Connection,
+        head: bytes,
+        body: bytes | None,
+        no_body: bool,
+        silence_s: float | None,
+    ) -> Response:
+        self._busy.add(conn)
+        try:
+            return await conn.start(head, body, no_body, silence_s)
+        except BaseException:
+            conn.abort()
+            raise
+
+    def _take_idle(self) -> _Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                return conn
+            conn.abort()
+        return None
+
+    async def _connect(self) -> _Connection:
+        if self._closed:
+            raise ConnectFailed("the proxy is shutting down")
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, protocol = await loop.create_connection(
+                    lambda: _Connection(self), self.host, self.port
+                )
+        except TimeoutError:
+            raise ConnectFailed(
+                f"no connection to {self.host}:{self.port} within {self.connect_timeout_s:g} s"
+            ) from None
+        except OSError as exc:
+            raise ConnectFailed(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+        return protocol
+
+    def put_idle(self, conn: _Connection) -> None:
+        self._busy.discard(conn)
+        if self._closed:
+            conn.abort()
+            return
+        conn.idle_for(self.idle_timeout_s)
+        self._idle.append(conn)
+
+    def opened(self, conn: _Connection) -> None:
+        self._open.add(conn)
+
+    def forget(self, conn: _Connection, *, lost: bool = False) -> None:
+        self._busy.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+        if lost:
+            self._open.discard(conn)
+
+    async def close(self, timeout_s: float = 1.0) -> None:
+        """Abort every connection and wait (at most ``timeout_s`` seconds) until their
+        sockets are closed; later requests fail with :class:`ConnectFailed`."""
+        self._closed = True
+        conns = [*self._idle, *self._busy, *self._open]
+        self._idle.clear()
+        self._busy.clear()
+        for conn in conns:
+            conn.abort()
+        lost = [conn.lost for conn in conns if not conn.lost.done()]
+        if lost:
+            await asyncio.wait(lost, timeout=timeout_s)
+
+
+def _request_head(
+    method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes | None
+) -> bytes:
+    """The request line and header section, ``Content-Length`` included, as bytes."""
+    lines = [f"{method} {target} HTTP/1.1"]
+    for name, value in headers:
+        if "\n" in value or "\r" in value or "\n" in name or "\r" in name or ":" in name:
+            raise ValueError(f"header {name!r} would break the request's framing")
+        lines.append(f"{name}: {value}")
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
+    elif method in ("POST", "PUT", "PATCH"):
+        lines.append("Content-Length: 0")
+    lines.append("\r\n")
+    text = "\r\n".join(lines)
+    if "\n" in target or "\r" in target or " " in target:
+        raise ValueError("the request target would break the request line")
+    return text.encode("utf-8", "surrogateescape")
