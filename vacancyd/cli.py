@@ -10,6 +10,7 @@ import http.client
 import json
 import logging
 import os
+import ssl
 import sys
 import urllib.error
 import urllib.request
@@ -187,13 +188,53 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fetch_status(url: str, token: str | None, timeout_s: float = 5.0) -> dict[str, Any]:
+def _opener(tls: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
+    # The daemon is a local service: never route this through an HTTP proxy.
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if tls is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=tls))
+    return urllib.request.build_opener(*handlers)
+
+
+def _client_tls(args: argparse.Namespace, what: str) -> ssl.SSLContext | int | None:
+    """The TLS context for talking to the API: trusting ``--ca-file`` (else
+    ``$VACANCYD_CA_FILE``) when given, else the system's CAs (None). An exit code (2) after
+    saying what was wrong when the bundle cannot be used."""
+    from vacancyd.web.tls import CA_FILE_ENV, TlsError, client_context
+
+    ca_file = getattr(args, "ca_file", None) or os.environ.get(CA_FILE_ENV) or None
+    if ca_file is None:
+        return None
+    source = "--ca-file" if getattr(args, "ca_file", None) else f"${CA_FILE_ENV}"
+    try:
+        return client_context(Path(ca_file))
+    except TlsError as exc:
+        print(f"vacancyd {what}: {source}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _unreachable(what: str, url: str, exc: BaseException, failed: str = "cannot reach") -> str:
+    """The message for a failed call: a refused certificate says which problem it has and
+    how to trust a private CA."""
+    from vacancyd.web.tls import CA_FILE_ENV, verify_failure
+
+    why = verify_failure(exc)
+    if why is not None:
+        return (
+            f"vacancyd {what}: cannot verify the TLS certificate of {url}: {why}; if the "
+            f"daemon's certificate is self-signed or from a private CA, pass --ca-file (or "
+            f"set {CA_FILE_ENV}) with that certificate or CA"
+        )
+    return f"vacancyd {what}: {failed} {url}: {exc}"
+
+
+def _fetch_status(
+    url: str, token: str | None, timeout_s: float = 5.0, tls: ssl.SSLContext | None = None
+) -> dict[str, Any]:
     request = urllib.request.Request(url.rstrip("/") + "/status")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
-    # The daemon is a local service: never route this through an HTTP proxy.
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=timeout_s) as resp:
+    with _opener(tls).open(request, timeout=timeout_s) as resp:
         data = json.load(resp)
     if not isinstance(data, dict) or not {"version", "resources", "upstreams"} <= data.keys():
         raise ValueError("the answer is not a vacancyd /status document (is this vacancyd's API?)")
@@ -399,14 +440,20 @@ def cmd_status(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"vacancyd status: --token-file: {exc}", file=sys.stderr)
             return 2
+    tls = _client_tls(args, "status")
+    if isinstance(tls, int):
+        return tls
     try:
-        doc = _fetch_status(url, token)
+        doc = _fetch_status(url, token, tls=tls)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace")[:300]
         print(f"vacancyd status: {url} answered {exc.code}: {detail}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        print(f"vacancyd status: cannot read {url}/status: {exc}", file=sys.stderr)
+        print(
+            _unreachable("status", f"{url.rstrip('/')}/status", exc, "cannot read"),
+            file=sys.stderr,
+        )
         return 1
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -475,7 +522,13 @@ def _api_target(args: argparse.Namespace, what: str) -> tuple[str, str | None] |
     return (url or DEFAULT_URL).rstrip("/"), token
 
 
-def _post(url: str, token: str | None, body: dict[str, Any], timeout_s: float = 10.0) -> Any:
+def _post(
+    url: str,
+    token: str | None,
+    body: dict[str, Any],
+    timeout_s: float = 10.0,
+    tls: ssl.SSLContext | None = None,
+) -> Any:
     request = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
@@ -484,8 +537,7 @@ def _post(url: str, token: str | None, body: dict[str, Any], timeout_s: float = 
     )
     if token:
         request.add_header("Authorization", f"Bearer {token}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(request, timeout=timeout_s) as resp:
+    with _opener(tls).open(request, timeout=timeout_s) as resp:
         return json.load(resp)
 
 
@@ -494,8 +546,11 @@ def _admin_call(args: argparse.Namespace, what: str, path: str, body: dict[str, 
     if isinstance(target, int):
         return target
     url, token = target
+    tls = _client_tls(args, what)
+    if isinstance(tls, int):
+        return tls
     try:
-        return _post(url + path, token, body)
+        return _post(url + path, token, body, tls=tls)
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace")[:500]
         try:
@@ -505,7 +560,7 @@ def _admin_call(args: argparse.Namespace, what: str, path: str, body: dict[str, 
         print(f"vacancyd {what}: {url} answered {exc.code}: {detail}", file=sys.stderr)
         return 1
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
-        print(f"vacancyd {what}: cannot reach {url}{path}: {exc}", file=sys.stderr)
+        print(_unreachable(what, url + path, exc), file=sys.stderr)
         return 1
 
 
@@ -591,6 +646,12 @@ def _add_api_args(p: argparse.ArgumentParser, scope: str) -> None:
     )
     p.add_argument("--token-file", type=Path, help=f"file holding the {scope}-scope token")
     p.add_argument("--config", type=Path, help="take the API address from this config")
+    p.add_argument(
+        "--ca-file",
+        type=Path,
+        help="PEM CA bundle to trust for an https:// API (a self-signed certificate or a "
+        "private CA; default: $VACANCYD_CA_FILE, else the system's CAs)",
+    )
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -645,12 +706,16 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if isinstance(target, int):
         return target
     url, token = target
+    tls = _client_tls(args, "measure")
+    if isinstance(tls, int):
+        return tls
     try:
-        lender = _fetch_status(url or "http://" + settings.server.listen, token)
+        lender = _fetch_status(url or "http://" + settings.server.listen, token, tls=tls)
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        failed = _unreachable("measure", "the daemon's /status", exc, "cannot read")
         print(
-            f"vacancyd measure: cannot read the daemon's /status ({exc}); it must run, so that "
-            "measuring never starts while the owner is here or borrowed work runs",
+            f"{failed}; it must run, so that measuring never starts while the owner is here "
+            "or borrowed work runs",
             file=sys.stderr,
         )
         return 1
@@ -879,6 +944,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--token-file", type=Path, help="file holding the read-scope token")
     status.add_argument("--config", type=Path, help="take the API address from this config")
+    status.add_argument(
+        "--ca-file",
+        type=Path,
+        help="PEM CA bundle to trust for an https:// API (a self-signed certificate or a "
+        "private CA; default: $VACANCYD_CA_FILE, else the system's CAs)",
+    )
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
     status.set_defaults(func=cmd_status)
 

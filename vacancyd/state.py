@@ -36,6 +36,7 @@ from vacancyd.core.events import (
     PressureReleased,
     ReclaimChanged,
     ResourceSwitched,
+    Shutdown,
     StateEvent,
     Stopping,
     UnseenGpuWorkChanged,
@@ -272,12 +273,18 @@ class SharedState:
 
     # -- writers -------------------------------------------------------------------------
 
-    def set_stopping(self) -> None:
+    def set_stopping(self, grace_s: float | None = None, in_flight: int = 0) -> None:
         """Mark the daemon as shutting down: new work is refused, /readyz turns 503, and
-        followers of ``/events`` are told at once (event ``stopping``)."""
+        followers of ``/events`` are told at once (event ``stopping``, with the drain's
+        ``grace_s`` in seconds and the ``in_flight`` borrowed exchanges when given)."""
         if not self.stopping:
             self.stopping = True
-            self._emit(Stopping())
+            self._emit(Stopping(grace_s, in_flight))
+
+    def announce_shutdown(self, cut: int, *, hurried: bool) -> None:
+        """The drain is over and the listeners close now: followers of ``/events`` get the
+        ``shutdown`` event (``cut`` exchanges were cut) as the last of their stream."""
+        self._emit(Shutdown(cut, hurried))
 
     def note_lendability(self, upstreams: Mapping[str, Mapping[str, object]]) -> None:
         """Tell subscribers that what a borrowed request would get changed (event

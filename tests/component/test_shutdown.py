@@ -21,6 +21,7 @@ def config(target: str, upstreams: int) -> str:
         *(upstream(f"u{i}", target, resource=f"r{i}") for i in range(upstreams)),
         resources=tuple(resource(f"r{i}") for i in range(upstreams)),
         collectors={"poll_s": 0.2},
+        server={"shutdown_grace_s": 3},
     )
 
 

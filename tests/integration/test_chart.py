@@ -287,6 +287,57 @@ def test_host_publishing_renders_its_own_least_privilege_rbac() -> None:
     assert [d["kind"] for d in with_operator].count("PrometheusRule") == 1
 
 
+def test_lender_ca_bundle_is_mounted_and_named_in_the_config(tmp_path: Path) -> None:
+    docs = render(CHART / "ci" / "lender-ca-values.yaml")
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    settings = parse_companion_config(cm["data"]["companion.toml"], "<rendered>")
+    assert str(settings.ca_file) == "/var/run/vacancyd/ca/ca.crt"
+    assert [(x.name, x.ca_file and str(x.ca_file)) for x in settings.lender] == [
+        ("gaming-pc", None),
+        ("studio", "/var/run/vacancyd/ca/studio.crt"),
+    ]
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deploy["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["lender-ca"]["mountPath"] == "/var/run/vacancyd/ca"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["lender-ca"] == {
+        "name": "lender-ca",
+        "secret": {"secretName": "vacancyd-lender-ca"},
+    }
+    # from a ConfigMap instead
+    docs = render(None, "--set", "lenders[0].name=pc,lenders[0].url=https://pc:9470")
+    assert all("lender-ca" not in str(d) for d in docs)  # nothing without lenderCA
+    values = yaml.safe_load((CHART / "ci" / "lender-ca-values.yaml").read_text())
+    values["lenderCA"] = {"configMap": "lender-ca", "key": "ca.crt"}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    docs = render(tmp_path / "values.yaml")
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["lender-ca"]["configMap"] == {"name": "lender-ca"}
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        (["--set", "lenders[0].name=pc,lenders[0].url=https://pc,lenders[0].caKey=a.crt"], "caKey"),
+        (["--set", "lenders[0].name=pc,lenders[0].url=https://pc,lenderCA.secret=s"], "needs key"),
+        (
+            [
+                "--set",
+                "lenders[0].name=pc,lenders[0].url=https://pc,lenderCA.secret=s,"
+                "lenderCA.configMap=c,lenderCA.key=k",
+            ],
+            "lenderCA",
+        ),
+    ],
+)
+def test_lender_ca_values_are_checked(bad: list[str], why: str) -> None:
+    proc = run(tool("helm"), "template", "vacancyd", str(CHART), *bad, check=False)
+    assert proc.returncode != 0
+    assert why in proc.stderr, proc.stderr
+
+
 def test_the_chart_and_the_daemon_share_one_lendable_stable_default() -> None:
     """companion.lendableStableSeconds and lendable_stable_s have one default (10 s), so a
     companion from the chart and a host-side lender damp a return to lendable alike."""

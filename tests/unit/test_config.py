@@ -202,6 +202,27 @@ def test_switches_take_only_true_or_false(value: str) -> None:
     assert any("server.trust_loopback" in p for p in ps), ps
 
 
+def test_shutdown_grace_and_delay() -> None:
+    settings = parse_config(ISSUE_CONFIG, "test.toml")
+    assert settings.server.shutdown_grace_s == 20
+    assert settings.shutdown_delay_s == 0  # no [kubernetes]: nothing to wait for
+    with_kube = ISSUE_CONFIG + '\n[kubernetes]\nnode = "pc"\n'
+    assert parse_config(with_kube, "test.toml").shutdown_delay_s == 2
+    short = ISSUE_CONFIG.replace(
+        "trust_loopback = true", "trust_loopback = true\nshutdown_grace_s = 1"
+    )
+    assert parse_config(short + '\n[kubernetes]\nnode = "pc"\n', "t.toml").shutdown_delay_s == 1
+    ps = problems(
+        ISSUE_CONFIG.replace(
+            "trust_loopback = true",
+            "trust_loopback = true\nshutdown_grace_s = 3\nshutdown_delay_s = 5",
+        )
+    )
+    assert any("shutdown_delay_s (5) cannot exceed shutdown_grace_s (3)" in p for p in ps)
+    ps = problems(ISSUE_CONFIG.replace("trust_loopback = true", "shutdown_grace_s = -1"))
+    assert any("server.shutdown_grace_s" in p for p in ps)
+
+
 def test_upstream_silence_defaults_to_five_minutes_and_zero_means_no_limit() -> None:
     (up,) = parse_config(ISSUE_CONFIG).upstream
     assert up.upstream_silence_s == 300 and up.silence_limit == 300

@@ -157,8 +157,10 @@ def test_event_loop_refuses_a_missing_uvloop(monkeypatch: pytest.MonkeyPatch) ->
 def test_gate_step_one_from_the_switches_alone() -> None:
     stopping = gate.decide_switches(True, True)
     off = gate.decide_switches(False, False)
-    assert stopping is not None and stopping.reason is Reason.LENDING_DISABLED
+    # a draining lender says so in its own reason code, with a short Retry-After
+    assert stopping is not None and stopping.reason is Reason.SHUTTING_DOWN
     assert "shutting down" in stopping.detail
+    assert stopping.retry_after_s == 10
     assert off is not None and off.reason is Reason.LENDING_DISABLED
     assert off.retry_after_s == 300
     assert gate.decide_switches(False, True) is None

@@ -8,6 +8,15 @@ Three rules keep it cheap:
   :data:`SMALL_JSON_BYTES` is fed in 4 KiB pieces to ijson's push parser (C, yajl) and only
   the values of the wanted keys are built, instead of materialising the whole document; the
   whole body is still checked to be one valid JSON object, as before.
+* yajl keeps a token that spans pieces in a buffer and reads that buffer again from its
+  start each time a piece arrives, so a string of n bytes fed 4 KiB at a time costs
+  O(n²) (a 15 MiB base64 image took about 23 s of CPU). Strings longer than
+  :data:`LONG_STRING_BYTES` therefore never reach yajl: they are found with regular
+  expressions (C speed), checked here in 1 MiB slices (no control characters, valid
+  escapes, valid UTF-8, as yajl would check), and replaced by a short placeholder in what
+  yajl reads; a wanted value that was such a string is decoded from the body at the end.
+  A number longer than that is refused (Python's own ``json`` refuses integers of more
+  than 4,300 digits).
 * A ``multipart/form-data`` body is split with ``bytes.find`` on its boundary (memchr speed),
   not with the e-mail parser, which costs seconds per MiB of small fields.
 * The parsers are generators that pause after every piece or part (:data:`Steps`). Run
@@ -23,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import codecs
 import json
 import quopri
 import re
@@ -43,6 +53,11 @@ SMALL_JSON_BYTES = 64 * 1024
 PIECE_BYTES = 4096
 #: How long :func:`run_cooperatively` works before handing the loop back (seconds).
 SLICE_S = 0.002
+#: A JSON string longer than this (bytes, quotes included) is checked by :func:`_long_string`
+#: and never fed to yajl; a number longer than this is refused.
+LONG_STRING_BYTES = 64 * 1024
+#: Bytes scanned or checked between pauses inside a long string.
+SCAN_BYTES = 1024 * 1024
 #: Deeper nesting than this is refused, as ``json.loads`` refuses it past the recursion limit.
 MAX_JSON_DEPTH = 512
 #: A multipart part's header block larger than this is malformed (bytes).
@@ -50,6 +65,17 @@ MAX_PART_HEADER_BYTES = 16 * 1024
 #: Placeholder for a wanted key whose value is an object or array (so a caller that wants
 #: a string can still say "must be a string").
 NON_SCALAR: dict[str, Any] = {}
+
+# Outside a string: runs of anything but a quote, and whole strings, possessively (no
+# backtracking). Matched with an end position, it stops at the opening quote of the first
+# string that does not close before that end.
+_OUTSIDE = re.compile(rb'(?:[^"]++|"(?:[^"\\]++|\\.)*+")*+', re.DOTALL)
+# Inside a string: everything up to its closing quote (or the end position).
+_INSIDE = re.compile(rb'(?:[^"\\]++|\\.)*+', re.DOTALL)
+_CONTROL = re.compile(rb"[\x00-\x1f]")
+_VALID_ESCAPE = re.compile(rb'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})')
+_NUMBER_BYTES = b"0123456789+-.eE"
+_PLACEHOLDER = "\x00vacancyd-long-string-"
 
 _DISPOSITION = re.compile(rb"(?im)^content-disposition:([^\r\n]*)")
 _ENCODING = re.compile(rb"(?im)^content-transfer-encoding:\s*([^\s;]+)")
@@ -133,11 +159,14 @@ def _json_fields_pushed(
     key: str | None = None  # the top-level key whose value comes next
     builder: Any = None  # builds the value of a key in ``full``
     seen_any = False
+    longs: dict[str, tuple[int, int]] = {}  # placeholder -> (start, end) of the string
     events = ijson.sendable_list()
     parser = ijson.basic_parse_coro(events, use_float=True)
-    view = memoryview(body)
-    for offset in range(0, len(body), PIECE_BYTES):
-        parser.send(bytes(view[offset : offset + PIECE_BYTES]))
+    for piece in _pieces(body, longs):
+        if piece is None:  # a pause inside a long string: nothing for yajl yet
+            yield
+            continue
+        parser.send(piece)
         for event, value in events:
             if builder is not None:
                 builder.event(event, value)
@@ -158,6 +187,8 @@ def _json_fields_pushed(
                 depth = 1
                 continue
             if depth == 1 and event == "map_key":
+                if longs and value in longs:  # a key longer than LONG_STRING_BYTES
+                    value = _restore(value, body, longs)
                 key = value if value in wanted else None
                 continue
             if event in ("start_map", "start_array"):
@@ -179,7 +210,125 @@ def _json_fields_pushed(
     parser.close()  # raises for a document that is not finished
     if not seen_any:
         raise BodyParseError("request body is not valid JSON: no value")
+    if longs:
+        found = {k: _restore(v, body, longs) for k, v in found.items()}
     return found
+
+
+def _pieces(body: bytes, longs: dict[str, tuple[int, int]]) -> Generator[bytes | None, None, None]:
+    """What yajl reads: ``body`` in pieces of at most :data:`PIECE_BYTES`, each long string
+    replaced by a placeholder (recorded in ``longs``); None between steps of checking a
+    long string. Raises :class:`BodyParseError` for a long string that is not valid JSON
+    or a number longer than :data:`LONG_STRING_BYTES`."""
+    size = len(body)
+    pos = 0  # the next byte yajl reads
+    scan = 0  # bytes before this are classified; ``scan`` is never inside a string
+    number_run = 0  # number bytes that end the pieces fed so far, outside strings
+    while pos < size:
+        end = min(pos + PIECE_BYTES, size)
+        long_at = -1
+        while scan < end:
+            stop = _OUTSIDE.match(body, scan, end).end()  # type: ignore[union-attr]
+            if stop >= end:
+                scan = stop
+                break
+            close = yield from _string_end(body, stop)
+            if close + 1 - stop > LONG_STRING_BYTES:
+                long_at = stop
+                break
+            scan = close + 1  # a short string: yajl may read it in pieces
+        if long_at < 0:
+            piece = body[pos:end]
+            if scan == end:  # ``end`` lies outside any string: a number may run across it
+                tail = len(piece) - len(piece.rstrip(_NUMBER_BYTES))
+                number_run = number_run + tail if tail == len(piece) else tail
+                if number_run > LONG_STRING_BYTES:
+                    raise BodyParseError(
+                        f"request body is not valid JSON: a number longer than "
+                        f"{LONG_STRING_BYTES} bytes"
+                    )
+            else:
+                number_run = 0
+            yield piece
+            pos = end
+            continue
+        if long_at > pos:
+            yield body[pos:long_at]
+        close = yield from _string_end(body, long_at)
+        yield from _long_string(body, long_at + 1, close)
+        placeholder = f"{_PLACEHOLDER}{len(longs)}"
+        longs[placeholder] = (long_at, close + 1)
+        yield json.dumps(placeholder).encode()
+        pos = scan = close + 1
+        number_run = 0
+
+
+def _string_end(body: bytes, opening: int) -> Steps[int]:
+    """The index of the quote that closes the string opened at ``opening``; pauses every
+    :data:`SCAN_BYTES`. Raises :class:`BodyParseError` when the body ends first."""
+    size = len(body)
+    at = opening + 1
+    while True:
+        window = min(at + SCAN_BYTES, size)
+        stop = _INSIDE.match(body, at, window).end()  # type: ignore[union-attr]
+        if stop < window and body[stop] == 0x22:  # '"'
+            return stop
+        if window == size and (stop == size or stop == size - 1):
+            raise BodyParseError("request body is not valid JSON: a string is not closed")
+        at = stop  # the window ended inside the string (perhaps inside an escape)
+        yield
+
+
+def _long_string(body: bytes, start: int, end: int) -> Steps[None]:
+    """Check the content ``body[start:end]`` of a long JSON string as yajl would, one
+    :data:`SCAN_BYTES` slice per step: no raw control characters, only JSON's escapes,
+    valid UTF-8. Raises :class:`BodyParseError` or :class:`UnicodeDecodeError`."""
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    at = start
+    while at < end:
+        cut = min(at + SCAN_BYTES, end)
+        if cut < end:
+            cut = _escape_safe(body, at, cut, end)
+        part = body[at:cut]
+        if _CONTROL.search(part):
+            raise BodyParseError("request body is not valid JSON: a control character in a string")
+        if b"\\" in part and b"\\" in _VALID_ESCAPE.sub(b"", part):
+            raise BodyParseError("request body is not valid JSON: a bad escape in a string")
+        utf8.decode(part)
+        del part
+        at = cut
+        yield
+    utf8.decode(b"", final=True)
+
+
+def _escape_safe(body: bytes, start: int, cut: int, end: int) -> int:
+    """``cut``, moved back before an escape that it would split, or past it when the escape
+    begins at ``start`` (which is known not to be inside one); never beyond ``end``. A JSON
+    escape is at most six bytes (``\\uXXXX``)."""
+    last = body.rfind(b"\\", max(start, cut - 6), cut)
+    if last < 0:
+        return cut
+    run = last
+    while run > start and body[run - 1] == 0x5C:  # count the backslashes before it
+        run -= 1
+    if (last - run) % 2:  # the second half of an escaped backslash: ends before ``cut``
+        return cut
+    length = 6 if last + 1 < len(body) and body[last + 1] == 0x75 else 2  # 'u'
+    if last + length <= cut:
+        return cut
+    return last if last > start else min(last + length, end)
+
+
+def _restore(value: Any, body: bytes, longs: dict[str, tuple[int, int]]) -> Any:
+    """``value`` with every placeholder string replaced by the long string it stands for."""
+    if isinstance(value, str):
+        span = longs.get(value)
+        return value if span is None else json.loads(body[span[0] : span[1]])
+    if isinstance(value, list):
+        return [_restore(v, body, longs) for v in value]
+    if isinstance(value, dict) and value is not NON_SCALAR:
+        return {_restore(k, body, longs): _restore(v, body, longs) for k, v in value.items()}
+    return value
 
 
 def _boundary(content_type_header: str) -> str:

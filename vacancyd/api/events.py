@@ -18,14 +18,18 @@ The stream a dashboard or the Kubernetes companion follows. Wire format (the WHA
 ``event`` is the ``kind`` of the typed transition (:mod:`vacancyd.core.events`) that
 :class:`~vacancyd.state.SharedState` emitted (``lending``, ``resource_switch``,
 ``capacity``, ``pressure``, ``unseen_gpu_work``, ``presence``, ``veto``, ``edge``, ``hold``,
-``job_hold``, ``reclaim``, ``listener``, ``stopping``, ``lendable``), and ``data`` its
-payload. ``job_hold`` (a borrowed job held, or its hold ended) is distinct from ``hold``
-(the owner's controls). ``stopping`` is sent the moment the daemon begins to shut down;
-``lendable`` whenever what a borrowed request would get changes, transition or not (the
-lendability watcher re-decides every 0.25 s: a reading going stale, free memory crossing a
-limit, another model fitting). A comment line is sent every ``keepalive_s`` seconds, so a
-follower that hears nothing for a few of those knows the lender is gone. Events are a hint
-to re-read ``/status``, not a replacement for it.
+``job_hold``, ``reclaim``, ``listener``, ``stopping``, ``shutdown``, ``lendable``), and
+``data`` its payload. ``job_hold`` (a borrowed job held, or its hold ended) is distinct from
+``hold`` (the owner's controls). ``stopping`` is sent the moment the daemon begins to shut
+down (its drain: ``grace_s``, the most seconds borrowed work in flight still has, and
+``in_flight``, how many exchanges that is); ``shutdown`` when the drain is over and the
+listeners close (``cut``: exchanges still in flight that were cut; ``hurried``: a second
+signal ended the drain early), and it is the last event of every stream; ``lendable``
+whenever what a borrowed request would get changes, transition or not (the lendability
+watcher re-decides every 0.25 s: a reading going stale, free memory crossing a limit,
+another model fitting). A comment line is sent every ``keepalive_s`` seconds, so a follower
+that hears nothing for a few of those knows the lender is gone. Events are a hint to re-read
+``/status``, not a replacement for it.
 
 A client that falls ``QUEUE_MAX`` events behind is sent ``event: overflow`` and the stream
 ends, so a slow reader costs the daemon a bounded queue and never delays a collector.
@@ -42,7 +46,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from aiohttp import web
 
 from vacancyd import __version__
-from vacancyd.core.events import StateEvent
+from vacancyd.core.events import Shutdown, StateEvent
 from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.state import SharedState
@@ -146,8 +150,14 @@ def make_handler(
                     continue
                 event_id += 1
                 await _write(resp, format_event(event_id, *item))
+                if item[0] == Shutdown.kind:
+                    return resp  # the daemon's last word: the listeners close now
+            # Stopped without the daemon's own shutdown event (the application alone shut
+            # down): the stream still ends with one, so a follower can tell it from a cut.
             if closing.is_set():
-                await _write(resp, format_event(event_id + 1, "shutdown", {"kind": "shutdown"}))
+                last = Shutdown()
+                data = {"kind": last.kind, **last.payload(), "at_wall": time.time()}
+                await _write(resp, format_event(event_id + 1, last.kind, data))
         except (ConnectionResetError, TimeoutError) as exc:
             log.debug("/events client %s gone: %r", request.remote, exc)
         finally:

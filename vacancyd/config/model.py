@@ -165,6 +165,12 @@ class ServerSettings(_Model):
     tls_client_ca_file: Path | None = None
     server_names: list[Annotated[str, Field(min_length=1, max_length=253)]] = []
     allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
+    #: After SIGTERM, the most seconds borrowed work in flight gets to finish (the drain).
+    shutdown_grace_s: float = Field(20.0, ge=0, le=3600)
+    #: After SIGTERM, the least seconds the listeners keep answering (with refusals) even
+    #: when nothing is in flight; None: 2 with ``[kubernetes]`` (the endpoints' change has to
+    #: reach kube-proxy), else 0.
+    shutdown_delay_s: float | None = Field(None, ge=0, le=600)
     limits: LimitsSettings = LimitsSettings()
 
     _listen = field_validator("listen")(_check_listen)
@@ -175,6 +181,12 @@ class ServerSettings(_Model):
             raise ValueError("set both tls_cert_file and tls_key_file, or neither")
         if self.tls_client_ca_file is not None and self.tls_cert_file is None:
             raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        if self.shutdown_delay_s is not None and self.shutdown_delay_s > self.shutdown_grace_s:
+            raise ValueError(
+                f"shutdown_delay_s ({self.shutdown_delay_s:g}) cannot exceed "
+                f"shutdown_grace_s ({self.shutdown_grace_s:g}): the drain never outlasts "
+                "its grace"
+            )
         return self
 
 
@@ -783,6 +795,15 @@ class Settings(_Model):
         return max(5.0, 3 * self.collectors.poll_s)
 
     @property
+    def shutdown_delay_s(self) -> float:
+        """``[server] shutdown_delay_s`` in force (seconds): as set, else 2 with
+        ``[kubernetes]`` host publishing, else 0; never more than the grace."""
+        delay = self.server.shutdown_delay_s
+        if delay is None:
+            delay = 2.0 if self.kubernetes is not None else 0.0
+        return min(delay, self.server.shutdown_grace_s)
+
+    @property
     def presence_max_age_s(self) -> float:
         """Presence older than four general polls, at least 15 s, is stale (docs/architecture.md
         2)."""
@@ -792,9 +813,12 @@ class Settings(_Model):
 class LenderSettings(_Model):
     """One lender the companion follows (``[[lender]]`` in the companion's file).
 
-    ``url``: the lender's API listener (``http://HOST:9470``); ``token``/``token_file``: a
-    bearer token with the read scope. ``address``: the IP its proxy listeners are reached at
-    (default: ``url``'s host when it is an IP). ``node``: its Node name, for conditions.
+    ``url``: the lender's API listener (``http://HOST:9470``, or ``https://`` when the lender
+    serves TLS); ``token``/``token_file``: a bearer token with the read scope. ``address``:
+    the IP its proxy listeners are reached at (default: ``url``'s host when it is an IP).
+    ``node``: its Node name, for conditions. ``ca_file``: a PEM CA bundle to verify an
+    ``https://`` lender's certificate with, in place of the companion's ``ca_file`` (a
+    self-signed certificate or a private CA).
     """
 
     name: Name
@@ -803,6 +827,7 @@ class LenderSettings(_Model):
     token_file: Path | None = None
     address: str | None = None
     node: str | None = None
+    ca_file: Path | None = None
 
     _address = field_validator("address")(_check_endpoint_ip)
 
@@ -838,12 +863,15 @@ class CompanionSettings(_Model):
     ``lender_timeout_s``: a lender that answers neither its event stream nor /status for this
     long is published as unreachable (not ready). ``status_poll_s``: seconds between /status
     reads even while events flow. ``listen``: the companion's own health and metrics listener.
+    ``ca_file``: a PEM CA bundle that ``https://`` lenders' certificates are verified with
+    (None: the system's CAs); a lender's own ``ca_file`` replaces it for that lender.
     """
 
     kubernetes: ClusterSettings = ClusterSettings()
     lender_timeout_s: float = Field(15.0, ge=1, le=3600)
     status_poll_s: float = Field(10.0, ge=0.2, le=3600)
     listen: str = "0.0.0.0:9471"
+    ca_file: Path | None = None
     lender: list[LenderSettings] = Field(min_length=1)
 
     _listen = field_validator("listen")(_check_listen)

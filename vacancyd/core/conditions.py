@@ -147,7 +147,7 @@ class LenderState:
         upstreams = self.upstreams
         if refusing:
             upstreams = {
-                name: replace(up, lendable=False, reason=Reason.LENDING_DISABLED, detail=detail)
+                name: replace(up, lendable=False, reason=Reason.SHUTTING_DOWN, detail=detail)
                 for name, up in upstreams.items()
             }
         return replace(self, terminating=True, detail=detail, upstreams=upstreams)

@@ -227,12 +227,31 @@ class ListenerChanged:
 
 @dataclass(frozen=True, slots=True)
 class Stopping:
-    """The daemon began shutting down: new work is refused from now on."""
+    """The daemon began shutting down (its drain): new work is refused from now on, and
+    borrowed work in flight has at most ``grace_s`` seconds left (None: not stated)."""
 
     kind: ClassVar[str] = "stopping"
+    grace_s: float | None = None
+    in_flight: int = 0
 
     def payload(self) -> dict[str, object]:
-        return {}
+        if self.grace_s is None:
+            return {}
+        return {"grace_s": self.grace_s, "in_flight": self.in_flight}
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """The drain ended and the listeners close now: the last event an ``/events`` stream
+    carries before it ends. ``cut``: borrowed exchanges still in flight that were cut
+    (their connections reset); ``hurried``: a second signal ended the drain early."""
+
+    kind: ClassVar[str] = "shutdown"
+    cut: int = 0
+    hurried: bool = False
+
+    def payload(self) -> dict[str, object]:
+        return {"cut": self.cut, "hurried": self.hurried}
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +269,7 @@ class LendabilityChanged:
 
 StateEvent = (
     Stopping
+    | Shutdown
     | LendabilityChanged
     | LendingSwitched
     | ResourceSwitched

@@ -50,7 +50,7 @@ def decide_switches(stopping: bool, lending_enabled: bool) -> Refuse | None:
     with lending off is refused without building one per request.
     """
     if stopping:
-        return Refuse.of(Reason.LENDING_DISABLED, "vacancyd on this host is shutting down")
+        return Refuse.of(Reason.SHUTTING_DOWN, "vacancyd on this host is shutting down")
     if not lending_enabled:
         return Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
     return None

@@ -30,6 +30,9 @@ class Reason(StrEnum):
     RESOURCE_BUSY = "resource_busy"
     BODY_BUDGET_EXHAUSTED = "body_budget_exhausted"
     RECLAIMED = "reclaimed"
+    #: The lender is draining before it stops (SIGTERM): ask another lender, or this one
+    #: again once it has restarted.
+    SHUTTING_DOWN = "shutting_down"
 
 
 class ErrorType(StrEnum):
@@ -179,6 +182,7 @@ RETRY_AFTER_S: dict[Reason, int] = {
     Reason.RESOURCE_BUSY: 2,
     Reason.BODY_BUDGET_EXHAUSTED: 2,
     Reason.RECLAIMED: 30,
+    Reason.SHUTTING_DOWN: 10,
 }
 
 

@@ -15,6 +15,9 @@
   PC never stays ready.
 
 The lender needs no cluster credentials; the companion needs a read-scope token per lender.
+An ``https://`` lender's certificate is verified against the system's CAs, or against the
+``ca_file`` given for that lender or for all (a self-signed certificate or a private CA); a
+certificate that does not verify is reported as such, naming the problem.
 Its own listener serves ``/healthz`` and ``/metrics`` (``vacancyd_companion_*``).
 
 Its background tasks are one ``follower NAME`` and one ``publisher NAME`` per lender, kept
@@ -30,7 +33,9 @@ import json
 import logging
 import random
 import signal
+import ssl
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -44,6 +49,7 @@ from vacancyd.core import conditions
 from vacancyd.core.conditions import LenderState, StatusFormatError
 from vacancyd.k8s.api import K8sApiError, KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
+from vacancyd.web.tls import TlsError, client_context, verify_failure
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +86,13 @@ class LenderFollower:
         *,
         timeout_s: float,
         poll_s: float,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.settings = settings
         self.publisher = publisher
         self._session = session
+        #: What an https:// lender's certificate is verified with (True: the system's CAs).
+        self._ssl: ssl.SSLContext | bool = tls if tls is not None else True
         self._timeout_s = timeout_s
         self._poll_s = poll_s
         self._base = str(settings.url).rstrip("/")
@@ -169,6 +178,7 @@ class LenderFollower:
                 url,
                 headers=self._headers(),
                 timeout=aiohttp.ClientTimeout(total=min(self._timeout_s, 10.0)),
+                ssl=self._ssl,
             ) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:200]
@@ -179,6 +189,9 @@ class LenderFollower:
             error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
             if isinstance(exc, StatusFormatError):
                 error = f"{url} is not a vacancyd /status: {exc}"
+            refused = verify_failure(exc)
+            if refused is not None:
+                error = self._certificate_problem(refused)
             if error != self._status_error:
                 log.warning("lender %s: cannot read %s: %s", self.name, url, error)
             self._status_error = error
@@ -188,6 +201,17 @@ class LenderFollower:
             self._status_error = None
             self.last_seen = loop.time()
             self._publish(lender)
+
+    def _certificate_problem(self, why: str) -> str:
+        trusted = "its ca_file" if self.settings.ca_file is not None else None
+        if trusted is None and isinstance(self._ssl, ssl.SSLContext):
+            trusted = "the companion's ca_file"
+        return f"the TLS certificate of {self._base} cannot be verified: {why}" + (
+            f" (checked against {trusted})"
+            if trusted
+            else "; for a self-signed certificate or a private CA, set ca_file (for this "
+            "lender or for all) to the certificate or CA that signed it"
+        )
 
     # -- /events ---------------------------------------------------------------------------
 
@@ -199,6 +223,9 @@ class LenderFollower:
                 error = "the stream ended"
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
+                refused = verify_failure(exc)
+                if refused is not None:
+                    error = self._certificate_problem(refused)
             failures += 1
             delay = min(EVENTS_BACKOFF_MAX_S, 0.5 * 2 ** min(failures - 1, 10))
             delay *= random.uniform(0.5, 1.0)
@@ -219,7 +246,10 @@ class LenderFollower:
             total=None, connect=self._timeout_s, sock_connect=self._timeout_s, sock_read=None
         )
         async with self._session.get(
-            url, headers={**self._headers(), "Accept": "text/event-stream"}, timeout=timeout
+            url,
+            headers={**self._headers(), "Accept": "text/event-stream"},
+            timeout=timeout,
+            ssl=self._ssl,
         ) as resp:
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -331,7 +361,18 @@ def make_followers(
 ) -> list[LenderFollower]:
     cluster = settings.kubernetes
     followers = []
+    contexts: dict[Path, ssl.SSLContext] = {}
     for lender in settings.lender:
+        tls = None
+        ca_file = lender.ca_file or settings.ca_file
+        if ca_file is not None:
+            if ca_file not in contexts:
+                try:
+                    contexts[ca_file] = client_context(ca_file)
+                except TlsError as exc:
+                    which = "ca_file" if lender.ca_file is None else f"lender {lender.name} ca_file"
+                    raise TlsError(f"{which}: {exc}") from exc
+            tls = contexts[ca_file]
         address = lender.endpoint_address
         if address is None:
             log.warning(
@@ -361,6 +402,7 @@ def make_followers(
                 session,
                 timeout_s=settings.lender_timeout_s,
                 poll_s=settings.status_poll_s,
+                tls=tls,
             )
         )
     return followers
@@ -502,6 +544,9 @@ async def run_companion(settings: CompanionSettings) -> int:
     try:
         try:
             await companion.start()
+        except TlsError as exc:
+            log.error("%s", exc)
+            return 2
         except OSError as exc:
             log.error("cannot listen on %s: %s", settings.listen, exc)
             return 2

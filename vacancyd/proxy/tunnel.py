@@ -6,14 +6,16 @@ upstream — so a refused upstream handshake is answered as an error before the 
 upgraded — and then relayed message by message in both directions: every text and binary
 frame's payload is passed on unchanged (ComfyUI's binary previews included), pings are
 answered on each leg by its own endpoint. Closing either side closes the other, with the
-close code passed on. Each listener caps its open tunnels (``websocket_max_tunnels``; a
-further upgrade is answered 503) and closes a tunnel that carried nothing either way for
-``websocket_idle_timeout_s`` seconds.
+close code passed on; when vacancyd stops, both legs get code 1001 (Going Away) once
+the drain is over, and no new tunnel opens after that. Each listener caps its open tunnels
+(``websocket_max_tunnels``; a further upgrade is answered 503) and closes a tunnel that
+carried nothing either way for ``websocket_idle_timeout_s`` seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -22,7 +24,7 @@ from aiohttp import WSMsgType, web
 from multidict import CIMultiDict
 from yarl import URL
 
-from vacancyd.core.reasons import ErrorCode, ErrorType
+from vacancyd.core.reasons import RETRY_AFTER_S, ErrorCode, ErrorType, Reason
 from vacancyd.core.refusal import error_body
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ HANDSHAKE_HEADERS = frozenset(
         "sec-websocket-protocol",
     }
 )
+#: The close code a tunnel ends with when vacancyd stops (RFC 6455 §7.4.1, Going Away).
+GOING_AWAY = 1001
 #: Largest single message relayed (bytes); ComfyUI previews are well below this.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
@@ -63,6 +67,22 @@ class Tunnels:
     def __init__(self, limits: TunnelLimits) -> None:
         self.limits = limits
         self.open = 0
+        #: Set when the daemon stops: every open tunnel ends with a 1001 close frame.
+        self._going_away = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._closed.set()
+
+    async def close_all(self, timeout_s: float) -> int:
+        """End every open tunnel with close code 1001 (Going Away, RFC 6455 §7.4.1) on both
+        legs, and refuse new upgrades; waits up to ``timeout_s`` seconds for the tunnels'
+        closing handshakes. Returns how many tunnels were open."""
+        was_open = self.open
+        self._going_away.set()
+        if was_open:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._closed.wait()
+        return was_open
 
     async def serve(
         self,
@@ -72,6 +92,16 @@ class Tunnels:
         out_headers: CIMultiDict[str],
         upstream: str,
     ) -> web.StreamResponse:
+        if self._going_away.is_set():
+            return web.json_response(
+                error_body(
+                    f"{upstream!r} is shutting down; no new WebSocket tunnels",
+                    ErrorType.NO_VACANCY,
+                    Reason.SHUTTING_DOWN,
+                ),
+                status=503,
+                headers={"Retry-After": str(RETRY_AFTER_S[Reason.SHUTTING_DOWN])},
+            )
         if self.open >= self.limits.max_tunnels:
             return web.json_response(
                 error_body(
@@ -92,6 +122,7 @@ class Tunnels:
             if p.strip()
         ]
         self.open += 1
+        self._closed.clear()
         try:
             up: aiohttp.ClientWebSocketResponse | None = None
             try:
@@ -133,9 +164,11 @@ class Tunnels:
                 await self._relay(down, up, upstream)
                 return down
             finally:
-                await up.close()
+                await up.close(code=GOING_AWAY if self._going_away.is_set() else 1000)
         finally:
             self.open -= 1
+            if self.open == 0:
+                self._closed.set()
 
     async def _relay(
         self, down: web.WebSocketResponse, up: aiohttp.ClientWebSocketResponse, name: str
@@ -176,6 +209,8 @@ class Tunnels:
             loop.create_task(pump(up, down), name=f"ws {name} upstream->borrower"),
             loop.create_task(idle(), name=f"ws {name} idle"),
         }
+        going_away = loop.create_task(self._going_away.wait(), name=f"ws {name} going away")
+        tasks.add(going_away)
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -190,4 +225,8 @@ class Tunnels:
                     code = result
         if code in (1004, 1005, 1006, 1015) or not 1000 <= code < 5000:
             code = 1000  # reserved codes cannot be sent in a close frame (RFC 6455 §7.4.1)
-        await down.close(code=code)
+        if going_away in done:
+            code = GOING_AWAY
+            log.info("%s: WebSocket tunnel closed (1001): vacancyd is shutting down", name)
+        why = b"vacancyd is shutting down" if code == GOING_AWAY else b""
+        await down.close(code=code, message=why)

@@ -39,13 +39,17 @@ Every one goes through the supervisor (``vacancyd.runtime.tasks``), which holds 
 reference and its essential flag; ``tests/component/test_supervision.py`` checks that no
 daemon task runs outside it.
 
-Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1). SIGHUP re-reads
-and validates the configuration file and logs the verdict; it never stops the daemon.
+Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1), after a drain
+(:meth:`Daemon.shutdown`): listeners keep answering, with refusals for new work, while
+borrowed work in flight finishes for at most ``[server] shutdown_grace_s`` seconds; a second
+SIGTERM/SIGINT ends the drain at once (still exit 0). SIGHUP re-reads and validates the
+configuration file and logs the verdict; it never stops the daemon.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import ssl
@@ -94,7 +98,7 @@ from vacancyd.core import presence as presence_rules
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.exposure import Exposure, ListenerExposure
 from vacancyd.core.gpu import GpuSelector
-from vacancyd.core.lifecycle import JobRules, JobState, ReleaseBy
+from vacancyd.core.lifecycle import JobPhase, JobRules, JobState, ReleaseBy
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
@@ -123,8 +127,14 @@ from vacancyd.web.tls import TlsError, TlsFiles, reload_context, server_context
 log = logging.getLogger(__name__)
 
 
-#: Seconds in-flight responses get to finish when the daemon stops (SIGTERM/SIGINT).
-SHUTDOWN_GRACE_S = 5.0
+#: The default ``[server] shutdown_grace_s``: seconds borrowed work in flight gets to finish
+#: after SIGTERM/SIGINT (the drain), within systemd's ``TimeoutStopSec=30``.
+SHUTDOWN_GRACE_S = 20.0
+#: Once the drain is over, how long requests still being answered (refusals, pass-through
+#: reads) and WebSocket closing handshakes get before their connections close (seconds).
+CLOSE_TIMEOUT_S = 1.0
+#: How often the drain looks whether the borrowed work in flight has finished (seconds).
+DRAIN_POLL_S = 0.05
 
 
 class StartupError(Exception):
@@ -185,10 +195,21 @@ def build_state(settings: Settings) -> SharedState:
     return state
 
 
-async def _server_header(_request: web.Request, response: web.StreamResponse) -> None:
-    """Every reply names vacancyd, never the Python or aiohttp version (nor the upstream's
-    own ``Server``, which the proxy drops)."""
-    response.headers["Server"] = SERVER_HEADER
+def _reply_headers(
+    state: SharedState,
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """The hook every listener runs on each reply: it names vacancyd, never the Python or
+    aiohttp version (nor the upstream's own ``Server``, which the proxy drops), and while
+    the daemon drains it says ``Connection: close``, so a client's pool moves off this lender
+    instead of reusing a connection that is about to close."""
+
+    async def hook(_request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["Server"] = SERVER_HEADER
+        if state.stopping and response.status != 101:  # an upgrade keeps its Connection
+            response.force_close()
+            response.headers["Connection"] = "close"  # the hook runs after aiohttp set it
+
+    return hook
 
 
 def owner_controls_config(settings: Settings) -> OwnerControlsConfig:
@@ -266,6 +287,11 @@ class Daemon:
     _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
     _clients: list[UpstreamClient] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set by a second SIGTERM/SIGINT: the drain ends now.
+    _hurry: asyncio.Event = field(default_factory=asyncio.Event)
+    #: connection budgets per listener name, and the proxies (tunnels) per upstream or pool
+    _guards: dict[str, ConnectionGuard] = field(default_factory=dict)
+    _proxies: dict[str, Proxy] = field(default_factory=dict)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
@@ -309,7 +335,28 @@ class Daemon:
         )
 
     def request_stop(self) -> None:
+        """SIGTERM/SIGINT: the first starts the stop (and its drain); another one, once
+        the stop is under way, ends the drain now (:meth:`hurry`)."""
+        if self._stop.is_set() or self.state.stopping:
+            self.hurry()
         self._stop.set()
+
+    def hurry(self) -> None:
+        """End the drain now: what is still in flight is cut, then the daemon stops as
+        usual (same exit code)."""
+        if self._hurry.is_set():
+            return
+        self._hurry.set()
+        left = len(self.in_flight())
+        log.warning(
+            "second stop signal: ending the drain now%s",
+            f"; cutting {left} borrowed exchange(s) still in flight" if left else "",
+        )
+
+    def in_flight(self) -> list[JobState]:
+        """Borrowed jobs whose exchange with their borrower is still going on (admitted or
+        forwarding); tracked and held jobs no longer have a borrower connection to wait for."""
+        return [j for j in self.work if j.phase in (JobPhase.ADMITTED, JobPhase.FORWARDING)]
 
     async def start(self) -> None:
         """Bind every listener and start every loop. Raises StartupError / ConfigError."""
@@ -436,6 +483,7 @@ class Daemon:
             if adapter.observable:
                 self._start_observer(upstream, credential)
             proxies[up.name] = proxy
+            self._proxies[up.name] = proxy
 
         for pool in settings.pool:
             first = proxies[pool.members[0]]
@@ -454,6 +502,7 @@ class Daemon:
                 ),
                 members={m: proxies[m] for m in pool.members},
             )
+            self._proxies[pool.name] = pool_proxy
             self.state.pools[pool.name] = tuple(pool.members)
             self.state.set_listener(pool.name, pool.listen, bound=False)
             address = await self._serve(pool.name, make_app(pool_proxy), pool.listen)
@@ -614,14 +663,14 @@ class Daemon:
         """Bind ``listen`` for the API application or a proxy (an aiohttp low-level server:
         the proxy routes every request itself). Raises StartupError when it cannot bind."""
         limits = self.settings.server.limits
-        app.on_response_prepare.append(_server_header)
+        app.on_response_prepare.append(_reply_headers(self.state))
         runner = web.AppRunner(
             app,
             handle_signals=False,
             handler_cancellation=True,
-            # aiohttp waits this long for handlers, then cancels them and waits as long
-            # again before closing the connection: half the grace each keeps the total to it.
-            shutdown_timeout=SHUTDOWN_GRACE_S / 2,
+            # Borrowed work had its drain before the runner is cleaned up (Daemon.shutdown):
+            # what is still being answered then gets this long, then is cancelled.
+            shutdown_timeout=CLOSE_TIMEOUT_S,
             keepalive_timeout=limits.keepalive_timeout_s,
             lingering_time=0,
             access_log=logging.getLogger(f"vacancyd.access.{name}"),
@@ -658,6 +707,7 @@ class Daemon:
             raise StartupError(
                 f"cannot listen on {listen} for {name}: {exc.strerror or exc}"
             ) from exc
+        self._guards[name] = guard
         address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
         self.bound[name] = address
         log.info("%s listening on %s://%s", name, "https" if self.tls else "http", address)
@@ -905,29 +955,55 @@ class Daemon:
         return 1 if self.supervisor.failed.is_set() else 0
 
     async def shutdown(self) -> None:
-        """Stop accepting, finish or cut in-flight responses (bounded), stop loops, close.
+        """Drain, then stop: the order balancers and clients expect.
 
-        With ``[kubernetes]``, the cluster is told first that this lender stops (bounded by
-        the request timeout), so it routes away before the listeners close.
+        1. From the first moment new work is refused (503 ``shutting_down`` with
+           Retry-After), ``/readyz`` answers 503, ``/events`` followers get ``stopping``,
+           and every reply says ``Connection: close``; every listener keeps accepting and
+           answering, so a borrower that has not noticed yet gets a refusal, never a
+           refused connection.
+        2. With ``[kubernetes]``, the lender is published terminating (endpoints not
+           ready, not serving) before anything closes.
+        3. The drain: borrowed work in flight may finish, for at most
+           ``[server] shutdown_grace_s``; the listeners stay up for at least
+           ``shutdown_delay_s`` even when nothing is in flight. A second SIGTERM/SIGINT
+           ends it at once (:meth:`hurry`).
+        4. What is left is cut unmistakably: WebSocket tunnels get a 1001 (Going Away)
+           close frame on both legs; replies still streaming have their connections reset.
+           ``/events`` followers get ``shutdown`` as the last event of their stream.
+        5. The proxy listeners close, then (host-side Kubernetes) the lender is published
+           stopped, then the API listener closes; loops stop and state is saved.
         """
-        # New work refused and /readyz 503 from here on; /events followers hear it now.
-        self.state.set_stopping()
+        settings = self.settings
+        grace_s = settings.server.shutdown_grace_s
+        delay_s = settings.shutdown_delay_s
+        in_flight = self.in_flight()
+        self.state.set_stopping(grace_s, len(in_flight))
         self.supervisor.stopping()  # listeners closing from here on are not failures
-        in_flight = self.state.ledger.jobs()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         if in_flight:
             log.warning(
-                "stopping with %d borrowed job(s) in flight (%s); they have %.0f s to finish "
-                "before their connections are closed",
+                "stopping with %d borrowed job(s) in flight (%s); they have %g s to finish "
+                "before their connections are cut (a second SIGTERM cuts them now)",
                 len(in_flight),
                 ", ".join(f"{j.upstream} job {j.id}" for j in in_flight),
-                SHUTDOWN_GRACE_S,
+                grace_s,
             )
         if self.kubernetes is not None:
             # Terminating first (endpoints not ready, terminating), so the cluster routes
             # away while in-flight work finishes; stopped once the listeners are closed.
             await self.kubernetes.announce_terminating()
-        # Every proxy listener stops accepting at once and shares one grace period; the
-        # API listener goes last so /healthz and /readyz answer during the grace.
+        await self._drain(began, grace_s, delay_s)
+        cut = await self._cut_what_is_left()
+        self.state.announce_shutdown(cut, hurried=self._hurry.is_set())
+        log.info(
+            "drain over after %.1f s%s; closing the listeners",
+            loop.time() - began,
+            f" ({cut} connection(s) cut)" if cut else "",
+        )
+        # The proxy listeners close together; the API listener goes last so /healthz and
+        # /readyz answer until the end (and /events followers have their last event).
         api = self._runners.pop("api", None)
         await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
         if self.kubernetes is not None:
@@ -944,6 +1020,37 @@ class Daemon:
             await session.close()
         for upstream_client in self._clients:
             await upstream_client.close()
+
+    async def _drain(self, began: float, grace_s: float, delay_s: float) -> None:
+        """Wait (loop time ``began`` + at most ``grace_s`` s, at least ``delay_s`` s) until
+        no borrowed exchange is in flight, or until :meth:`hurry`."""
+        loop = asyncio.get_running_loop()
+        while not self._hurry.is_set():
+            elapsed = loop.time() - began
+            if elapsed >= grace_s:
+                left = self.in_flight()
+                if left:
+                    log.warning(
+                        "the %g s shutdown grace is over; cutting %d borrowed exchange(s) "
+                        "still in flight",
+                        grace_s,
+                        len(left),
+                    )
+                return
+            if elapsed >= delay_s and not self.in_flight():
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(DRAIN_POLL_S, grace_s - elapsed)):
+                    await self._hurry.wait()
+
+    async def _cut_what_is_left(self) -> int:
+        """End the tunnels with 1001, then reset the proxy connections still answering a
+        request. Returns how many connections were cut."""
+        closed = await asyncio.gather(
+            *(proxy.tunnels.close_all(CLOSE_TIMEOUT_S) for proxy in self._proxies.values())
+        )
+        reset = sum(guard.reset_busy() for name, guard in self._guards.items() if name != "api")
+        return sum(closed) + reset
 
     async def reload_tls(self) -> bool:
         """Load renewed TLS files into the running context (SIGHUP). Returns False, logging
@@ -996,6 +1103,7 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
+    # The first SIGTERM/SIGINT starts the drain; a second one (either) ends it now.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
 

@@ -13,7 +13,13 @@ connections have budgets of their own, so anonymous clients cannot fill a listen
   one address can hold at most half the pool);
 * each is closed ``unauthenticated_timeout_s`` after it opened (gracefully: a response in
   progress finishes first), so a slow-header connection holds its place briefly;
-* a connection must complete its first request's headers within ``header_read_timeout_s``.
+* a connection must complete its first request's headers within ``header_read_timeout_s``,
+  and each later request's within as long from its first byte.
+
+``keepalive_timeout_s`` is a separate, idle-only timer: it closes a kept-alive connection on
+which nothing at all arrives between requests. Once a request's first byte arrives it no
+longer applies (the header deadline does, then the body's own timeouts), so a request whose
+bytes are still coming in is never cut by it.
 
 A connection refused by a budget gets a short JSON 503 and is closed. On the API listener a
 refused connection's request head is still read (briefly, and only for a bounded number at
@@ -162,6 +168,9 @@ class _Guarded(asyncio.Protocol):
         self._peer: str | None = None
         self._timers: list[asyncio.TimerHandle] = []
         self._headers_done = False
+        self._first_bytes = False
+        #: The header deadline of a later request on this kept-alive connection.
+        self._next_head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         guard = self.guard
@@ -202,11 +211,66 @@ class _Guarded(asyncio.Protocol):
         if not self._headers_done and getattr(self.inner, "_request_count", 1) == 0:
             self.inner.force_close()
 
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        transport = self.inner.transport
+        return transport if isinstance(transport, asyncio.Transport) else None
+
+    @property
+    def busy(self) -> bool:
+        """A request is being handled on this connection (aiohttp's own flag)."""
+        return bool(getattr(self.inner, "_request_in_progress", False))
+
+    @property
+    def upgraded(self) -> bool:
+        """The connection was upgraded (a WebSocket tunnel)."""
+        return bool(getattr(self.inner, "_upgraded", False))
+
+    def _between_requests(self) -> bool:
+        """Idle: no request being handled, none parsed and waiting, none half-received."""
+        inner = self.inner
+        return (
+            not getattr(inner, "_request_in_progress", True)
+            and not getattr(inner, "_messages", True)
+            and self._next_head_timer is None
+        )
+
+    def _next_head_deadline(self, count: int) -> None:
+        self._next_head_timer = None
+        if getattr(self.inner, "_request_count", count) == count:
+            self.inner.force_close()  # headers still incomplete after header_read_timeout_s
+
     def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
-        if not self._headers_done and getattr(self.inner, "_request_count", 1) > 0:
+        inner = self.inner
+        if self._headers_done and self._between_requests():
+            # The next request on a kept-alive connection has begun to arrive: from here the
+            # header deadline governs it, not the idle timer (which would cut a request whose
+            # bytes are still coming in); aiohttp re-arms its idle timer after the reply.
+            handle = getattr(inner, "_keepalive_handle", None)
+            if handle is not None:
+                handle.cancel()
+                inner._keepalive_handle = None
+            count = getattr(inner, "_request_count", 0)
+            self._next_head_timer = asyncio.get_running_loop().call_later(
+                self.guard.limits.header_read_timeout_s, self._next_head_deadline, count
+            )
+        elif not self._headers_done and not self._first_bytes:
+            # The first request's bytes: its header deadline (from the connection's start)
+            # governs it, not aiohttp's idle timer.
+            self._first_bytes = True
+            handle = getattr(inner, "_keepalive_handle", None)
+            if handle is not None:
+                handle.cancel()
+                inner._keepalive_handle = None
+        before = getattr(inner, "_request_count", 0)
+        inner.data_received(data)
+        count = getattr(inner, "_request_count", 1)
+        if not self._headers_done and count > 0:
             self._headers_done = True
             self._timers[1].cancel()
+        if self._next_head_timer is not None and count > before:
+            self._next_head_timer.cancel()
+            self._next_head_timer = None
 
     def eof_received(self) -> bool | None:
         self.inner.eof_received()
@@ -221,8 +285,12 @@ class _Guarded(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in self._timers:
             timer.cancel()
+        if self._next_head_timer is not None:
+            self._next_head_timer.cancel()
+            self._next_head_timer = None
         if self.counted:
             self.guard.open -= 1
+            self.guard.connections.discard(self)
             self.counted = False
         if self._peer is not None and not self.authenticated:
             self._leave_unauthenticated()
@@ -286,6 +354,18 @@ class ConnectionGuard:
         self.unauthenticated = 0
         self.per_peer: Counter[str] = Counter()
         self.probe_readers = 0
+        #: The admitted connections now open.
+        self.connections: set[_Guarded] = set()
+
+    def reset_busy(self) -> int:
+        """Reset (TCP RST) every open connection that is in the middle of a request, so
+        that a reply cut by the daemon's stop never looks complete; upgraded (WebSocket)
+        connections and idle kept-alive ones are left to close normally. Returns how many
+        were reset."""
+        busy = [c for c in self.connections if c.busy and not c.upgraded]
+        for conn in busy:
+            reset_connection(conn.transport)
+        return len(busy)
 
     def factory(self, server: web.Server) -> Callable[[], asyncio.Protocol]:
         # the keyword arguments the runner gave aiohttp's Server (timeouts, access log)
@@ -339,6 +419,7 @@ class _PeerChecked(_Guarded):
             return
         guard.open += 1
         self.counted = True
+        guard.connections.add(self)
         super().connection_made(transport)
 
 
