@@ -147,21 +147,33 @@ def start_vacancyd(
     adapter: str = "openai",
     pin: str | None = None,
     loop: str | None = None,
+    source: Path | None = None,
 ) -> tuple[int, int, subprocess.Popen[bytes]]:
     """A real ``vacancyd run`` in front of ``target_port``; returns (proxy port, api port, proc).
 
     ``loop`` sets ``VACANCYD_EVENT_LOOP`` (``asyncio`` or ``uvloop``); None keeps the default.
+    ``source``: run the ``vacancyd`` package of that source tree instead of this one (an
+    earlier version, to compare in the same run).
     """
     api, listen = free_port(), free_port()
     cfg = tmp / f"vacancyd-{adapter}-{listen}.toml"
+    # Its own state directory: what a run changes (a pause, learned state) must never reach
+    # the machine's /var/lib/vacancyd, another run, or another benchmark.
+    state_dir = tmp / f"state-{listen}"
+    state_dir.mkdir()
     cfg.write_text(
-        single_upstream_toml(
+        f"state_dir = {json.dumps(str(state_dir))}\n"
+        + single_upstream_toml(
             api=api, proxy=listen, target=f"http://127.0.0.1:{target_port}", adapter=adapter
         )
     )
     env = dict(os.environ)
     if loop is not None:
         env["VACANCYD_EVENT_LOOP"] = loop
+    if source is not None:
+        # PYTHONSAFEPATH: the working directory (this tree) must not come first on the path
+        env["PYTHONPATH"] = str(source)
+        env["PYTHONSAFEPATH"] = "1"
     argv = [sys.executable, "-m", "vacancyd", "run", "--config", str(cfg)]
     proc = procs.start([*argv, "--log-level", "warning"], pin=pin, env=env)
     wait_port(listen, proc)

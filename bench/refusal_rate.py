@@ -5,15 +5,20 @@ Every server runs pinned to CPU ``--server-cpu`` (taskset) and the load generato
 
 * ``vacancyd``: a real ``vacancyd run`` (one ``openai`` upstream, loopback trusted) after
   ``PUT /admin/lending {"enabled": false}``: every borrowed request is refused by the gate;
+* ``paused``: the same after ``POST /admin/pause {}`` instead (the owner's pause: an
+  ``owner_active`` refusal from the owner's steps of the gate, lending still on);
 * ``bare``: bench/bare_refusal.py, an aiohttp handler answering the very envelope vacancyd
-  sent (status, Retry-After, JSON body) and nothing else;
-* ``nginx``: ``return 503`` with the same body, when installed (a ceiling, not a goal).
+  sent (status, Retry-After, JSON body) and nothing else (``bare-paused``: the paused one);
+* ``nginx``: ``return 503`` with the same body, when installed (a ceiling, not a goal);
+* ``before`` (with ``--before SOURCE_TREE``): an earlier vacancyd, lending off, to compare
+  with in the same run.
 
 Each target runs on asyncio's loop and, when installed, on uvloop. The load is ``wrk``
 (``-t1 -c32``, a POST chat completion with a JSON body) when installed, else
 bench/loadgen.py. Prints requests/s (median of rounds), the ratio vacancyd / bare on the same
-loop, CPU seconds per 1,000 refusals (user + system of the server process, from /proc), and
-the server's RSS before the first round and after the last. Usage::
+loop (and paused / bare-paused), CPU seconds per 1,000 refusals (user + system of the server
+process, from /proc), and the server's RSS before the first round and after the last.
+Usage::
 
     .venv/bin/python bench/refusal_rate.py [--seconds 5] [--rounds 3] [--connections 32]
 """
@@ -73,14 +78,24 @@ def lending_off(api_port: int) -> None:
         raise RuntimeError(f"PUT /admin/lending answered {resp.status}: {data!r}")
 
 
-def envelope(port: int) -> dict[str, object]:
+def pause(api_port: int) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", api_port, timeout=10)
+    conn.request("POST", "/admin/pause", b"{}", {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    if resp.status != 200:
+        raise RuntimeError(f"POST /admin/pause answered {resp.status}: {data!r}")
+
+
+def envelope(port: int, code: str = "lending_disabled") -> dict[str, object]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.request("POST", CHAT_PATH, CHAT_BODY, {"Content-Type": "application/json"})
     resp = conn.getresponse()
     body = resp.read()
     conn.close()
-    if resp.status != 503 or b"lending_disabled" not in body:
-        raise RuntimeError(f"expected a 503 lending_disabled refusal, got {resp.status}: {body!r}")
+    if resp.status != 503 or json.loads(body)["error"]["code"] != code:
+        raise RuntimeError(f"expected a 503 {code} refusal, got {resp.status}: {body!r}")
     headers = {k: v for k, v in resp.getheaders() if k.lower() not in OWN_HEADERS}
     return {"status": resp.status, "headers": headers, "body": body.decode()}
 
@@ -134,6 +149,13 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--server-cpu", default="0")
     parser.add_argument("--client-cpu", default="1")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        metavar="SOURCE_TREE",
+        help="also run the vacancyd of this source tree (an earlier version, e.g. from "
+        "`git archive`), lending off on the default loop, as target before/LOOP",
+    )
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
     if not shutil.which("wrk"):
@@ -143,33 +165,50 @@ def main() -> None:
         upstream = start_upstream(procs)
         pids: dict[str, int] = {}
         ports: dict[str, int] = {}
-        env: dict[str, object] | None = None
+        envs: dict[str, dict[str, object]] = {}
         for loop in LOOPS:
             port, api, proc = start_vacancyd(procs, upstream, tmp, pin=args.server_cpu, loop=loop)
             wait_admitted(port)
             lending_off(api)
-            env = env or envelope(port)
+            envs.setdefault("lending_off", envelope(port))
             ports[f"vacancyd/{loop}"], pids[f"vacancyd/{loop}"] = port, proc.pid
-        assert env is not None
-        (tmp / "envelope.json").write_text(json.dumps(env))
-        for loop in LOOPS:
+        default = LOOPS[-1]
+        if args.before is not None:
+            port, api, proc = start_vacancyd(
+                procs, upstream, tmp, pin=args.server_cpu, loop=default, source=args.before
+            )
+            wait_admitted(port)
+            lending_off(api)
+            ports[f"before/{default}"], pids[f"before/{default}"] = port, proc.pid
+        # the owner's pause, on the default loop (the last one: uvloop when installed)
+        port, api, proc = start_vacancyd(procs, upstream, tmp, pin=args.server_cpu, loop=default)
+        wait_admitted(port)
+        pause(api)
+        envs["paused"] = envelope(port, "owner_active")
+        ports[f"paused/{default}"], pids[f"paused/{default}"] = port, proc.pid
+        env = envs["lending_off"]
+        for name, loop, which in [(f"bare/{lp}", lp, "lending_off") for lp in LOOPS] + [
+            (f"bare-paused/{default}", default, "paused")
+        ]:
+            (tmp / f"{which}.json").write_text(json.dumps(envs[which]))
             port = free_port()
             argv = [sys.executable, str(ROOT / "bench" / "bare_refusal.py"), str(port)]
-            argv.append(str(tmp / "envelope.json"))
+            argv.append(str(tmp / f"{which}.json"))
             if loop == "uvloop":
                 argv.append("--uvloop")
             proc = procs.start(argv, pin=args.server_cpu)
             wait_port(port, proc)
-            ports[f"bare/{loop}"], pids[f"bare/{loop}"] = port, proc.pid
+            ports[name], pids[name] = port, proc.pid
         nginx = start_nginx(procs, tmp, location=nginx_location(env), pin=args.server_cpu)
         if nginx is None:
             print("note: nginx is not installed; skipping it (apt-get install nginx-light)")
         else:
             ports["nginx"] = nginx
             pids["nginx"] = procs.procs[-1].pid
-        for name, port in ports.items():  # every target answers the same envelope
+        for name, port in ports.items():  # every target answers the envelope it stands for
             status, _, data = Client(port).post(CHAT_PATH, CHAT_BODY)
-            if status != 503 or json.loads(data) != json.loads(str(env["body"])):
+            want = envs["paused" if name.startswith(("paused", "bare-paused")) else "lending_off"]
+            if status != 503 or json.loads(data) != json.loads(str(want["body"])):
                 raise RuntimeError(f"{name} answered {status} {data!r}")
         rss_before = {name: proc_rss_mib(pid) for name, pid in pids.items()}
         rates: dict[str, list[float]] = {name: [] for name in ports}
@@ -192,7 +231,7 @@ def main() -> None:
         f"{args.client_cpu}, {args.connections} connections, {args.rounds} x {args.seconds} s)"
     )
     print(
-        f"  {'target':16s} {'req/s p50':>10s} {'min':>8s} {'max':>8s} {'CPU s/1k':>9s}"
+        f"  {'target':20s} {'req/s p50':>10s} {'min':>8s} {'max':>8s} {'CPU s/1k':>9s}"
         f" {'RSS before':>11s} {'RSS after':>10s}"
     )
     rows: dict[str, dict[str, float]] = {}
@@ -208,13 +247,19 @@ def main() -> None:
             "rss_after_mib": rss_after[name],
         }
         print(
-            f"  {name:16s} {med:10.0f} {min(rates[name]):8.0f} {max(rates[name]):8.0f}"
+            f"  {name:20s} {med:10.0f} {min(rates[name]):8.0f} {max(rates[name]):8.0f}"
             f" {per_k:9.4f} {rss_before[name]:9.1f} M {rss_after[name]:8.1f} M"
         )
-    for loop in LOOPS:
-        ratio = rows[f"vacancyd/{loop}"]["rps_median"] / rows[f"bare/{loop}"]["rps_median"]
-        rows[f"vacancyd/{loop}"]["ratio_to_bare"] = ratio
-        print(f"  ratio vacancyd / bare (both on {loop}): {ratio:.2f}")
+    pairs = [(f"vacancyd/{lp}", f"bare/{lp}") for lp in LOOPS]
+    pairs += [(f"paused/{LOOPS[-1]}", f"bare-paused/{LOOPS[-1]}")]
+    if args.before is not None:
+        pairs.insert(0, (f"before/{LOOPS[-1]}", f"bare/{LOOPS[-1]}"))
+    for ours, anchor in pairs:
+        ratio = rows[ours]["rps_median"] / rows[anchor]["rps_median"]
+        cpu_ratio = rows[ours]["cpu_s_per_1000"] / rows[anchor]["cpu_s_per_1000"]
+        rows[ours]["ratio_to_bare"] = ratio
+        rows[ours]["cpu_ratio_to_bare"] = cpu_ratio
+        print(f"  rate {ours} / {anchor}: {ratio:.2f} (CPU per refusal: {cpu_ratio:.2f})")
     if args.json:
         print(json.dumps({"cpus": os.cpu_count(), "results": rows}, indent=2))
 

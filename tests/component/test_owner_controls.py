@@ -320,7 +320,10 @@ async def test_the_window_closing_hands_borrowed_work_back_by_policy(
                     assert (await api(d, client, f"/admin/jobs/{job.id}/release", {}))[0] == 200
                 await d.wait_until(lambda: not d.state.ledger.jobs(), 5)
                 fake.chunks = 1
-                await asyncio.sleep(0.3)  # a capacity sample after the release
+                released = d.state.clock()
+                await d.wait_until(  # a capacity sample after the release
+                    lambda: (d.state.capacity["ram"].observed_at or 0) > released, 10
+                )
                 assert (await borrow(d, client))[0] == 200
 
 

@@ -258,11 +258,14 @@ async def test_header_read_timeout_closes_slow_clients(lender: RunningDaemon) ->
 
 
 async def test_connection_cap(upstream: tuple[str, list[dict[str, Any]]]) -> None:
-    async with running_daemon(config(upstream[0], limits={"max_connections": 2})) as d:
+    # the held connections send nothing: the suite's 1 s header deadline would close them
+    # (and free their places) if the machine is slow to open the third
+    limits = {"max_connections": 2, "header_read_timeout_s": 60}
+    async with running_daemon(config(upstream[0], limits=limits)) as d:
         await d.wait_ready()
         host, port = d.daemon.bound["up"].rsplit(":", 1)
+        # connections are accepted, and counted, in the order they were opened: no wait
         held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
-        await asyncio.sleep(0.05)
         reader, writer = await asyncio.open_connection(host, int(port))
         data = await asyncio.wait_for(reader.read(), 5)
         assert data.startswith(b"HTTP/1.1 503") and b"connection_limit" in data

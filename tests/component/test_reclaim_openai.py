@@ -106,18 +106,21 @@ async def test_cancel_cuts_a_long_stream_at_once_and_refuses_new_work() -> None:
 
 
 async def test_drain_lets_work_run_until_the_deadline_then_cuts() -> None:
-    fake = SlowOpenAI(chunks=400, interval_s=0.02)
-    async with lender(fake, extra={"drain_timeout_s": 0.6}) as (d, client):
+    # A 3 s drain: long enough that the stream visibly flows during it even when a loaded
+    # machine stalls this process for a few hundred ms (a 0.6 s drain could pass with one
+    # chunk delivered); the cut may come at most 1.9 s after the deadline, as before.
+    fake = SlowOpenAI(chunks=1000, interval_s=0.02)
+    async with lender(fake, extra={"drain_timeout_s": 3}) as (d, client):
         resp = await start_stream(d, client)
         await fake.started.wait()
         loop = asyncio.get_running_loop()
         edge_at = loop.time()
         owner_returns(d)
         assert status(d)["phase"] == "waiting"
-        data, error = await asyncio.wait_for(read_all(resp), 5)
+        data, error = await asyncio.wait_for(read_all(resp), 15)
         elapsed = loop.time() - edge_at
         assert error is not None and b"[DONE]" not in data
-        assert 0.5 <= elapsed < 2.5, elapsed
+        assert 2.9 <= elapsed < 4.9, elapsed
         assert data.count(b"data: ") > 10, "the stream kept flowing during the drain"
         await d.wait_until(lambda: status(d)["phase"] == "done")
         assert status(d)["outcome"] == "cancelled"
@@ -168,8 +171,10 @@ async def test_cut_before_response_headers_answers_503_with_the_reason() -> None
 
 
 async def test_trigger_clearing_during_drain_stands_down_and_cancels_nothing() -> None:
-    fake = SlowOpenAI(chunks=40, interval_s=0.02)
-    async with lender(fake, extra={"drain_timeout_s": 0.3}, release_s=0.1) as (d, client):
+    # The veto releases 0.1 s after the owner's return; the drain deadline (30 s) and the
+    # stream (5 s) both last far longer, so the stand-down is never a race on a slow machine.
+    fake = SlowOpenAI(chunks=100, interval_s=0.05)
+    async with lender(fake, extra={"drain_timeout_s": 30}, release_s=0.1) as (d, client):
         resp = await start_stream(d, client)
         await fake.started.wait()
         owner_returns(d)
@@ -177,7 +182,7 @@ async def test_trigger_clearing_during_drain_stands_down_and_cancels_nothing() -
         # the headless presence loop keeps sampling "nobody there": the veto releases
         await d.wait_until(lambda: status(d)["phase"] != "waiting", 5)
         assert status(d)["phase"] == "stood_down"
-        data, error = await asyncio.wait_for(read_all(resp), 5)
+        data, error = await asyncio.wait_for(read_all(resp), 30)
         assert error is None and data.endswith(b"data: [DONE]\n\n")
         assert fake.ended == ["complete"]
         async with client.get(d.api_url + "/metrics") as r:
@@ -186,13 +191,16 @@ async def test_trigger_clearing_during_drain_stands_down_and_cancels_nothing() -
 
 
 async def test_two_edges_in_a_row_share_one_deadline() -> None:
-    fake = SlowOpenAI(chunks=400, interval_s=0.02)
-    async with lender(fake, extra={"drain_timeout_s": 0.6}) as (d, client):
+    # The second edge comes 0.3 s after the first, well inside the 5 s drain even on a slow
+    # machine (with a 0.6 s drain, a stretched pause let the first reclaim end before it).
+    fake = SlowOpenAI(chunks=2000, interval_s=0.02)
+    async with lender(fake, extra={"drain_timeout_s": 5}) as (d, client):
         resp = await start_stream(d, client)
         await fake.started.wait()
         owner_returns(d)
         first = status(d)
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # the second edge is a later one
+        assert status(d)["phase"] == "waiting"
         async with client.post(d.api_url + "/admin/reclaim") as r:
             assert r.status == 200
         second = status(d)
@@ -202,7 +210,7 @@ async def test_two_edges_in_a_row_share_one_deadline() -> None:
             doc = await r.json()
         rec = doc["upstreams"]["llm"]["reclaim"]
         assert rec["phase"] == "waiting" and rec["edge_triggers"] == ["owner", "admin"]
-        _, error = await asyncio.wait_for(read_all(resp), 5)
+        _, error = await asyncio.wait_for(read_all(resp), 20)
         assert error is not None
         await d.wait_until(lambda: status(d)["phase"] == "done")
         async with client.get(d.api_url + "/metrics") as r:

@@ -399,6 +399,14 @@ async def test_fifty_lenders_behind_one_service_converge_when_half_flip(
                     for f in companion.followers
                 )
 
+            # the first publication may still be writing (the -direct slices) when the gated
+            # ones have converged: count the flip's writes only once it has settled
+            async def settled() -> bool:
+                seen = writes()
+                await asyncio.sleep(1.0)
+                return writes() == seen
+
+            await eventually(settled, 60.0)
             before = writes()
             flipped = lenders[::2]
             for lender in flipped:

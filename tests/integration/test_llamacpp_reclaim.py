@@ -89,12 +89,17 @@ async def test_drain_cuts_at_the_deadline_never_a_clean_end(llama: LlamaServer) 
         await d.wait_until(lambda: not d.state.ledger.jobs(), 60)
 
 
+@pytest.mark.timeout(300)
 async def test_finish_lets_the_stream_end_cleanly(llama: LlamaServer) -> None:
+    # The whole stream is read: 1,500 tokens are plenty to show it ran on past the owner's
+    # return, and take a loaded machine (where a token costs ten times what it does idle)
+    # half as long as 3,000; the time limit follows the machine, not the daemon.
+    body = {**LONG, "max_tokens": 1500}
     async with lender(None, target=llama.base_url, adapter="llamacpp", policy="finish") as (
         d,
         http,
     ):
-        async with http.post(d.proxy_url("up") + "/v1/chat/completions", json=LONG) as resp:
+        async with http.post(d.proxy_url("up") + "/v1/chat/completions", json=body) as resp:
             assert resp.status == 200
             await resp.content.readline()
             owner_returns(d)

@@ -239,3 +239,15 @@ def test_upstream_silence_must_be_a_number_of_seconds(value: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text, "test.toml")
     assert any("upstream_silence_s" in p for p in info.value.problems), info.value.problems
+
+
+@pytest.mark.parametrize("target", ["http://user:pw@127.0.0.1:8080", "http://user@127.0.0.1:8080"])
+def test_target_with_user_info_is_an_error_naming_the_credential_keys(target: str) -> None:
+    """A user:password in the target would never reach the server (forwarded requests carry
+    only the target's host and port): the config says so rather than dropping it."""
+    text = daemon_toml(upstream("up", target))
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "test.toml")
+    assert any("upstream[0].target" in p and "credential" in p for p in info.value.problems), (
+        info.value.problems
+    )

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from vacancyd.core import gate
+from vacancyd.core.holds import Hold, HoldKind
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import OwnerScope, ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.reasons import Admit, Reason, Refuse
@@ -460,3 +461,38 @@ def test_present_budget_is_only_set_on_resource_scoped_upstreams() -> None:
     )
     a, b = (upstream_policy(settings, u, needs_model_observation=False) for u in settings.upstream)
     assert (a.present_max_model_mib, b.present_max_model_mib) == (4096, None)
+
+
+OWNER_CASES = {
+    "away": {},
+    "never-sampled": {"sampled": False, "observed_at": None},
+    "stale": {"observed_at": NOW - 16},
+    "incomplete": {"evidence_complete": False},
+    "present": {"veto_active": True},
+    "present-no-refusing-source": {"veto_active": True, "refuses": False},
+}
+HOLDS = {
+    "no hold": (),
+    "paused": (Hold(HoldKind.PAUSE, "paused by the owner", until=NOW + 60, ends_in_s=60),),
+    "other card": (Hold(HoldKind.EXCLUSIVE_APP, "exclusive", resources=frozenset({"gpu9"})),),
+}
+
+
+@pytest.mark.parametrize("scope", list(OwnerScope))
+@pytest.mark.parametrize("holds", list(HOLDS.values()), ids=list(HOLDS))
+@pytest.mark.parametrize("presence_kw", list(OWNER_CASES.values()), ids=list(OWNER_CASES))
+def test_the_owner_steps_alone_answer_as_the_snapshot_gate_does(
+    presence_kw: dict[str, object], holds: tuple[Hold, ...], scope: OwnerScope
+) -> None:
+    # The proxy asks these before building a snapshot: when they refuse, decide_before_body
+    # would have refused the same way; when they do not, the later steps decide.
+    up = replace(UP, owner_scope=scope)
+    view = presence(**presence_kw)
+    snap = snapshot(resource(switch_on=False), presence=view, holds=holds)  # step 5 refuses
+    alone = gate.decide_owner_steps(holds, view, NOW, up)
+    full = gate.decide_before_body(snap, up)
+    assert full is not None
+    if alone is None:
+        assert full.reason is Reason.RESOURCE_DISABLED
+    else:
+        assert alone == full

@@ -1,6 +1,6 @@
 """The request path's remembered answers agree with what they remember: classification,
-rendered refusals, loop-owned counters, the presence view, gate step 1 from the switches,
-and the event-loop choice."""
+rendered refusals, loop-owned counters and histograms, the presence view, gate step 1 from
+the switches, and the event-loop choice."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import json
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from vacancyd.adapters import ADAPTERS
 from vacancyd.core import gate
@@ -18,7 +18,7 @@ from vacancyd.core.reasons import Credit, Reason, Refuse
 from vacancyd.core.refusal import render_refusal, render_refusal_bytes
 from vacancyd.runtime import eventloop
 from vacancyd.state import PresenceReading, SharedState
-from vacancyd.web.metrics import LoopCounter, Metrics
+from vacancyd.web.metrics import LoopCounter, LoopHistogram, Metrics
 
 PATHS = [
     ("POST", "/v1/chat/completions", ""),
@@ -118,6 +118,30 @@ def test_loop_counter_exposes_what_a_prometheus_counter_would() -> None:
     assert generate_latest(ours) == generate_latest(theirs)
     assert mine.value("up", "503") == 2
     assert mine.value("up", "404") == 0
+
+
+def test_loop_histogram_exposes_what_a_prometheus_histogram_would() -> None:
+    ours, theirs = CollectorRegistry(auto_describe=False), CollectorRegistry(auto_describe=False)
+    Metrics()  # disables the *_created series, as the daemon runs
+    buckets = (0.005, 0.1, 1, 60)
+    mine = LoopHistogram("vacancyd_test_seconds", "Durations.", ("upstream", "klass"), buckets)
+    ours.register(mine)
+    reference = Histogram(
+        "vacancyd_test_seconds",
+        "Durations.",
+        ["upstream", "klass"],
+        buckets=buckets,
+        registry=theirs,
+    )
+    observed = [("up", "work", v) for v in (0.0, 0.004, 0.005, 0.0051, 0.1, 3.0, 60.0, 61.0)]
+    observed += [("up", "passthrough", 0.2), ('we"ird', "work", 1e9)]
+    for upstream, klass, value in observed:
+        mine.labels(upstream, klass).observe(value)
+        reference.labels(upstream, klass).observe(value)
+    assert generate_latest(ours) == generate_latest(theirs)
+    assert b'vacancyd_test_seconds_bucket{klass="work",le="0.005",upstream="up"} 3.0' in (
+        generate_latest(ours)
+    )
 
 
 def test_event_loop_choice() -> None:

@@ -515,6 +515,13 @@ class UpstreamSettings(_Model):
             raise ValueError("target must be an http:// URL (a local inference server)")
         if value.path not in (None, "", "/") or value.query or value.fragment:
             raise ValueError("target must be scheme://host:port with no path or query")
+        if value.username or value.password:
+            # Forwarded requests carry only the host and port, so a user:password here
+            # would silently never reach the server.
+            raise ValueError(
+                "target must not carry user:password; "
+                "a key for the server goes in credential or credential_file"
+            )
         return value
 
     @model_validator(mode="after")

@@ -30,30 +30,61 @@ It never raises and never reads a clock: ``snap.now`` is the time.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vacancyd.core import footprint, residency
-from vacancyd.core.holds import decide_holds
+from vacancyd.core.holds import Hold, decide_holds
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, ResourceKind, UpstreamPolicy
 from vacancyd.core.reasons import Admit, Credit, CreditCode, Decision, Reason, Refuse
-from vacancyd.core.snapshot import RequestFacts, ResourceView, ServerState, Snapshot
+from vacancyd.core.snapshot import (
+    PresenceView,
+    RequestFacts,
+    ResourceView,
+    ServerState,
+    Snapshot,
+)
 
 #: A residency proof must be at most this old (seconds; docs/architecture.md).
 RESIDENCY_PROOF_MAX_AGE_S = 4.0
 
 
+#: Step 1's two answers never vary, so each is one shared value (a ``Refuse`` is frozen):
+#: the proxy can recognize it and reuse the reply it rendered for it.
+SHUTTING_DOWN = Refuse.of(Reason.SHUTTING_DOWN, "vacancyd on this host is shutting down")
+LENDING_OFF = Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
+
+
 def decide_switches(stopping: bool, lending_enabled: bool) -> Refuse | None:
-    """Step 1 alone, from the daemon's two switches (shutting down, global lending switch).
+    """Step 1 alone, from the daemon's two switches (shutting down, global lending switch):
+    :data:`SHUTTING_DOWN`, :data:`LENDING_OFF` or None.
 
     It needs no snapshot, so the proxy asks it first: a flood of requests against a lender
     with lending off is refused without building one per request.
     """
     if stopping:
-        return Refuse.of(Reason.SHUTTING_DOWN, "vacancyd on this host is shutting down")
+        return SHUTTING_DOWN
     if not lending_enabled:
-        return Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host")
+        return LENDING_OFF
     return None
+
+
+def decide_owner_steps(
+    holds: Iterable[Hold], presence: PresenceView, now: float, upstream: UpstreamPolicy
+) -> Refuse | None:
+    """The owner's steps alone (a hold covering the upstream, then steps 2–4), from the holds
+    in force and the presence view at ``now`` (monotonic seconds): what
+    :func:`decide_before_body` answers when one of them refuses, and None when none does.
+
+    They need no snapshot, so the proxy asks them before building one: a flood of requests
+    while the owner is present (or has paused lending) is refused without a snapshot each.
+    """
+    refusal = decide_holds(holds, upstream.resources)
+    if refusal is not None:
+        return refusal
+    return _decide_presence(presence, now, upstream)
 
 
 def decide_before_body(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | None:
@@ -123,18 +154,19 @@ def decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse 
 def _decide_owner(
     snap: Snapshot, upstream: UpstreamPolicy, *, strict: bool = False
 ) -> Refuse | None:
-    presence = snap.presence
+    return _decide_presence(snap.presence, snap.now, upstream, strict=strict)
+
+
+def _decide_presence(
+    presence: PresenceView, now: float, upstream: UpstreamPolicy, *, strict: bool = False
+) -> Refuse | None:
     if not presence.refuses:
         return None
     if not presence.sampled:
-        return Refuse.of(
-            Reason.OWNER_ACTIVE,
-            "owner presence has not been sampled since vacancyd started",
-            retry_after_s=5,
-        )
+        return _owner_refusal("owner presence has not been sampled since vacancyd started", 5)
     if upstream.owner_scope is OwnerScope.RESOURCE:
         return None
-    age = presence.age_s(snap.now)
+    age = presence.age_s(now)
     if age is None or age > presence.max_age_s:
         return Refuse.of(
             Reason.OWNER_ACTIVE,
@@ -143,11 +175,10 @@ def _decide_owner(
             retry_after_s=5,
         )
     if not presence.evidence_complete:
-        return Refuse.of(
-            Reason.OWNER_ACTIVE,
+        return _owner_refusal(
             "a session on this host could not be read clearly; it counts as the owner"
             + (f": {presence.detail}" if presence.detail else ""),
-            retry_after_s=30,
+            30,
         )
     if presence.veto_active:
         if (
@@ -157,12 +188,18 @@ def _decide_owner(
             and not presence.owner_process
         ):
             return None  # the present budget (step 6) decides
-        return Refuse.of(
-            Reason.OWNER_ACTIVE,
+        return _owner_refusal(
             "the owner is using this machine" + (f": {presence.detail}" if presence.detail else ""),
-            retry_after_s=120,
+            120,
         )
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _owner_refusal(detail: str, retry_after_s: int) -> Refuse:
+    """One shared ``owner_active`` value per distinct detail (a ``Refuse`` is frozen): while
+    the owner stays present, every refusal is the same value, answered from one rendering."""
+    return Refuse.of(Reason.OWNER_ACTIVE, detail, retry_after_s=retry_after_s)
 
 
 def _decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse | None:

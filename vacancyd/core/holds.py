@@ -15,6 +15,7 @@ resource.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -70,10 +71,20 @@ def decide_holds(holds: Iterable[Hold], resources: Iterable[str]) -> Refuse | No
     deps = tuple(resources)
     for hold in holds:
         if hold.covers(deps):
-            extra: dict[str, object] = {"hold": hold.kind.value}
-            if hold.until is not None:
-                extra["until"] = hold.until
-            return Refuse.of(
-                Reason.OWNER_ACTIVE, hold.detail, retry_after_s=retry_after_s(hold), extra=extra
-            )
+            return hold_refusal(hold)
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def hold_refusal(hold: Hold) -> Refuse:
+    """The refusal ``hold`` answers (``owner_active``, its detail, Retry-After and extras).
+
+    One shared value per hold (a ``Refuse`` is frozen): a flood refused by the same hold gets
+    the same value each time, which the proxy recognizes and answers from one rendering.
+    """
+    extra: dict[str, object] = {"hold": hold.kind.value}
+    if hold.until is not None:
+        extra["until"] = hold.until
+    return Refuse.of(
+        Reason.OWNER_ACTIVE, hold.detail, retry_after_s=retry_after_s(hold), extra=extra
+    )

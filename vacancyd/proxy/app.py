@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,14 +40,14 @@ from vacancyd.core.lifecycle import Ending, JobState
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.reclaim import Edge
-from vacancyd.core.refusal import error_body, render_refusal_bytes
-from vacancyd.core.snapshot import RequestFacts
-from vacancyd.proxy import bodies, client, headers, observe, probe, tunnel
+from vacancyd.core.refusal import RenderedRefusal, error_body, render_refusal_bytes
+from vacancyd.core.snapshot import RequestFacts, Snapshot
+from vacancyd.proxy import bodies, client, headers, observe, probe, reply, tunnel
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
-from vacancyd.web.errors import json_errors
+from vacancyd.web.errors import json_error_for
 from vacancyd.web.metrics import Metrics
-from vacancyd.web.site import reset_connection
+from vacancyd.web.site import SERVER_HEADER, reset_connection
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -55,6 +55,8 @@ MIB = 1024 * 1024
 URL_CACHE_SIZE = 256
 #: Statuses whose responses carry no body (RFC 9110 §6.4.1): always streamed as they are.
 NO_BODY_STATUSES = frozenset({204, 304})
+#: Serialized refusal replies kept per listener (all forgotten at once when full).
+TEMPLATE_CACHE_SIZE = 512
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,8 @@ class Proxy:
         #: The controller when it wakes a sleeping server before work (decided once: a
         #: runtime-checkable Protocol's isinstance costs more than the rest of the check).
         self._waker: Waker | None = controller if isinstance(controller, Waker) else None
+        self._templates: dict[int, tuple[RenderedRefusal, reply.Template]] = {}
+        self._last_refusal: tuple[Refuse, reply.Template, str] | None = None
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -299,14 +303,14 @@ class Proxy:
         request.writer.output_size = 0
         return None
 
-    def _answer_before_body(self, request: web.BaseRequest) -> web.Response | None:
+    def _answer_before_body(self, request: web.BaseRequest) -> web.StreamResponse | None:
         if self.auth.check(request, "borrow", record=False) is not None:
             return self.auth.check(request, "borrow")
         path, _, query = origin_form(request.raw_path).partition("?")
         c = self.classify(request.method, path, query)
         if c.klass is not RouteClass.WORK:
             return None
-        answer: web.Response | None = None
+        answer: web.StreamResponse | None = None
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
@@ -321,24 +325,45 @@ class Proxy:
 
     # -- work ----------------------------------------------------------------------------
 
-    def _refusal_response(self, request: web.BaseRequest, refusal: Refuse) -> web.Response:
+    def _refusal_response(self, request: web.BaseRequest, refusal: Refuse) -> web.StreamResponse:
+        name = self.upstream.name
+        last = self._last_refusal
+        if last is not None and last[0] is refusal:
+            template, reason = last[1], last[2]  # a switch's refusal: one shared value
+        else:
+            template = self._template(refusal)
+            reason = refusal.reason.value
+            self._last_refusal = (refusal, template, reason)
+        request[observe.REFUSAL] = refusal
+        self.metrics.decision(name, "refused", reason)
+        if refusal.credit is not None:
+            self.metrics.residency(name, refusal.credit)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "refused %s %s on %s: %s (%s)",
+                request.method,
+                request.path,
+                name,
+                refusal.reason,
+                refusal.detail,
+            )
+        return template.reply(request)
+
+    def _template(self, refusal: Refuse) -> reply.Template:
+        """The serialized reply for ``refusal``, kept per distinct rendering (a flood of the
+        same refusal is one dictionary lookup after the first)."""
         settings = self.upstream.settings
         rendered = render_refusal_bytes(
             refusal, self.upstream.name, settings.refusal_status, settings.retry_after_max_s
         )
-        request[observe.REFUSAL] = refusal
-        self.metrics.decision(self.upstream.name, "refused", refusal.reason.value)
-        if refusal.credit is not None:
-            self.metrics.residency(self.upstream.name, refusal.credit)
-        log.debug(
-            "refused %s %s on %s: %s (%s)",
-            request.method,
-            request.path,
-            self.upstream.name,
-            refusal.reason,
-            refusal.detail,
-        )
-        return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
+        kept = self._templates.get(id(rendered))
+        if kept is not None and kept[0] is rendered:
+            return kept[1]
+        template = reply.Template(rendered.status, rendered.headers, rendered.body)
+        if len(self._templates) >= TEMPLATE_CACHE_SIZE:
+            self._templates.clear()
+        self._templates[id(rendered)] = (rendered, template)
+        return template
 
     async def _refuse(self, request: web.BaseRequest, refusal: Refuse) -> web.StreamResponse:
         return await self._answer_and_drain(request, self._refusal_response(request, refusal))
@@ -449,21 +474,38 @@ class Proxy:
     def _early_refusal(self) -> Refuse | None:
         """Gate steps 1–5 and the reclaim check, before the body is read: a refusal no fresh
         sample can change. A pool refuses only when every member does (the one that frees up
-        first answers)."""
-        switched_off = gate.decide_switches(self.state.stopping, self.state.lending_enabled)
+        first answers).
+
+        The switches, the owner's holds and presence come first and need no snapshot, so a
+        refusal for any of them (lending off, the owner present or pausing) builds none; a
+        snapshot is built, once, only when they let a member through to the later steps,
+        which then start again from step 1 on it (the same answer for the steps already
+        asked).
+        """
+        state = self.state
+        switched_off = gate.decide_switches(state.stopping, state.lending_enabled)
         if switched_off is not None:
             return switched_off  # the same for every member, and no snapshot needed
         proxies = list(self.members.values()) or [self]
         refusals: list[Refuse] = []
-        snap = self.state.snapshot()
+        now = state.clock()
+        presence = state.presence_view(now)
+        snap: Snapshot | None = None
         for proxy in proxies:
-            refusal = gate.decide_before_body(snap, proxy.upstream.policy)
-            if refusal is not None and refusal.extra.get("refresh") is not None:
-                refusal = None  # a fresh sample may still admit it: let the body come
-            refusal = refusal or proxy._reclaim_refusal()
+            policy = proxy.upstream.policy
+            refusal = gate.decide_owner_steps(state.holds, presence, now, policy)
             if refusal is None:
-                return None
+                if snap is None:
+                    snap = state.snapshot()
+                refusal = gate.decide_before_body(snap, policy)
+                if refusal is not None and refusal.extra.get("refresh") is not None:
+                    refusal = None  # a fresh sample may still admit it: let the body come
+                refusal = refusal or proxy._reclaim_refusal()
+                if refusal is None:
+                    return None
             refusals.append(refusal)
+        if len(refusals) == 1:
+            return refusals[0]
         return min(refusals, key=lambda r: r.retry_after_s)
 
     async def _run_job(
@@ -775,11 +817,102 @@ def _complete_body(request: web.BaseRequest, upstream: client.Response) -> bytes
     return upstream.complete_body()
 
 
-def make_app(proxy: Proxy) -> web.Application:
-    # json_errors: what the router never hands to proxy.handle (a CONNECT authority-form
-    # target has no path to match) still gets a JSON error, not aiohttp's plain text.
-    app = web.Application(client_max_size=proxy.max_body, middlewares=[json_errors])
-    # [\s\S], not ".": a path with an encoded newline must still reach the handler
-    # (and get its JSON answer), not aiohttp's plain-text 404.
-    app.router.add_route("*", r"/{tail:[\s\S]*}", proxy.handle, expect_handler=proxy.expect)
-    return app
+class ProxyRequest(web.BaseRequest):
+    """A request on a proxy listener: every response prepared for it (the handler's own,
+    a stream, aiohttp's error pages) names vacancyd as its ``Server``, never the Python or
+    aiohttp version, nor the upstream's own (which the proxy drops)."""
+
+    __slots__ = ()
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        response.headers[hdrs.SERVER] = SERVER_HEADER
+
+
+async def _not_found(_request: web.BaseRequest) -> web.StreamResponse:
+    raise web.HTTPNotFound()
+
+
+async def _plain_expect(request: web.BaseRequest) -> None:
+    """aiohttp's own ``Expect`` treatment (for a target no proxy route takes)."""
+    if request.version != aiohttp.HttpVersion11:
+        return
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0
+
+
+#: A tracing wrapper around a handler: ``trace(request, handler)`` (an aiohttp middleware).
+Trace = Callable[
+    [web.BaseRequest, Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]],
+    Awaitable[web.StreamResponse],
+]
+
+
+#: What a listener does to every reply before its head is written (``Server``, and
+#: ``Connection: close`` while the daemon drains): ``hook(request, response)``.
+ReplyHook = Callable[[web.BaseRequest, web.StreamResponse], Awaitable[None]]
+
+
+def make_server(
+    proxy: Proxy,
+    *,
+    trace: Trace | None = None,
+    reply_hook: ReplyHook | None = None,
+    **handler_settings: Any,
+) -> web.Server:
+    """The listener's aiohttp low-level server: every request goes to ``proxy.handle``.
+
+    No router and no middleware chain, so a refusal costs little more than aiohttp's own
+    parsing and writing; what the application used to do is done here in the same order:
+    a target without a path (``CONNECT host:port``, ``OPTIONS *``) is a 404; ``Expect`` is
+    answered before the handler runs (:meth:`Proxy.expect`); ``trace`` (tracing on) wraps
+    the handler; an aiohttp ``HTTPException`` of status >= 400 is answered as the JSON
+    error envelope (:func:`~vacancyd.web.errors.json_error_for`); ``reply_hook`` runs on
+    every reply before its head is written (default: name vacancyd as ``Server``).
+    ``handler_settings`` are aiohttp's per-connection settings (``keepalive_timeout``,
+    ``access_log_class``...), as ``web.AppRunner`` takes them.
+    """
+    loop = asyncio.get_running_loop()
+    max_body = proxy.max_body
+    handle = proxy.handle
+
+    request_class: type[ProxyRequest] = ProxyRequest
+    if reply_hook is not None:
+        hook = reply_hook
+
+        class HookedRequest(ProxyRequest):
+            __slots__ = ()
+
+            async def _prepare_hook(self, response: web.StreamResponse) -> None:
+                await hook(self, response)
+
+        request_class = HookedRequest
+
+    def make_request(
+        message: Any, payload: Any, protocol: Any, writer: Any, task: Any
+    ) -> web.BaseRequest:
+        return request_class(
+            message, payload, protocol, writer, task, loop, client_max_size=max_body
+        )
+
+    async def serve(request: web.BaseRequest) -> web.StreamResponse:
+        # A target the application's one route (every path) would not have matched.
+        routable = request.raw_path.startswith("/") or request.rel_url.path_safe.startswith("/")
+        if request.headers.get(hdrs.EXPECT):
+            early = await (proxy.expect(request) if routable else _plain_expect(request))
+            await request.writer.drain()
+            if early is not None:
+                return early
+        handler = handle if routable else _not_found
+        try:
+            if trace is not None:
+                return await trace(request, handler)
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return json_error_for(request, exc)
+
+    return web.Server(serve, request_factory=make_request, **handler_settings)

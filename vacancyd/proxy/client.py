@@ -7,7 +7,8 @@ by httptools (llhttp, the C parser Node.js uses). What it keeps from a general c
 * connection reuse: an idle kept-alive connection is reused, most recently used first, and
   closed after :data:`IDLE_TIMEOUT_S` seconds unused or when the server closes it;
 * framing: ``Content-Length``, chunked and close-delimited bodies; no body for ``HEAD``,
-  1xx, 204 and 304; interim 1xx replies are skipped;
+  1xx, 204 and 304; interim 1xx replies are skipped; a chunked body's trailer fields are
+  read and dropped (they never become reply headers);
 * streaming with back-pressure: once :data:`READ_LIMIT_BYTES` are buffered and not yet
   consumed, the socket stops being read until the consumer catches up;
 * cancellation: cancelling a caller that waits for a reply or reads a body, or
@@ -205,6 +206,9 @@ class _Connection(asyncio.Protocol):
         self._status = b""
         self._headers: CIMultiDict[str] = CIMultiDict()
         self._header_bytes = 0
+        #: Between a reply's status line and the end of its header section (fields parsed
+        #: after it are a chunked body's trailer section, which is not copied).
+        self._in_headers = False
         self._reading_paused = False
         self._complete = False
         #: Resolved once the socket is closed.
@@ -238,6 +242,14 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail(BadResponse("the upstream switched protocols on a plain request"))
+        except httptools.HttpParserCallbackError as exc:
+            # httptools wraps what a callback raised; ours name the limit that was crossed
+            cause = exc.__context__
+            self._fail(
+                cause
+                if isinstance(cause, ForwardError)
+                else BadResponse(f"invalid HTTP response: {exc}")
+            )
         except httptools.HttpParserError as exc:
             # An error raised in a callback (oversized headers) reaches here wrapped.
             own = exc.__context__ if isinstance(exc.__context__, ForwardError) else None
@@ -289,11 +301,14 @@ class _Connection(asyncio.Protocol):
         self._status = b""
         self._headers = CIMultiDict()
         self._header_bytes = 0
+        self._in_headers = True
 
     def on_status(self, status: bytes) -> None:
         self._status += status
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_headers:
+            return  # a trailer field: not part of the reply's headers, and not forwarded
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > MAX_HEADER_BYTES or len(self._headers) >= MAX_HEADERS:
             raise BadResponse(
@@ -305,6 +320,7 @@ class _Connection(asyncio.Protocol):
         )
 
     def on_headers_complete(self) -> None:
+        self._in_headers = False
         code = self.parser.get_status_code()
         if 100 <= code < 200:
             return  # an interim reply (100 Continue, 103 Early Hints): the final one follows

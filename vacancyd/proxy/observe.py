@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, MutableMapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -26,7 +26,7 @@ from vacancyd.core.lifecycle import JobState
 from vacancyd.core.reasons import Refuse
 
 if TYPE_CHECKING:
-    from prometheus_client import Histogram
+    from vacancyd.web.metrics import HistogramSeries, LoopHistogram
 
 #: Request keys the proxy handler sets (``request[ROUTE_CLASS] = "work"``).
 ROUTE_CLASS = web.RequestKey("vacancyd.route_class", str)
@@ -69,11 +69,11 @@ class ProxyAccessLogger(AbstractAccessLogger):
     __slots__ = ()
 
     upstream: str = ""
-    histogram: Histogram | None = None
-    children: dict[str, Any] = {}
+    histogram: LoopHistogram | None = None
+    children: dict[str, HistogramSeries] = {}
 
     @classmethod
-    def bind(cls, upstream: str, histogram: Histogram | None) -> type[ProxyAccessLogger]:
+    def bind(cls, upstream: str, histogram: LoopHistogram | None) -> type[ProxyAccessLogger]:
         """A subclass for ``upstream`` observing ``histogram`` (labels: upstream, route_class)."""
         attrs: dict[str, object] = {
             "upstream": upstream,

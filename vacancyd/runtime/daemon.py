@@ -104,7 +104,7 @@ from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.core.snapshot import ServerState
 from vacancyd.k8s.host import HostPublisher
-from vacancyd.proxy.app import Proxy, Upstream, make_app
+from vacancyd.proxy.app import Proxy, Upstream, make_server
 from vacancyd.proxy.client import UpstreamClient
 from vacancyd.proxy.observe import ProxyAccessLogger
 from vacancyd.proxy.probe import ProbeEndpoint
@@ -197,13 +197,13 @@ def build_state(settings: Settings) -> SharedState:
 
 def _reply_headers(
     state: SharedState,
-) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+) -> Callable[[web.BaseRequest, web.StreamResponse], Awaitable[None]]:
     """The hook every listener runs on each reply: it names vacancyd, never the Python or
     aiohttp version (nor the upstream's own ``Server``, which the proxy drops), and while
     the daemon drains it says ``Connection: close``, so a client's pool moves off this lender
     instead of reusing a connection that is about to close."""
 
-    async def hook(_request: web.Request, response: web.StreamResponse) -> None:
+    async def hook(_request: web.BaseRequest, response: web.StreamResponse) -> None:
         response.headers["Server"] = SERVER_HEADER
         if state.stopping and response.status != 101:  # an upgrade keeps its Connection
             response.force_close()
@@ -474,9 +474,10 @@ class Daemon:
             self.state.set_listener(up.name, up.listen, bound=False)
             address = await self._serve(
                 up.name,
-                self._proxy_app(proxy),
+                proxy,
                 up.listen,
                 access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
+                traced=True,
             )
             self.state.set_listener(up.name, address, bound=True)
             self._start_reach_check(upstream)
@@ -505,7 +506,7 @@ class Daemon:
             self._proxies[pool.name] = pool_proxy
             self.state.pools[pool.name] = tuple(pool.members)
             self.state.set_listener(pool.name, pool.listen, bound=False)
-            address = await self._serve(pool.name, make_app(pool_proxy), pool.listen)
+            address = await self._serve(pool.name, pool_proxy, pool.listen)
             self.state.set_listener(pool.name, address, bound=True)
 
         self.work.watch_restored()
@@ -629,12 +630,6 @@ class Daemon:
                 state.target_exposure[name] = verdict
             await asyncio.sleep(TARGET_WATCH_S)
 
-    def _proxy_app(self, proxy: Proxy) -> web.Application:
-        app = make_app(proxy)
-        if self.tracing is not None:
-            app.middlewares.append(self.tracing.middleware(proxy.upstream.name))
-        return app
-
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes
         if settings is None:
@@ -654,29 +649,43 @@ class Daemon:
     async def _serve(
         self,
         name: str,
-        app: web.Application,
+        app: web.Application | Proxy,
         listen: str,
         *,
         probe: Probe | None = None,
         access_log_class: type[AbstractAccessLogger] = AccessLogger,
+        traced: bool = False,
     ) -> str:
         """Bind ``listen`` for the API application or a proxy (an aiohttp low-level server:
-        the proxy routes every request itself). Raises StartupError when it cannot bind."""
+        the proxy routes every request itself; ``traced``: its requests get spans while
+        tracing is on). Raises StartupError when it cannot bind."""
         limits = self.settings.server.limits
-        app.on_response_prepare.append(_reply_headers(self.state))
-        runner = web.AppRunner(
-            app,
-            handle_signals=False,
-            handler_cancellation=True,
-            # Borrowed work had its drain before the runner is cleaned up (Daemon.shutdown):
-            # what is still being answered then gets this long, then is cancelled.
-            shutdown_timeout=CLOSE_TIMEOUT_S,
-            keepalive_timeout=limits.keepalive_timeout_s,
-            lingering_time=0,
-            access_log=logging.getLogger(f"vacancyd.access.{name}"),
-            access_log_format='%a "%r" %s %b %Tfs',
-            access_log_class=access_log_class,
-        )
+        handler_settings: dict[str, Any] = {
+            "handler_cancellation": True,
+            "keepalive_timeout": limits.keepalive_timeout_s,
+            "lingering_time": 0,
+            "access_log": logging.getLogger(f"vacancyd.access.{name}"),
+            "access_log_format": '%a "%r" %s %b %Tfs',
+            "access_log_class": access_log_class,
+        }
+        # Borrowed work had its drain before the runner is cleaned up (Daemon.shutdown):
+        # what is still being answered then gets CLOSE_TIMEOUT_S, then is cancelled.
+        hook = _reply_headers(self.state)
+        runner: web.BaseRunner
+        if isinstance(app, Proxy):
+            trace = None
+            if traced and self.tracing is not None:
+                trace = self.tracing.middleware(app.upstream.name)
+            runner = web.ServerRunner(
+                make_server(app, trace=trace, reply_hook=hook, **handler_settings),
+                handle_signals=False,
+                shutdown_timeout=CLOSE_TIMEOUT_S,
+            )
+        else:
+            app.on_response_prepare.append(hook)
+            runner = web.AppRunner(
+                app, handle_signals=False, shutdown_timeout=CLOSE_TIMEOUT_S, **handler_settings
+            )
         await runner.setup()
         self._runners[name] = runner
         host, port = split_listen(listen)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hmac
 import ipaddress
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -71,6 +72,11 @@ def host_name(host_header: str) -> str:
     return host.rstrip(".")
 
 
+#: Host header values whose verdict is remembered per authenticator (then forgotten at once:
+#: a borrower sends one or two, so only a client making them up fills it).
+HOST_CACHE_SIZE = 256
+
+
 @functools.lru_cache(maxsize=1024)
 def _is_ip(name: str) -> bool:
     """Whether ``name`` is an IP literal (remembered: Host values repeat)."""
@@ -87,6 +93,29 @@ FOREIGN_FETCH_SITES = frozenset({"cross-site", "same-site"})
 JSON_TYPES = frozenset({"application/json"})
 #: The ``WWW-Authenticate`` challenge of a 401 (RFC 6750).
 CHALLENGE = 'Bearer realm="vacancyd"'
+
+
+#: The two 401 bodies never vary, so each is serialized once (what ``web.json_response``
+#: would send: the same JSON text, ``application/json; charset=utf-8``).
+_MISSING_TOKEN = json.dumps(
+    error_body(
+        "authentication required: send Authorization: Bearer <token>",
+        ErrorType.AUTHENTICATION,
+        ErrorCode.MISSING_TOKEN,
+    )
+)
+_INVALID_TOKEN = json.dumps(
+    error_body("the bearer token is not valid", ErrorType.AUTHENTICATION, ErrorCode.INVALID_TOKEN)
+)
+
+
+def _unauthorized(text: str, challenge: str) -> web.Response:
+    return web.Response(
+        text=text,
+        status=401,
+        headers={"WWW-Authenticate": challenge},
+        content_type="application/json",
+    )
 
 
 def _forbidden(message: str, code: ErrorCode) -> web.Response:
@@ -111,6 +140,7 @@ class Authenticator:
         self._metrics = metrics
         self._server_names = frozenset(host_name(n) for n in server_names)
         self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self._hosts: dict[str, bool] = {}
 
     def host_allowed(self, request: web.BaseRequest) -> bool:
         """Whether ``Host`` names this host: an IP literal, a single-label name (``localhost``,
@@ -120,13 +150,20 @@ class Authenticator:
         header = request.headers.get("Host")
         if header is None:
             return True
-        name = host_name(header)
-        return (
-            "." not in name
-            or name in self._server_names
-            or name.endswith(".localhost")
-            or _is_ip(name)
-        )
+        # Parsing an IP literal costs more than the rest of a refusal; Host values repeat.
+        allowed = self._hosts.get(header)
+        if allowed is None:
+            name = host_name(header)
+            allowed = (
+                "." not in name
+                or name in self._server_names
+                or name.endswith(".localhost")
+                or _is_ip(name)
+            )
+            if len(self._hosts) >= HOST_CACHE_SIZE:
+                self._hosts.clear()
+            self._hosts[header] = allowed
+        return allowed
 
     def _position_trusted(self, request: web.BaseRequest, scope: str) -> bool | None:
         """True/False when the request is trusted for its position (and its Host passes or
@@ -171,15 +208,7 @@ class Authenticator:
         kind, _, presented = header.partition(" ")
         if kind.lower() != "bearer" or not presented.strip():
             self._record(record, scope, AuthOutcome.MISSING)
-            return web.json_response(
-                error_body(
-                    "authentication required: send Authorization: Bearer <token>",
-                    ErrorType.AUTHENTICATION,
-                    ErrorCode.MISSING_TOKEN,
-                ),
-                status=401,
-                headers={"WWW-Authenticate": CHALLENGE},
-            )
+            return _unauthorized(_MISSING_TOKEN, CHALLENGE)
         # Header values arrive decoded with surrogateescape; bytes that are not UTF-8 must
         # compare as bytes (and never match), not raise.
         presented_bytes = presented.strip().encode("utf-8", "surrogateescape")
@@ -189,16 +218,8 @@ class Authenticator:
                 match = token
         if match is None:
             self._record(record, scope, AuthOutcome.INVALID)
-            return web.json_response(
-                error_body(
-                    "the bearer token is not valid",
-                    ErrorType.AUTHENTICATION,
-                    ErrorCode.INVALID_TOKEN,
-                ),
-                status=401,
-                # RFC 6750's error code for a bad token is the same string as ours.
-                headers={"WWW-Authenticate": f'{CHALLENGE}, error="{ErrorCode.INVALID_TOKEN}"'},
-            )
+            # RFC 6750's error code for a bad token is the same string as ours.
+            return _unauthorized(_INVALID_TOKEN, f'{CHALLENGE}, error="{ErrorCode.INVALID_TOKEN}"')
         if not match.grants(scope):
             self._record(record, scope, AuthOutcome.FORBIDDEN)
             return web.json_response(

@@ -25,26 +25,33 @@ _CODES = {
 }
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer an aiohttp ``HTTPException`` of status >= 400 as a JSON error.
+def json_error_for(request: web.BaseRequest, exc: web.HTTPException) -> web.Response:
+    """The JSON error answering aiohttp's ``exc`` (status >= 400) for ``request``.
 
     The message names the method and the request target as sent (``request.raw_path``, so an
     authority-form ``CONNECT`` target is shown, not an empty path); ``Allow`` is kept on a
-    405. Redirects and other statuses below 400 are re-raised unchanged.
+    405.
     """
+    code = _CODES.get(exc.status, ErrorCode.HTTP_ERROR)
+    return web.json_response(
+        error_body(
+            f"{request.method} {request.raw_path}: {exc.reason}",
+            ErrorType.INVALID_REQUEST,
+            code,
+        ),
+        status=exc.status,
+        headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
+    )
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer an aiohttp ``HTTPException`` of status >= 400 as a JSON error
+    (:func:`json_error_for`); redirects and other statuses below 400 are re-raised
+    unchanged."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = _CODES.get(exc.status, ErrorCode.HTTP_ERROR)
-        return web.json_response(
-            error_body(
-                f"{request.method} {request.raw_path}: {exc.reason}",
-                ErrorType.INVALID_REQUEST,
-                code,
-            ),
-            status=exc.status,
-            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
-        )
+        return json_error_for(request, exc)

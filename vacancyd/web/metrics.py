@@ -6,6 +6,8 @@ render the state). A private registry, not the global one, keeps tests independe
 
 from __future__ import annotations
 
+import bisect
+import math
 import platform
 from collections.abc import Iterator
 
@@ -17,8 +19,9 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from vacancyd import __version__
 from vacancyd.core.reasons import Credit, CreditCode
@@ -72,6 +75,64 @@ class LoopCounter(Collector):
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for labels, count in list(self._counts.items()):
             family.add_metric(labels, float(count))
+        yield family
+
+
+class HistogramSeries:
+    """One label combination of a :class:`LoopHistogram`: a count per bucket and the sum."""
+
+    __slots__ = ("counts", "sum", "upper")
+
+    def __init__(self, upper: tuple[float, ...]) -> None:
+        self.upper = upper
+        self.counts = [0] * len(upper)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count one observation of ``value`` (in the histogram's unit, here seconds)."""
+        self.sum += value
+        self.counts[bisect.bisect_left(self.upper, value)] += 1  # a bucket holds <= its bound
+
+
+class LoopHistogram(Collector):
+    """A labelled histogram that the request path observes: plain counts per label tuple,
+    exported as a Prometheus histogram (``NAME_bucket{le}``, ``NAME_count``, ``NAME_sum``)
+    exactly as prometheus_client's ``Histogram`` exposes it.
+
+    Like :class:`LoopCounter`, written only from the event loop (and scraped from it), so it
+    takes no lock per observation. ``labels()`` returns the series to keep and observe.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...],
+        buckets: tuple[float, ...],
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        bounds = tuple(sorted(float(b) for b in buckets))
+        self._upper = bounds if bounds and bounds[-1] == math.inf else (*bounds, math.inf)
+        self._le = tuple(floatToGoString(b) for b in self._upper)  # type: ignore[no-untyped-call]
+        self._series: dict[tuple[str, ...], HistogramSeries] = {}
+
+    def labels(self, *labels: str) -> HistogramSeries:
+        """The series for ``labels`` (one value per label name, in order), made on first use."""
+        series = self._series.get(labels)
+        if series is None:
+            series = self._series[labels] = HistogramSeries(self._upper)
+        return series
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, series in list(self._series.items()):
+            cumulative, buckets = 0, []
+            for le, count in zip(self._le, series.counts, strict=True):
+                cumulative += count
+                buckets.append((le, float(cumulative)))
+            family.add_metric(list(labels), buckets, series.sum)
         yield family
 
 
@@ -146,14 +207,14 @@ class Metrics:
             ("upstream", "outcome", "reason"),
         )
         self.registry.register(self.residency_credits)
-        self.request_duration = Histogram(
+        self.request_duration = LoopHistogram(
             "vacancyd_request_duration_seconds",
             "Time from a request's arrival to the end of its response (streams included), "
             "per upstream and route class.",
-            ["upstream", "route_class"],
-            buckets=REQUEST_BUCKETS_S,
-            registry=self.registry,
+            ("upstream", "route_class"),
+            REQUEST_BUCKETS_S,
         )
+        self.registry.register(self.request_duration)
         self.registry.register(BuildCollector())
         # process_* (CPU seconds, resident memory, open fds, start time) and python_info,
         # the series every Prometheus client exposes.
