@@ -239,3 +239,29 @@ async def test_zero_means_no_silence_limit() -> None:
         answer.set()
         assert (await asyncio.wait_for(waiting, 5))[0] == 200
         await d.wait_until(lambda: d.state.ledger.jobs() == [], 5)
+
+
+async def test_a_hung_pass_through_request_ends_with_504_and_reserves_nothing() -> None:
+    never = asyncio.Event()
+
+    async def models(_: web.Request) -> web.Response:
+        await never.wait()  # accepts the request, then sends nothing
+        return web.json_response({"object": "list", "data": []})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    async with serve_app(app) as target, running_daemon(config(target, silence=0.5)) as d:
+        await d.wait_ready()
+        async with aiohttp.ClientSession() as client:
+            began = time.monotonic()
+            async with asyncio.timeout(10), client.get(d.proxy_url("llm") + "/v1/models") as r:
+                assert r.status == 504
+                error = (await r.json())["error"]
+            assert 0.5 <= time.monotonic() - began < 5
+            assert error["code"] == "upstream_timeout" and "job" not in error
+            assert d.state.ledger.jobs() == []
+            async with client.get(f"{d.api_url}/metrics") as m:
+                text = await m.text()
+            errors = metric(text, "vacancyd_upstream_errors_total", upstream="llm", stage="silent")
+            assert errors == 1
+        never.set()

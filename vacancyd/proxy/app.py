@@ -154,9 +154,10 @@ class Proxy:
         self.allowed_origins = frozenset(o.rstrip("/").lower() for o in settings.allowed_origins)
         self.pass_response = frozenset(h.lower() for h in settings.pass_response_headers)
         self.classify = Classifier(upstream.adapter.table)
-        #: Borrowed jobs' silence limit (seconds, None: none): no byte from the upstream for
-        #: that long, counted from the end of the request body and paused while the borrower
-        #: is not reading, gives the job up (vacancyd.proxy.client).
+        #: The silence limit (seconds, None: none): no byte from the upstream for that long,
+        #: counted from the end of the request body and paused while the borrower is not
+        #: reading, gives a borrowed job up (held) and ends a pass-through request with 504
+        #: (vacancyd.proxy.client).
         self.silence_s = settings.silence_limit
         self._urls: dict[tuple[str, str], URL] = {}
         #: The controller when it wakes a sleeping server before work (decided once: a
@@ -662,10 +663,11 @@ class Proxy:
                 _target(c, query),
                 out_headers.items(),
                 body,
-                silence_s=None if exchange is None else self.silence_s,
+                silence_s=self.silence_s,
             )
         except client.UpstreamSilent:
-            assert exchange is not None  # only borrowed jobs have a silence limit
+            if exchange is None:
+                return self._silent_passthrough(request, c, None)
             return self._silent(request, exchange, c)
         except (client.ForwardError, ValueError) as exc:
             # Connecting failed (refused, timed out) or the server answered with something
@@ -738,7 +740,8 @@ class Proxy:
                 async with asyncio.timeout(stalled):
                     await response.write_eof()
             except client.UpstreamSilent:
-                assert exchange is not None  # only borrowed jobs have a silence limit
+                if exchange is None:
+                    return self._silent_passthrough(request, c, response)
                 return self._silent(request, exchange, c)
             except TimeoutError:
                 log.warning(
@@ -759,6 +762,34 @@ class Proxy:
             # (cancelled by a client disconnect, cut, stalled) aborts it, which is what
             # tells the upstream to stop.
             upstream_resp.release()
+
+    def _silent_passthrough(
+        self, request: web.BaseRequest, c: Classification, begun: web.StreamResponse | None
+    ) -> web.StreamResponse:
+        """A pass-through request (no job, nothing reserved) whose upstream sent nothing for
+        ``upstream_silence_s``: 504 before the reply's headers, a reset connection after
+        them, so a hung server cannot hold a borrower's connection open forever."""
+        name = self.upstream.name
+        self.metrics.upstream_error(name, "silent")
+        log.warning(
+            "%s: upstream sent nothing for %g s on pass-through %s %s%s",
+            name,
+            self.silence_s,
+            request.method,
+            c.path,
+            "; cutting the reply" if begun is not None else "; answering 504",
+        )
+        if begun is not None:
+            self._cut(request)
+            return begun
+        return json_error(
+            504,
+            f"the upstream server of {name!r} sent nothing for {self.silence_s:g} s; "
+            "vacancyd gave up waiting",
+            ErrorType.UPSTREAM,
+            ErrorCode.UPSTREAM_TIMEOUT,
+            upstream=name,
+        )
 
     def _silent(
         self, request: web.BaseRequest, exchange: _Exchange, c: Classification
