@@ -3,26 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import aiohttp
 
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.k8s_lender import READ, lender_toml
+from tests.support.streams import read_event
 from vacancyd.api import events
-
-
-async def read_event(stream: aiohttp.StreamReader) -> tuple[str, dict[str, object]]:
-    kind, data = "", ""
-    async with asyncio.timeout(5):
-        while True:
-            line = (await stream.readline()).decode().rstrip("\n")
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                data = line.removeprefix("data: ")
-            elif line == "" and kind:
-                return kind, json.loads(data)
 
 
 async def test_events_needs_the_read_scope() -> None:

@@ -25,6 +25,7 @@ import pytest
 from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.slow_openai import SlowOpenAI
+from tests.support.streams import read_all
 from vacancyd.cli import format_status, main
 from vacancyd.core.power import PowerReading
 
@@ -67,18 +68,6 @@ async def start_stream(d: RunningDaemon, client: aiohttp.ClientSession) -> aioht
     )
     assert resp.status == 200, await resp.text()
     return resp
-
-
-async def read_all(resp: aiohttp.ClientResponse) -> tuple[bytes, BaseException | None]:
-    data = b""
-    try:
-        async for chunk in resp.content.iter_any():
-            data += chunk
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-        return data, exc
-    finally:
-        resp.close()
-    return data, None
 
 
 async def borrow(d: RunningDaemon, client: aiohttp.ClientSession) -> tuple[int, Any, Any]:

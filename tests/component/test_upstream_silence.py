@@ -10,7 +10,6 @@ judged against that hold; /status, /metrics, /events and the log all say so.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from aiohttp import web
 from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.slow_openai import SlowOpenAI
+from tests.support.streams import next_event, read_all
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -52,24 +52,6 @@ async def chat(d: RunningDaemon, client: aiohttp.ClientSession) -> tuple[int, di
         error = body["error"]
         assert isinstance(error, dict)
         return r.status, error
-
-
-async def next_event(stream: aiohttp.StreamReader, wanted: str) -> dict[str, object]:
-    """The payload of the next ``wanted`` event on an SSE stream (others are skipped)."""
-    kind, data = "", ""
-    async with asyncio.timeout(10):
-        while True:
-            line = (await stream.readline()).decode().rstrip("\n")
-            if line.startswith("event: "):
-                kind = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                data = line.removeprefix("data: ")
-            elif line == "" and kind:
-                if kind == wanted:
-                    payload = json.loads(data)
-                    assert isinstance(payload, dict)
-                    return payload
-                kind, data = "", ""
 
 
 def metric(text: str, name: str, **labels: str) -> float:
@@ -142,18 +124,6 @@ async def test_a_hung_upstream_turns_the_reservation_into_a_hold_at_the_limit(
         events.close()
 
 
-async def read_stream(resp: aiohttp.ClientResponse) -> tuple[bytes, BaseException | None]:
-    data = b""
-    try:
-        async for chunk in resp.content.iter_any():
-            data += chunk
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
-        return data, exc
-    finally:
-        resp.close()
-    return data, None
-
-
 async def test_a_stream_that_goes_silent_is_cut_and_its_job_held() -> None:
     fake = SlowOpenAI(chunks=3, interval_s=60)  # one chunk, then a minute of nothing
     async with lender(fake, silence=0.5) as (d, client):
@@ -161,7 +131,7 @@ async def test_a_stream_that_goes_silent_is_cut_and_its_job_held() -> None:
             d.proxy_url("llm") + "/v1/chat/completions", json={**CHAT, "stream": True}
         )
         assert resp.status == 200
-        data, error = await asyncio.wait_for(read_stream(resp), 10)
+        data, error = await asyncio.wait_for(read_all(resp), 10)
         assert b"tok0" in data and b"[DONE]" not in data
         assert error is not None, "a silent stream must end in an error, never a clean end"
         await d.wait_until(lambda: [j.phase.value for j in d.state.ledger.jobs()] == ["held"])
