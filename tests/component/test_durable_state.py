@@ -203,3 +203,43 @@ async def test_an_unusable_holds_file_refuses_every_resource(
             error = (await r.json())["error"]
         assert error["code"] == "resource_unmeasured" and "holds.json" in error["message"]
     assert '[{"job": 1' in (state_dir / "holds.json").read_text(encoding="utf-8")
+
+
+async def test_a_change_made_while_its_file_is_being_written_is_written_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change that arrives while the previous version of the same file is still being
+    written must be written after it: otherwise the file keeps the older state (a released
+    hold would come back at the next start)."""
+    import threading
+
+    from vacancyd.runtime import durable
+
+    real_write = durable.write_state
+    first_write_started, let_it_finish = threading.Event(), threading.Event()
+
+    def slow_first_write(path: Path, data: dict[str, object]) -> None:
+        if not first_write_started.is_set():
+            first_write_started.set()
+            let_it_finish.wait(10)
+        real_write(path, data)
+
+    monkeypatch.setattr(durable, "write_state", slow_first_write)
+    state_dir = tmp_path / "state"
+    async with serve_app(openai_like_app()[0]) as target:
+        async with running_daemon(daemon_toml(upstream("up", target), state_dir=state_dir)) as d:
+            await d.wait_ready()
+            saved = state_dir / "footprints" / "up.json"
+            d.state.priors["up"] = {"old": 1}
+            d.daemon.saver.mark("footprints", "up")
+            await asyncio.to_thread(first_write_started.wait, 10)
+            d.state.priors["up"] = {"new": 2}  # changes while {"old": 1} is being written
+            d.daemon.saver.mark("footprints", "up")
+            let_it_finish.set()
+
+            async def written() -> bool:
+                return saved.exists() and json.loads(saved.read_text())["priors"] == {"new": 2}
+
+            async with asyncio.timeout(10):
+                while not await written():  # noqa: ASYNC110 - a file on disk: poll
+                    await asyncio.sleep(0.02)

@@ -333,6 +333,10 @@ class LearnedSaver:
     async def flush(self) -> None:
         for item in sorted(self._dirty):
             kind, upstream = item
+            # Taken off before the state is read: a change made while this write is in
+            # flight marks the file again, so it is written once more with that change
+            # (dropping the mark after the write would keep the older state on disk).
+            self._dirty.discard(item)
             if kind == "holds":
                 path = holds_path(self.state_dir)
                 held = self.holds() if self.holds is not None else []
@@ -352,9 +356,10 @@ class LearnedSaver:
                 data = priors_to_json(upstream, self.state.priors.get(upstream, {}))
             try:
                 await asyncio.to_thread(durable.write_state, path, data)
-                self._dirty.discard(item)  # only once written: a cancelled save is redone
-            except OSError as exc:
-                self._dirty.discard(item)  # retried at the next change
+            except asyncio.CancelledError:
+                self._dirty.add(item)  # a cancelled save is redone by flush() at shutdown
+                raise
+            except OSError as exc:  # retried at the next change
                 self.failures += 1
                 message = f"{exc.strerror or exc}"
                 if self.errors.get(str(path)) != message:
