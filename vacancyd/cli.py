@@ -654,24 +654,11 @@ def _add_api_args(p: argparse.ArgumentParser, scope: str) -> None:
     )
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that it is either the old file or the whole new one."""
-    import tempfile
+def _write_text(path: Path, text: str) -> None:
+    """Write an output file atomically (``vacancyd.runtime.durable.write_text``)."""
+    from vacancyd.runtime import durable
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    durable.write_text(path, text)
 
 
 def _free_mib_probe(settings: Settings) -> Any:
@@ -742,14 +729,14 @@ def cmd_measure(args: argparse.Namespace) -> int:
         return 1
     text = measure.render_toml(results, args.headroom_mib)
     if args.output is not None:
-        _write_atomically(args.output, text)
+        _write_text(args.output, text)
         print(f"vacancyd measure: wrote {args.output}", file=sys.stderr)
     else:
         print(text, end="")
     if args.profile is not None:
         adapters = {u.name: u.adapter for u in settings.upstream}
         doc = profiles.to_json(profiles.from_measurements(results, adapters))
-        _write_atomically(args.profile, json.dumps(doc, indent=2) + "\n")
+        _write_text(args.profile, json.dumps(doc, indent=2) + "\n")
         print(f"vacancyd measure: wrote profile {args.profile}", file=sys.stderr)
     return 0
 
@@ -794,7 +781,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         print(f"vacancyd profiles: {exc}", file=sys.stderr)
         return 1
     if args.output is not None:
-        _write_atomically(args.output, text)
+        _write_text(args.output, text)
     else:
         print(text, end="")
     return 0

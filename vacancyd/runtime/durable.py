@@ -72,11 +72,17 @@ def read_state(path: Path, versions: frozenset[int] | set[int]) -> dict[str, Any
 
 def write_state(path: Path, data: Mapping[str, Any]) -> None:
     """Replace ``path`` with ``data`` as JSON, atomically. Raises OSError when it cannot."""
+    write_text(path, json.dumps(data, separators=(",", ":")))
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) so that a reader, or a crash, sees either the
+    old file or the whole new one; the directory entry is synced too. Raises OSError."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, separators=(",", ":"))
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
