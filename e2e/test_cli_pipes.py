@@ -53,7 +53,11 @@ def into_a_closed_pipe(args: list[str], env: dict[str, str]) -> subprocess.Compl
     os.close(read_end)
     try:
         return subprocess.run(
-            vacancyd(*args), stdout=write_end, stderr=subprocess.PIPE, text=True, env=env,
+            vacancyd(*args),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
             timeout=30,
         )
     finally:
