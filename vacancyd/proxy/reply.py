@@ -7,8 +7,9 @@ keep-alive) vary. What goes on the wire is byte for byte what aiohttp's ``web.Re
 writes for the same status, headers and body on a proxy listener, in the same order:
 the given headers, ``Content-Length``, ``Date``, ``Server: vacancyd``, then ``Connection``
 when aiohttp would send one, and the listener's ``Keep-Alive`` when the connection stays
-open. aiohttp still drives the exchange (parsing, keep-alive, the access log): the reply is a ``web.StreamResponse`` whose :meth:`~PreparedReply.prepare`
-sends everything and marks it finished.
+open. aiohttp still drives the exchange (parsing, keep-alive, the access log): the reply
+is a ``web.StreamResponse`` whose :meth:`~PreparedReply.prepare` sends everything and
+marks it finished.
 
 Only for replies that carry their body: a ``HEAD`` request gets a plain ``web.Response``
 (see :func:`reply`), whose framing aiohttp knows how to strip.
