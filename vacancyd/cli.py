@@ -1,4 +1,4 @@
-"""Command line: ``vacancyd run | check-config | status | pause | resume | measure |
+"""Command line: ``vacancyd run | check-config | status | open | pause | resume | measure |
 profiles export|import | init | companion | k8s mark-stale|cleanup | install-service |
 remove-service | --version``."""
 
@@ -476,6 +476,89 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _invoking_user() -> tuple[int, int] | None:
+    """(uid, gid) of the user who ran ``sudo``, when this runs as root under sudo."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _launch_browser(url: str, user: tuple[int, int] | None) -> bool:
+    """Hand ``url`` to the desktop's browser, as ``user`` when given (never a browser
+    running as root); False when none could be started."""
+    import shutil
+    import subprocess
+    import webbrowser
+
+    if user is None:
+        return webbrowser.open(url)
+    opener = shutil.which("xdg-open")
+    if opener is None:
+        return False
+    uid, gid = user
+    runtime = f"/run/user/{uid}"
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "XDG_RUNTIME_DIR": runtime,
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime}/bus",
+    }
+    for key in ("DISPLAY", "WAYLAND_DISPLAY", "XAUTHORITY", "LANG"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    try:
+        subprocess.Popen(
+            [opener, url],
+            user=uid,
+            group=gid,
+            extra_groups=[],
+            env=env,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        return False
+    return True
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    """Open the status page in the browser, logged in by a single-use link (no secret to
+    paste; vacancyd.web.logins)."""
+    target = _target(args, "read", "open")
+    if isinstance(target, int):
+        return target
+    tls = _client_tls(args, "open")
+    if isinstance(tls, int):
+        return tls
+    user = _invoking_user()
+    body: dict[str, Any] = {} if user is None else {"for_uid": user[0]}
+    try:
+        answer = _post(target.url + "/login/ticket", target.token, body, tls=tls)
+    except urllib.error.HTTPError as exc:
+        print(_http_refusal("open", target.url, exc, target, "read"), file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        print(_unreachable("open", target.url + "/login/ticket", exc), file=sys.stderr)
+        return 1
+    link = target.url + str(answer["path"])
+    seconds = f"{float(answer.get('expires_in_s', 60)):.0f}"
+    if not args.print and _launch_browser(link, user):
+        print(f"vacancyd open: opened the status page in your browser ({target.url}/)")
+        return 0
+    print(link)
+    print(
+        f"vacancyd open: open this link in your browser within {seconds} s; it works once"
+        + (" and only for your user" if user is not None or os.geteuid() != 0 else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _service(args: argparse.Namespace) -> Any:
     from vacancyd.runtime.service import Service
 
@@ -938,6 +1021,16 @@ def build_parser() -> argparse.ArgumentParser:
     pause.add_argument("--reason", help="a note shown in /status")
     _add_api_args(pause, "admin")
     pause.set_defaults(func=cmd_pause)
+
+    opener = sub.add_parser(
+        "open",
+        help="open the status page in your browser, logged in by a single-use link",
+    )
+    _add_api_args(opener, "read")
+    opener.add_argument(
+        "--print", action="store_true", help="print the link instead of opening a browser"
+    )
+    opener.set_defaults(func=cmd_open)
 
     init = sub.add_parser(
         "init",
