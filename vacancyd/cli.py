@@ -1020,10 +1020,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit status when the reader of our output went away (``vacancyd status | head``), as the
+#: Python documentation recommends for a closed pipe.
+BROKEN_PIPE_EXIT = 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    """Run one subcommand. Returns its exit status; a reader that closes our standard output
+    early (``vacancyd status | head -1``) ends the command quietly with
+    :data:`BROKEN_PIPE_EXIT`, never with a traceback."""
+    try:
+        try:
+            args = build_parser().parse_args(argv)  # --help prints, then exits
+            code: int = args.func(args)
+        finally:
+            sys.stdout.flush()  # a buffered tail meets the closed pipe here, not at exit
+    except BrokenPipeError:
+        _quiet_stdout()
+        return BROKEN_PIPE_EXIT
     return code
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that flushing it at interpreter exit does not
+    hit the closed pipe again (the recipe in Python's ``signal`` documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover
