@@ -114,6 +114,7 @@ from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
 from vacancyd.web.access import AccessLogger, RefusalLog
 from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import (
     SERVER_HEADER,
@@ -382,6 +383,7 @@ class Daemon:
             allow_unauthenticated_remote=server.allow_unauthenticated_remote,
             server_names=server.server_names,
             allowed_origins=server.allowed_origins,
+            logins=Logins(),
         )
         limits = server.limits
         self.tracing = start_tracing(
