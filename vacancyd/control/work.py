@@ -75,6 +75,9 @@ log = logging.getLogger(__name__)
 
 #: How long a refusal that a fresh observation could change waits for one (seconds).
 REFRESH_WAIT_S = 2.0
+#: While a held or detached job waits for its server to be seen idle, the server is asked
+#: at most this often (seconds): quick enough to release soon after it stops, gentle on it.
+IDLE_POLL_S = 0.25
 #: Cancelling tracked borrowed jobs through the server's API is bounded by this (seconds).
 CANCEL_DEADLINE_S = 10.0
 
@@ -738,6 +741,7 @@ class Work:
         self._watched.add(job_id)
 
         async def await_idle() -> None:
+            polled_at: float | None = None
             try:
                 while (watched := self._jobs.get(job_id)) is not None and (
                     since := _idle_since(watched)
@@ -770,6 +774,11 @@ class Work:
                             self._step(job_id, partial(JobState.detached_timed_out, now=now))
                             continue
                         wait = min(wait, until - now)
+                    now = self.state.clock()
+                    if polled_at is not None and now - polled_at < IDLE_POLL_S:
+                        await asyncio.sleep(min(wait, IDLE_POLL_S - (now - polled_at)))
+                        continue
+                    polled_at = now
                     if not await self.state.fresh_sample(key, wait):
                         await asyncio.sleep(wait)
             finally:
