@@ -1,7 +1,7 @@
 """The refusal fast path keeps what a borrower and an operator see: a serialized reply goes on
 the wire byte for byte as aiohttp's own ``web.Response`` would send it (every HTTP version
-and keep-alive combination, a forced close, HEAD), and a refusal flood is still logged,
-counted and timed per request."""
+and keep-alive combination, a forced close, HEAD), and a refusal flood is still counted and
+timed per request, and logged once per reason with the rest counted in a summary line."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from aiohttp import web
 from tests.support.daemon import openai_like_app, running_daemon, serve_app, single_upstream_toml
 from vacancyd.proxy.app import ProxyRequest
 from vacancyd.proxy.reply import PreparedReply, Template
+from vacancyd.web import access
 
 HEADERS = {
     "Retry-After": "300",
@@ -142,9 +143,10 @@ def test_a_header_with_a_line_break_is_refused_when_the_template_is_built() -> N
         Template(503, {"Retry-After": "2\r\nX-Injected: 1"}, b"{}")
 
 
-async def test_a_refusal_flood_is_logged_counted_and_timed_per_request(
-    caplog: pytest.LogCaptureFixture,
+async def test_a_refusal_flood_is_counted_and_timed_per_request_and_logged_per_reason(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(access, "WINDOW_S", 600.0)  # one window for the whole test
     app, _ = openai_like_app()
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     async with (
@@ -174,7 +176,10 @@ async def test_a_refusal_flood_is_logged_counted_and_timed_per_request(
             for rec in caplog.records
             if rec.name == "vacancyd.access.up" and "POST" in rec.getMessage()
         ]
-    assert len(lines) == 3
+    assert len(lines) == 1  # the first of the window; the other two are in its summary
+    (summary,) = [r for r in caplog.records if "more refusals" in r.getMessage()]
+    assert summary.__dict__["count"] == 2
+    assert summary.__dict__["reason"] == "lending_disabled"
     for rec in lines:
         assert rec.getMessage().split('"')[1] == "POST /v1/chat/completions HTTP/1.1"
         assert rec.__dict__["status"] == 503

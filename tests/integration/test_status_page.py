@@ -7,7 +7,10 @@ API changes what the open page shows without a reload.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import socket
+import sys
 from pathlib import Path
 
 import aiohttp
@@ -107,3 +110,54 @@ async def test_page_asks_for_a_read_token_when_not_trusted(good_token: bool) -> 
                 await page.wait_for(f"{summary} === 'needs a read token'")
                 shown = await page.evaluate("document.body.innerText")
                 assert "lendable\n" not in shown
+
+
+async def test_vacancyd_open_logs_the_page_in_once_without_a_pasted_token(tmp_path: Path) -> None:
+    """``vacancyd open --print`` (run as the same user as the browser) gives a link that
+    opens the page with data on a token-guarded daemon; the link works once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = tmp_path / "read.token"
+    secret.write_text(READ + "\n")
+    secret.chmod(0o600)
+    toml = config("http://127.0.0.1:9", adapter="openai").replace(
+        "trust_loopback = true",
+        f'trust_loopback = false\n[[server.tokens]]\nname = "page"\ntoken_file = "{secret}"\n'
+        'scopes = ["read"]',
+    )
+    toml = toml.replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"', 1)
+    path = tmp_path / "vacancyd.toml"
+    path.write_text(toml)
+    async with running_daemon(toml) as d:
+        await d.wait_ready()
+        assert d.api_url == f"http://127.0.0.1:{port}"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "vacancyd",
+            "open",
+            "--print",
+            "--config",
+            str(path),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        link = out.decode().strip()
+        assert link.startswith(d.api_url + "/#login=") and READ not in link
+        assert b"works once" in err
+        async with chromium_page(link) as page:
+            summary = "document.getElementById('summary').textContent"
+            assert await page.wait_for(f"{summary} === 'lendable'")
+            assert await page.wait_for("document.getElementById('conn').textContent === 'live'")
+            assert await page.evaluate("location.hash") == ""  # the ticket left the address bar
+            assert not await page.evaluate(
+                "getComputedStyle(document.getElementById('auth')).display !== 'none'"
+            )
+            await page.screenshot(tmp_path / "opened.png")
+        async with chromium_page(link) as page:  # a second browser: the link is spent
+            shown = await page.wait_for("document.getElementById('loginerr').textContent")
+            assert "used already or has expired" in shown
+            assert await page.wait_for(f"{summary} === 'needs a read token'")

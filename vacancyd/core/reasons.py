@@ -60,6 +60,7 @@ class ErrorCode(StrEnum):
     MISSING_TOKEN = "missing_token"
     INVALID_TOKEN = "invalid_token"
     INSUFFICIENT_SCOPE = "insufficient_scope"
+    INVALID_LOGIN_TICKET = "invalid_login_ticket"
     # request bodies and routes on the proxy
     REQUEST_TOO_LARGE = "request_too_large"
     BODY_TIMEOUT = "body_timeout"

@@ -63,7 +63,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.web_log import AccessLogger
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
@@ -113,7 +112,9 @@ from vacancyd.runtime import calibration, durable, learned, lendability, memory,
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
+from vacancyd.web.access import AccessLogger, RefusalLog
 from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import (
     SERVER_HEADER,
@@ -292,6 +293,8 @@ class Daemon:
     #: connection budgets per listener name, and the proxies (tunnels) per upstream or pool
     _guards: dict[str, ConnectionGuard] = field(default_factory=dict)
     _proxies: dict[str, Proxy] = field(default_factory=dict)
+    #: the proxy listeners' refusal lines, summed up per (listener, reason) under a flood
+    _refusal_log: RefusalLog = field(default_factory=RefusalLog)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
@@ -383,6 +386,7 @@ class Daemon:
             allow_unauthenticated_remote=server.allow_unauthenticated_remote,
             server_names=server.server_names,
             allowed_origins=server.allowed_origins,
+            logins=Logins(),
         )
         limits = server.limits
         self.tracing = start_tracing(
@@ -479,7 +483,9 @@ class Daemon:
                 up.name,
                 proxy,
                 up.listen,
-                access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
+                access_log_class=ProxyAccessLogger.bind(
+                    up.name, self.metrics.request_duration, self._refusal_log
+                ),
                 traced=True,
             )
             self.state.set_listener(up.name, address, bound=True)
@@ -509,7 +515,12 @@ class Daemon:
             self._proxies[pool.name] = pool_proxy
             self.state.pools[pool.name] = tuple(pool.members)
             self.state.set_listener(pool.name, pool.listen, bound=False)
-            address = await self._serve(pool.name, pool_proxy, pool.listen)
+            address = await self._serve(
+                pool.name,
+                pool_proxy,
+                pool.listen,
+                access_log_class=ProxyAccessLogger.bind(pool.name, None, self._refusal_log),
+            )
             self.state.set_listener(pool.name, address, bound=True)
 
         self.work.watch_restored()
@@ -656,7 +667,7 @@ class Daemon:
         listen: str,
         *,
         probe: Probe | None = None,
-        access_log_class: type[AbstractAccessLogger] = AccessLogger,
+        access_log_class: type[AbstractAccessLogger] | None = None,
         traced: bool = False,
     ) -> str:
         """Bind ``listen`` for the API application or a proxy (an aiohttp low-level server:
@@ -668,8 +679,7 @@ class Daemon:
             "keepalive_timeout": limits.keepalive_timeout_s,
             "lingering_time": 0,
             "access_log": logging.getLogger(f"vacancyd.access.{name}"),
-            "access_log_format": '%a "%r" %s %b %Tfs',
-            "access_log_class": access_log_class,
+            "access_log_class": access_log_class or AccessLogger.bind(name),
         }
         # Borrowed work had its drain before the runner is cleaned up (Daemon.shutdown):
         # what is still being answered then gets CLOSE_TIMEOUT_S, then is cancelled.
@@ -1018,6 +1028,7 @@ class Daemon:
         # /readyz answer until the end (and /events followers have their last event).
         api = self._runners.pop("api", None)
         await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
+        self._refusal_log.flush()  # the last window's refusal counts are not lost
         if self.kubernetes is not None:
             await self.kubernetes.stop()
         if api is not None:
