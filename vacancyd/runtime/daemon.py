@@ -196,19 +196,27 @@ def build_state(settings: Settings) -> SharedState:
     return state
 
 
-def _reply_headers(
-    state: SharedState,
+def reply_headers(
+    state: SharedState, keepalive_s: float
 ) -> Callable[[web.BaseRequest, web.StreamResponse], Awaitable[None]]:
     """The hook every listener runs on each reply: it names vacancyd, never the Python or
-    aiohttp version (nor the upstream's own ``Server``, which the proxy drops), and while
-    the daemon drains it says ``Connection: close``, so a client's pool moves off this lender
-    instead of reusing a connection that is about to close."""
+    aiohttp version (nor the upstream's own ``Server``, which the proxy drops); a reply that
+    keeps its connection says for how long an idle connection stays open
+    (``Keep-Alive: timeout=N``, ``keepalive_s`` in whole seconds, rounded down), so a client
+    pool retires it before the listener closes it; and while the daemon drains it says
+    ``Connection: close``, so a client's pool moves off this lender instead of reusing a
+    connection that is about to close."""
+    keep_alive = f"timeout={max(1, int(keepalive_s))}"
 
-    async def hook(_request: web.BaseRequest, response: web.StreamResponse) -> None:
+    async def hook(request: web.BaseRequest, response: web.StreamResponse) -> None:
         response.headers["Server"] = SERVER_HEADER
-        if state.stopping and response.status != 101:  # an upgrade keeps its Connection
+        if response.status == 101:  # an upgrade keeps its Connection and has no idle timer
+            return
+        if state.stopping:
             response.force_close()
             response.headers["Connection"] = "close"  # the hook runs after aiohttp set it
+        elif response.keep_alive is not False and request.keep_alive:
+            response.headers["Keep-Alive"] = keep_alive
 
     return hook
 
@@ -683,7 +691,7 @@ class Daemon:
         }
         # Borrowed work had its drain before the runner is cleaned up (Daemon.shutdown):
         # what is still being answered then gets CLOSE_TIMEOUT_S, then is cancelled.
-        hook = _reply_headers(self.state)
+        hook = reply_headers(self.state, limits.keepalive_timeout_s)
         runner: web.BaseRunner
         if isinstance(app, Proxy):
             trace = None
