@@ -326,7 +326,10 @@ class Daemon:
         attach_saver(self.metrics, self.saver)
         self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
         self.saver.holds = self.work.held
-        self.work.on_holds = lambda _held: self.saver.mark("holds", "")
+        if not self.saver.holds_frozen:  # else never written: every resource refuses anyway
+            self.work.on_holds = lambda _held: self.saver.mark("holds", "")
+            self.saver.holds_written = self.work.holds_saved
+            self.saver.holds_failed = self.work.holds_unsaved
         for up in self.settings.upstream:
             if up.busy == "wait":
                 self.work.enable_wait(
@@ -470,6 +473,9 @@ class Daemon:
                     cut_is_uncertain=adapter.cut_is_uncertain,
                     idle_evidence=adapter.observable,
                     silence_s=up.silence_limit,
+                    detached_s=up.detached_work_timeout
+                    if adapter.detached_work and adapter.observable
+                    else None,
                 ),
                 controller,
             )
