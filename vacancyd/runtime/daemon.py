@@ -1086,8 +1086,12 @@ class Daemon:
         ``CLOSE_TIMEOUT_S``, unless the stop is hurried (a second SIGTERM/SIGINT, before or
         during the close): then they get ``HURRIED_CLOSE_S`` and their connections are
         reset, so the daemon exits at once instead of waiting out the close timeout."""
-        closing = asyncio.gather(*(runner.cleanup() for runner in runners.values()))
-        hurry = asyncio.get_running_loop().create_task(self._hurry.wait(), name="hurry")
+        closing: asyncio.Future[Any] = asyncio.gather(
+            *(runner.cleanup() for runner in runners.values())
+        )
+        hurry: asyncio.Future[Any] = asyncio.get_running_loop().create_task(
+            self._hurry.wait(), name="hurry"
+        )
         try:
             await asyncio.wait({closing, hurry}, return_when=asyncio.FIRST_COMPLETED)
             if not closing.done():
