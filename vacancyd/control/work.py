@@ -40,7 +40,7 @@ from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.core import gate, pool
-from vacancyd.core.ledger import Job
+from vacancyd.core.ledger import Job, Phase
 from vacancyd.core.lifecycle import (
     CancelExchange,
     CancelOnServer,
@@ -94,9 +94,17 @@ class Work:
         self.supervisor = supervisor
         self.metrics = metrics
         #: Called with every held job whenever the set of held jobs changes (the daemon
-        #: writes them to the state directory, so a hold survives a restart).
+        #: writes them to the state directory, so a hold survives a restart). When set, a new
+        #: hold is shown (``/status``, the ``job_hold`` event, the log) only once
+        #: :meth:`holds_saved` says it is on disk; until then its resources lend nothing.
         self.on_holds: Callable[[list[JobState]], None] | None = None
         self._held_ids: set[int] = set()
+        #: Held jobs not yet known to be on disk (only while ``on_holds`` is set).
+        self._unsaved: set[int] = set()
+        #: Held jobs shown in /status and announced as ``job_hold`` events, by id.
+        self._shown: dict[int, JobState] = {}
+        #: Why the newest write of the held jobs failed; None when it did not.
+        self._write_error: str | None = None
         self._watched: set[int] = set()
         self._upstreams: dict[str, _Upstream] = {}
         self._jobs: dict[int, JobState] = {}
@@ -504,6 +512,7 @@ class Work:
         )
         self._jobs[job.id] = job
         self._held_ids.add(job.id)
+        self._shown[job.id] = job  # it was on disk already: that is where it came from
         assert job.hold is not None
         self.state.job_holds = {**self.state.job_holds, job.id: job.hold}
         return job
@@ -528,19 +537,74 @@ class Work:
         return job_id in self._watched
 
     def _holds_changed(self, job: JobState) -> None:
-        """After ``job``'s transition: publish the held jobs (``/status``, ``job_hold``
-        events, the durable record) when the set of them changed."""
+        """After ``job``'s transition: when the set of held jobs changed, ask for it to be
+        written (``on_holds``) and show what is on disk (:meth:`_show_holds`)."""
         held = {j.id for j in self._jobs.values() if j.phase is JobPhase.HELD}
         if held != self._held_ids:
-            was_held = job.id in self._held_ids
             self._held_ids = held
-            self.state.job_holds = {
-                j.id: j.hold for j in self._jobs.values() if j.hold is not None and j.id in held
-            }
-            if job.hold is not None and (job.id in held) != was_held:
-                self.state.note_job_hold(job.id, job.upstream, job.hold, held=not was_held)
+            self._unsaved &= held  # a hold that ended before it was written is just gone
             if self.on_holds is not None:
                 self.on_holds(self.held())
+            self._show_holds()
+
+    def holds_saved(self, job_ids: frozenset[int]) -> None:
+        """The held jobs ``job_ids`` are on disk now (the durable writer calls this after
+        each successful write): show them, and let their resources lend again."""
+        saved = self._unsaved & job_ids
+        self._unsaved -= saved
+        if self._write_error is not None:
+            log.info("held jobs written to the state directory again")
+            self._write_error = None
+        for job_id in sorted(saved):
+            job = self._jobs.get(job_id)
+            if job is not None and job.phase is JobPhase.HELD:
+                self.state.ledger.set_phase(job_id, Phase.HELD)
+                self._log_hold(job)
+        self._show_holds()
+
+    def holds_unsaved(self, error: str) -> None:
+        """The newest write of the held jobs failed with ``error`` (it is retried): the
+        resources of every hold not yet on disk refuse ``state_write_failed``."""
+        if error != self._write_error and self._unsaved:
+            resources = sorted(
+                {r for i in self._unsaved if (j := self._jobs.get(i)) for r in j.resources}
+            )
+            log.error(
+                "held job(s) %s cannot be written to the state directory (%s); %s refuse "
+                "borrowed work (%s) until the write, retried, succeeds",
+                ", ".join(str(i) for i in sorted(self._unsaved)),
+                error,
+                ", ".join(resources),
+                Reason.STATE_WRITE_FAILED,
+            )
+        self._write_error = error
+        self._show_holds()
+
+    def _show_holds(self) -> None:
+        """Publish the held jobs that are on disk (``/status``, ``job_hold`` events) and
+        mark the resources of those that are not (the gate refuses them)."""
+        shown = {
+            j.id: j
+            for j in self._jobs.values()
+            if j.phase is JobPhase.HELD and j.id not in self._unsaved
+        }
+        before, self._shown = self._shown, shown
+        self.state.job_holds = {i: j.hold for i, j in shown.items() if j.hold is not None}
+        for job_id in sorted(shown.keys() - before.keys()):
+            job = shown[job_id]
+            assert job.hold is not None
+            self.state.note_job_hold(job_id, job.upstream, job.hold, held=True)
+        for job_id in sorted(before.keys() - shown.keys()):
+            job = before[job_id]
+            assert job.hold is not None
+            self.state.note_job_hold(job_id, job.upstream, job.hold, held=False)
+        unsaved: dict[str, str | None] = {}
+        for job_id in self._unsaved:
+            pending = self._jobs.get(job_id)
+            for name in pending.resources if pending is not None else ():
+                unsaved[name] = self._write_error
+        if unsaved != self.state.unsaved_holds:
+            self.state.unsaved_holds = unsaved
 
     def _apply(self, transition: Transition) -> JobState:
         try:
@@ -558,6 +622,10 @@ class Work:
             if isinstance(effect, Release):
                 self._release(job.id)
             elif isinstance(effect, SetPhase):
+                if job.hold is not None and self.on_holds is not None:
+                    # Shown (ledger phase, log) once on disk: holds_saved().
+                    self._unsaved.add(job.id)
+                    continue
                 self.state.ledger.set_phase(job.id, effect.phase)
                 if job.hold is not None:
                     self._log_hold(job)

@@ -33,6 +33,10 @@ class Reason(StrEnum):
     #: The lender is draining before it stops (SIGTERM): ask another lender, or this one
     #: again once it has restarted.
     SHUTTING_DOWN = "shutting_down"
+    #: A job held on the resource could not be written to the state directory (full disk,
+    #: read-only file system): until it is, a restart would forget the hold, so the resource
+    #: lends nothing. The write is retried until it succeeds.
+    STATE_WRITE_FAILED = "state_write_failed"
 
 
 class ErrorType(StrEnum):
@@ -184,6 +188,7 @@ RETRY_AFTER_S: dict[Reason, int] = {
     Reason.BODY_BUDGET_EXHAUSTED: 2,
     Reason.RECLAIMED: 30,
     Reason.SHUTTING_DOWN: 10,
+    Reason.STATE_WRITE_FAILED: 30,
 }
 
 

@@ -63,7 +63,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.web_log import AccessLogger
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
@@ -113,6 +112,7 @@ from vacancyd.runtime import calibration, durable, learned, lendability, memory,
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
+from vacancyd.web.access import AccessLogger, RefusalLog
 from vacancyd.web.auth import Authenticator, Token
 from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
@@ -196,19 +196,27 @@ def build_state(settings: Settings) -> SharedState:
     return state
 
 
-def _reply_headers(
-    state: SharedState,
+def reply_headers(
+    state: SharedState, keepalive_s: float
 ) -> Callable[[web.BaseRequest, web.StreamResponse], Awaitable[None]]:
     """The hook every listener runs on each reply: it names vacancyd, never the Python or
-    aiohttp version (nor the upstream's own ``Server``, which the proxy drops), and while
-    the daemon drains it says ``Connection: close``, so a client's pool moves off this lender
-    instead of reusing a connection that is about to close."""
+    aiohttp version (nor the upstream's own ``Server``, which the proxy drops); a reply that
+    keeps its connection says for how long an idle connection stays open
+    (``Keep-Alive: timeout=N``, ``keepalive_s`` in whole seconds, rounded down), so a client
+    pool retires it before the listener closes it; and while the daemon drains it says
+    ``Connection: close``, so a client's pool moves off this lender instead of reusing a
+    connection that is about to close."""
+    keep_alive = f"timeout={max(1, int(keepalive_s))}"
 
-    async def hook(_request: web.BaseRequest, response: web.StreamResponse) -> None:
+    async def hook(request: web.BaseRequest, response: web.StreamResponse) -> None:
         response.headers["Server"] = SERVER_HEADER
-        if state.stopping and response.status != 101:  # an upgrade keeps its Connection
+        if response.status == 101:  # an upgrade keeps its Connection and has no idle timer
+            return
+        if state.stopping:
             response.force_close()
             response.headers["Connection"] = "close"  # the hook runs after aiohttp set it
+        elif response.keep_alive is not False and request.keep_alive:
+            response.headers["Keep-Alive"] = keep_alive
 
     return hook
 
@@ -293,6 +301,8 @@ class Daemon:
     #: connection budgets per listener name, and the proxies (tunnels) per upstream or pool
     _guards: dict[str, ConnectionGuard] = field(default_factory=dict)
     _proxies: dict[str, Proxy] = field(default_factory=dict)
+    #: the proxy listeners' refusal lines, summed up per (listener, reason) under a flood
+    _refusal_log: RefusalLog = field(default_factory=RefusalLog)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
@@ -313,7 +323,10 @@ class Daemon:
         attach_saver(self.metrics, self.saver)
         self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
         self.saver.holds = self.work.held
-        self.work.on_holds = lambda _held: self.saver.mark("holds", "")
+        if not self.saver.holds_frozen:  # else never written: every resource refuses anyway
+            self.work.on_holds = lambda _held: self.saver.mark("holds", "")
+            self.saver.holds_written = self.work.holds_saved
+            self.saver.holds_failed = self.work.holds_unsaved
         for up in self.settings.upstream:
             if up.busy == "wait":
                 self.work.enable_wait(
@@ -478,7 +491,9 @@ class Daemon:
                 up.name,
                 proxy,
                 up.listen,
-                access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
+                access_log_class=ProxyAccessLogger.bind(
+                    up.name, self.metrics.request_duration, self._refusal_log
+                ),
                 traced=True,
             )
             self.state.set_listener(up.name, address, bound=True)
@@ -508,7 +523,12 @@ class Daemon:
             self._proxies[pool.name] = pool_proxy
             self.state.pools[pool.name] = tuple(pool.members)
             self.state.set_listener(pool.name, pool.listen, bound=False)
-            address = await self._serve(pool.name, pool_proxy, pool.listen)
+            address = await self._serve(
+                pool.name,
+                pool_proxy,
+                pool.listen,
+                access_log_class=ProxyAccessLogger.bind(pool.name, None, self._refusal_log),
+            )
             self.state.set_listener(pool.name, address, bound=True)
 
         self.work.watch_restored()
@@ -655,7 +675,7 @@ class Daemon:
         listen: str,
         *,
         probe: Probe | None = None,
-        access_log_class: type[AbstractAccessLogger] = AccessLogger,
+        access_log_class: type[AbstractAccessLogger] | None = None,
         traced: bool = False,
     ) -> str:
         """Bind ``listen`` for the API application or a proxy (an aiohttp low-level server:
@@ -667,12 +687,11 @@ class Daemon:
             "keepalive_timeout": limits.keepalive_timeout_s,
             "lingering_time": 0,
             "access_log": logging.getLogger(f"vacancyd.access.{name}"),
-            "access_log_format": '%a "%r" %s %b %Tfs',
-            "access_log_class": access_log_class,
+            "access_log_class": access_log_class or AccessLogger.bind(name),
         }
         # Borrowed work had its drain before the runner is cleaned up (Daemon.shutdown):
         # what is still being answered then gets CLOSE_TIMEOUT_S, then is cancelled.
-        hook = _reply_headers(self.state)
+        hook = reply_headers(self.state, limits.keepalive_timeout_s)
         runner: web.BaseRunner
         if isinstance(app, Proxy):
             trace = None
@@ -1017,6 +1036,7 @@ class Daemon:
         # /readyz answer until the end (and /events followers have their last event).
         api = self._runners.pop("api", None)
         await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
+        self._refusal_log.flush()  # the last window's refusal counts are not lost
         if self.kubernetes is not None:
             await self.kubernetes.stop()
         if api is not None:

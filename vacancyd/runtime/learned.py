@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 VERSION = 1
 VERSIONS = frozenset({VERSION})
 
+#: A failed write is tried again after this many seconds, doubling up to RETRY_MAX_S.
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 10.0
+
 
 def residency_path(state_dir: Path, upstream: str) -> Path:
     return state_dir / "residency" / f"{upstream}.json"
@@ -287,11 +291,15 @@ def load_learned(state: SharedState, state_dir: Path) -> None:
 
 
 class LearnedSaver:
-    """Writes learned state when it changes, off the event loop, one write at a time.
+    """Writes learned state and held jobs when they change, off the event loop (the atomic
+    write and its fsyncs run on a worker thread), one write at a time, held jobs first.
 
     A write that fails (read-only directory, full disk) is logged once per distinct error
-    and retried at the next change; the daemon keeps serving from what it holds in memory.
-    ``errors`` maps each failing file to its error, for /status.
+    and retried, after :data:`RETRY_MIN_S` doubling up to :data:`RETRY_MAX_S` seconds, until
+    it succeeds; the daemon keeps serving from what it holds in memory. ``errors`` maps each
+    failing file to its error, for /status. After each write of ``holds.json`` the daemon is
+    told which held jobs are on disk (``holds_written``) or why they are not
+    (``holds_failed``), so a hold is shown only once a restart would find it.
     """
 
     def __init__(self, state: SharedState, state_dir: Path) -> None:
@@ -311,9 +319,20 @@ class LearnedSaver:
         state.on_priors = lambda u: self.mark("footprints", u)
         #: The held jobs to write to ``holds.json`` (set by the daemon); None: no holds file.
         self.holds: Callable[[], list[JobState]] | None = None
+        #: Told the ids of the held jobs each successful ``holds.json`` write contained.
+        self.holds_written: Callable[[frozenset[int]], None] | None = None
+        #: Told why a ``holds.json`` write failed (it is retried).
+        self.holds_failed: Callable[[str], None] | None = None
         self._holds_frozen = any(
             str(holds_path(state_dir)) in why for why in state.state_errors.values()
         )
+        self._failing = False
+
+    @property
+    def holds_frozen(self) -> bool:
+        """``holds.json`` could not be used at startup: it is never written (every
+        resource refuses until it is repaired or removed and vacancyd restarted)."""
+        return self._holds_frozen
 
     def mark(self, kind: str, upstream: str) -> None:
         if kind == "holds" and self._holds_frozen:
@@ -324,19 +343,34 @@ class LearnedSaver:
         self._wake.set()
 
     async def run(self) -> None:
-        """Save forever; cancel to stop (call :meth:`flush` afterwards)."""
+        """Save forever, retrying failed writes; cancel to stop (call :meth:`flush`
+        afterwards)."""
+        delay = RETRY_MIN_S
         while True:
-            await self._wake.wait()
+            if self._failing:
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                delay = min(delay * 2, RETRY_MAX_S)
+            else:
+                await self._wake.wait()
+                delay = RETRY_MIN_S
             self._wake.clear()
             await self.flush()
 
     async def flush(self) -> None:
-        for item in sorted(self._dirty):
+        """Write every file marked since the last flush; a failed one stays marked."""
+        self._failing = False
+        # Held jobs first: new borrowed work on their resources waits for that write.
+        for item in sorted(self._dirty, key=lambda i: (i[0] != "holds", i)):
             kind, upstream = item
             # Taken off before the state is read: a change made while this write is in
             # flight marks the file again, so it is written once more with that change
             # (dropping the mark after the write would keep the older state on disk).
             self._dirty.discard(item)
+            held: list[JobState] = []
             if kind == "holds":
                 path = holds_path(self.state_dir)
                 held = self.holds() if self.holds is not None else []
@@ -359,13 +393,18 @@ class LearnedSaver:
             except asyncio.CancelledError:
                 self._dirty.add(item)  # a cancelled save is redone by flush() at shutdown
                 raise
-            except OSError as exc:  # retried at the next change
+            except OSError as exc:  # retried by run()
                 self.failures += 1
+                self._dirty.add(item)
+                self._failing = True
                 message = f"{exc.strerror or exc}"
+                if kind == "holds" and self.holds_failed is not None:
+                    self.holds_failed(f"{path}: {message}")
                 if self.errors.get(str(path)) != message:
                     log.error(
                         "cannot write durable state %s: %s; what was learned is kept in memory "
-                        "and lost on restart until the state directory is writable",
+                        "and lost on restart until the state directory is writable (the write "
+                        "is retried)",
                         path,
                         message,
                     )
@@ -373,3 +412,5 @@ class LearnedSaver:
             else:
                 if self.errors.pop(str(path), None) is not None:
                     log.info("durable state %s written again", path)
+                if kind == "holds" and self.holds_written is not None:
+                    self.holds_written(frozenset(j.id for j in held))
