@@ -470,6 +470,9 @@ class Daemon:
                     cut_is_uncertain=adapter.cut_is_uncertain,
                     idle_evidence=adapter.observable,
                     silence_s=up.silence_limit,
+                    detached_s=up.detached_work_timeout
+                    if adapter.detached_work and adapter.observable
+                    else None,
                 ),
                 controller,
             )
