@@ -123,6 +123,7 @@ from vacancyd.web.site import (
     GuardedTCPSite,
     Probe,
 )
+from vacancyd.web.framing import lenient_parser_problem
 from vacancyd.web.tls import TlsError, TlsFiles, reload_context, server_context
 
 log = logging.getLogger(__name__)
@@ -1165,6 +1166,10 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     SIGHUP re-reads and validates ``config_path`` and logs the verdict
     (:func:`recheck_config`); it never stops the daemon.
     """
+    parser_problem = lenient_parser_problem()
+    if parser_problem is not None:
+        log.error("%s", parser_problem)
+        return 2
     memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
