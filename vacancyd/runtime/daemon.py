@@ -114,6 +114,7 @@ from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
 from vacancyd.web.access import AccessLogger, RefusalLog
 from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.framing import lenient_parser_problem
 from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import (
@@ -123,7 +124,6 @@ from vacancyd.web.site import (
     GuardedTCPSite,
     Probe,
 )
-from vacancyd.web.framing import lenient_parser_problem
 from vacancyd.web.tls import TlsError, TlsFiles, reload_context, server_context
 
 log = logging.getLogger(__name__)
