@@ -10,6 +10,7 @@ with an optional body ``{"resource": NAME}`` raises an operator reclaim edge (do
 or ``{"until_idle": true}`` (each optionally with ``"reason"``) pauses lending (a null
 field, or ``"until_idle": false``, is refused: a pause until resumed is asked for with ``{}``);
 ``POST /admin/resume`` ends the pause (docs/presence.md "Pausing").
+``GET /events/recent`` (read scope): the last hour of transitions (:class:`events.EventLog`).
 Login links (``vacancyd open``, :mod:`vacancyd.web.logins`): ``POST /login/ticket`` (read
 scope, body ``{}`` or ``{"for_uid": UID}`` from root) -> ``{"ticket", "path",
 "expires_in_s"}``; ``POST /login`` with ``{"ticket": T}`` (no token) -> ``{"token",
@@ -433,6 +434,13 @@ def make_api(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))
     app.router.add_get("/metrics", scoped("read", metrics_view))
+    history = events.EventLog(state)
+
+    async def stop_history(_: web.Application) -> None:
+        history.unsubscribe()
+
+    app.on_cleanup.append(stop_history)
+    app.router.add_get("/events/recent", scoped("read", events.recent_handler(history)))
     app.router.add_get(
         "/events",
         scoped(

@@ -7,8 +7,12 @@ this module is its only executor and the only writer of the admission ledger. It
   says a fresher sample could change it, the reclaim check, then the ledger reservation;
 * records what the proxy reports about the exchange (started, reply arrived, ended) and
   carries out the resulting transitions: tracking a job the server still runs (its own
-  task, ``track NAME job N``), holding a cut job whose outcome is uncertain (watched by
-  ``hold NAME job N`` where the server's idleness can be observed), releasing;
+  task, ``track NAME job N``), tracking the abandoned request of a borrower who disconnected
+  from a server that goes on generating, and holding a cut job whose outcome is uncertain
+  (both watched by ``hold NAME job N`` where the server's idleness can be observed),
+  releasing;
+* counts and logs how every job ended (``vacancyd_jobs_total{upstream,outcome}``, the
+  ``outcome`` field of the ``job N ended`` log line);
 * cuts jobs for a reclaim: cancels the exchange, or cancels tracked work through the
   server's API with a deadline;
 * on every release, asks the collectors for a fresh sample of each released resource, so
@@ -48,6 +52,7 @@ from vacancyd.core.lifecycle import (
     Follow,
     Hold,
     HoldReason,
+    JobOutcome,
     JobPhase,
     JobRules,
     JobState,
@@ -70,6 +75,9 @@ log = logging.getLogger(__name__)
 
 #: How long a refusal that a fresh observation could change waits for one (seconds).
 REFRESH_WAIT_S = 2.0
+#: While a held or detached job waits for its server to be seen idle, the server is asked
+#: at most this often (seconds): quick enough to release soon after it stops, gentle on it.
+IDLE_POLL_S = 0.25
 #: Cancelling tracked borrowed jobs through the server's API is bounded by this (seconds).
 CANCEL_DEADLINE_S = 10.0
 
@@ -336,6 +344,7 @@ class Work:
         its unload): nothing was forwarded, so nothing needs freeing."""
         if self._jobs.pop(job.id, None) is not None:
             self._release_now(job.id)
+            self._ended(replace(job, phase=JobPhase.RELEASED, outcome=JobOutcome.NOT_FORWARDED))
 
     def _reserve(
         self, upstream: str, admit: Admit, now: float, facts: RequestFacts
@@ -531,7 +540,7 @@ class Work:
                 assert job.hold is not None
                 self.state.job_holds = {**self.state.job_holds, job.id: job.hold}
             elif not self._watching(job.id):
-                self._watch_idle(job, hold.since)
+                self._watch_idle(job)
 
     def _watching(self, job_id: int) -> bool:
         return job_id in self._watched
@@ -616,8 +625,8 @@ class Work:
         job = transition.state
         if job.phase.live:
             self._jobs[job.id] = job
-        else:
-            self._jobs.pop(job.id, None)
+        elif self._jobs.pop(job.id, None) is not None:
+            self._ended(job)
         for effect in transition.effects:
             if isinstance(effect, Release):
                 self._release(job.id)
@@ -629,10 +638,20 @@ class Work:
                 self.state.ledger.set_phase(job.id, effect.phase)
                 if job.hold is not None:
                     self._log_hold(job)
+                elif job.detached_until is not None and job.detached_since is not None:
+                    log.info(
+                        "%s: the borrower of job %d disconnected; the server may go on "
+                        "generating for it, so its reservation stays until an observation "
+                        "shows the server idle (at most %g s)",
+                        job.upstream,
+                        job.id,
+                        job.detached_until - job.detached_since,
+                    )
             elif isinstance(effect, Follow):
                 self._follow(job, effect.key)
             elif isinstance(effect, WatchIdle):
-                self._watch_idle(job, effect.since)
+                if not self._watching(job.id):  # (a watch goes on from tracking to held)
+                    self._watch_idle(job)
             elif isinstance(effect, CancelOnServer):
                 self.supervisor.spawn(
                     self._cancel_on_server(job.upstream, [effect.key]),
@@ -681,6 +700,19 @@ class Work:
             self.state.after_release(released, now)
         self.rooms.serve()
 
+    def _ended(self, job: JobState) -> None:
+        """Count and log ``job``'s end (it has left ``_jobs``)."""
+        outcome = job.outcome or job.final_outcome
+        self.metrics.job_ended(job.upstream, outcome)
+        log.info(
+            "%s: job %d ended: %s after %.3f s",
+            job.upstream,
+            job.id,
+            outcome,
+            self.state.clock() - job.admitted_at,
+            extra={"upstream": job.upstream, "job": job.id, "outcome": outcome.value},
+        )
+
     def _changed(self, upstream: str) -> None:
         for listener in self._listeners:
             listener(upstream)
@@ -720,6 +752,14 @@ class Work:
                 hold.detail,
                 job.id,
             )
+        elif hold.reason is HoldReason.DETACHED_WORK:
+            log.warning(
+                "%s: job %d: %s; holding its reservation until %s",
+                job.upstream,
+                job.id,
+                hold.detail,
+                until,
+            )
         elif hold.reason is HoldReason.UPSTREAM_SILENT:
             log.warning(
                 "%s: job %d: %s; gave up on the exchange, but the server may still be "
@@ -758,31 +798,59 @@ class Work:
 
         self.supervisor.spawn(follow(), name=f"track {job.upstream} job {job_id}", essential=False)
 
-    def _watch_idle(self, job: JobState, since: float) -> None:
-        """Release a held job once a server observation taken after ``since`` shows the
-        server idle (llama-server's slots)."""
+    def _watch_idle(self, job: JobState) -> None:
+        """Release a held job, or end the tracking of a disconnected borrower's request, once
+        a server observation taken after the hold or the disconnect shows the server idle
+        (llama-server's slots); hold detached work that still looks busy at its
+        ``detached_until``. One task per job, for as long as either lasts."""
         name = job.upstream
         job_id = job.id
         key = f"server:{name}"
         self._watched.add(job_id)
 
         async def await_idle() -> None:
-            while (held := self._jobs.get(job_id)) is not None and held.phase is JobPhase.HELD:
-                obs = self.state.servers.get(name)
-                if (
-                    obs is not None
-                    and obs.value is not None
-                    and obs.observed_at is not None
-                    and obs.observed_at > since
-                    and obs.value.idle
-                ):
-                    log.info("%s: server idle after the cut; releasing held job %d", name, job_id)
-                    self._step(
-                        job_id, partial(JobState.server_seen_idle, observed_at=obs.observed_at)
-                    )
-                    return
-                if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
-                    await asyncio.sleep(REFRESH_WAIT_S)
+            polled_at: float | None = None
+            try:
+                while (watched := self._jobs.get(job_id)) is not None and (
+                    since := _idle_since(watched)
+                ) is not None:
+                    obs = self.state.servers.get(name)
+                    if (
+                        obs is not None
+                        and obs.value is not None
+                        and obs.observed_at is not None
+                        and obs.observed_at > since
+                        and obs.value.idle
+                    ):
+                        log.info(
+                            "%s: server idle %s; releasing job %d",
+                            name,
+                            "after the cut"
+                            if watched.phase is JobPhase.HELD
+                            else "after the borrower disconnected",
+                            job_id,
+                        )
+                        self._step(
+                            job_id, partial(JobState.server_seen_idle, observed_at=obs.observed_at)
+                        )
+                        continue
+                    wait = REFRESH_WAIT_S
+                    until = watched.detached_until if watched.phase is JobPhase.TRACKING else None
+                    if until is not None:
+                        now = self.state.clock()
+                        if now >= until:
+                            self._step(job_id, partial(JobState.detached_timed_out, now=now))
+                            continue
+                        wait = min(wait, until - now)
+                    now = self.state.clock()
+                    if polled_at is not None and now - polled_at < IDLE_POLL_S:
+                        await asyncio.sleep(min(wait, IDLE_POLL_S - (now - polled_at)))
+                        continue
+                    polled_at = now
+                    if not await self.state.fresh_sample(key, wait):
+                        await asyncio.sleep(wait)
+            finally:
+                self._watched.discard(job_id)
 
         self.supervisor.spawn(await_idle(), name=f"hold {name} job {job_id}", essential=False)
 
@@ -792,3 +860,14 @@ class Work:
             return
         self._apply(step(job))
         self._changed(job.upstream)
+
+
+def _idle_since(job: JobState) -> float | None:
+    """Monotonic s after which a server observation showing the server idle ends ``job``'s
+    hold or tracking; None when no observation can (the job is not watched)."""
+    hold = job.hold
+    if job.phase is JobPhase.HELD and hold is not None and hold.release_by is ReleaseBy.SERVER_IDLE:
+        return hold.since
+    if job.phase is JobPhase.TRACKING and job.detached_since is not None:
+        return job.detached_since
+    return None

@@ -163,7 +163,19 @@ class Metrics:
             "Forwarded requests that failed to reach the upstream or broke mid-response.",
             ("upstream", "stage"),
         )
-        for counter in (self.decisions, self.auth_decisions, self.proxied, self.upstream_errors):
+        self.jobs = LoopCounter(
+            "vacancyd_jobs",
+            "Borrowed jobs that ended, by how: completed, borrower_disconnected, "
+            "upstream_failed, cut, not_forwarded.",
+            ("upstream", "outcome"),
+        )
+        for counter in (
+            self.decisions,
+            self.auth_decisions,
+            self.proxied,
+            self.upstream_errors,
+            self.jobs,
+        ):
             self.registry.register(counter)
         self.wake_seconds = Histogram(
             "vacancyd_wake_duration_seconds",
@@ -234,6 +246,10 @@ class Metrics:
     def upstream_error(self, upstream: str, stage: str) -> None:
         """A forwarded request that failed at ``stage`` (``vacancyd_upstream_errors``)."""
         self.upstream_errors.inc(upstream, stage)
+
+    def job_ended(self, upstream: str, outcome: str) -> None:
+        """One borrowed job of ``upstream`` ended with ``outcome`` (``vacancyd_jobs``)."""
+        self.jobs.inc(upstream, outcome)
 
     def residency(self, upstream: str, credit: Credit) -> None:
         """Count one residency proof's outcome (admitted or refused at the per-model step)."""
