@@ -134,6 +134,9 @@ SHUTDOWN_GRACE_S = 20.0
 #: Once the drain is over, how long requests still being answered (refusals, pass-through
 #: reads) and WebSocket closing handshakes get before their connections close (seconds).
 CLOSE_TIMEOUT_S = 1.0
+#: After a second SIGTERM/SIGINT, how long requests still being answered get before their
+#: connections are reset (seconds), instead of CLOSE_TIMEOUT_S.
+HURRIED_CLOSE_S = 0.2
 #: How often the drain looks whether the borrowed work in flight has finished (seconds).
 DRAIN_POLL_S = 0.05
 
@@ -1038,12 +1041,12 @@ class Daemon:
         # The proxy listeners close together; the API listener goes last so /healthz and
         # /readyz answer until the end (and /events followers have their last event).
         api = self._runners.pop("api", None)
-        await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
+        await self._close_listeners(self._runners)
         self._refusal_log.flush()  # the last window's refusal counts are not lost
         if self.kubernetes is not None:
             await self.kubernetes.stop()
         if api is not None:
-            await api.cleanup()
+            await self._close_listeners({"api": api})
         await self.owner.flush()  # a pause save in flight is written, not cancelled
         await self.supervisor.stop()
         if self.tracing is not None:
@@ -1054,6 +1057,7 @@ class Daemon:
             await session.close()
         for upstream_client in self._clients:
             await upstream_client.close()
+        log.info("stopped %.3f s after the stop began", loop.time() - began)
 
     async def _drain(self, began: float, grace_s: float, delay_s: float) -> None:
         """Wait (loop time ``began`` + at most ``grace_s`` s, at least ``delay_s`` s) until
@@ -1076,6 +1080,33 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(DRAIN_POLL_S, grace_s - elapsed)):
                     await self._hurry.wait()
+
+    async def _close_listeners(self, runners: Mapping[str, web.BaseRunner]) -> None:
+        """Close ``runners`` together: requests still being answered get up to
+        ``CLOSE_TIMEOUT_S``, unless the stop is hurried (a second SIGTERM/SIGINT, before or
+        during the close): then they get ``HURRIED_CLOSE_S`` and their connections are
+        reset, so the daemon exits at once instead of waiting out the close timeout."""
+        closing: asyncio.Future[Any] = asyncio.gather(
+            *(runner.cleanup() for runner in runners.values())
+        )
+        hurry: asyncio.Future[Any] = asyncio.get_running_loop().create_task(
+            self._hurry.wait(), name="hurry"
+        )
+        try:
+            await asyncio.wait({closing, hurry}, return_when=asyncio.FIRST_COMPLETED)
+            if not closing.done():
+                with contextlib.suppress(TimeoutError):
+                    # a moment for what is about to end on its own (/events' last event)
+                    async with asyncio.timeout(HURRIED_CLOSE_S):
+                        await asyncio.shield(closing)
+            if not closing.done():
+                reset = sum(
+                    guard.reset_busy() for name, guard in self._guards.items() if name in runners
+                )
+                log.info("closing: %d connection(s) still answering were reset", reset)
+            await closing
+        finally:
+            hurry.cancel()
 
     async def _cut_what_is_left(self) -> int:
         """End the tunnels with 1001, then reset the proxy connections still answering a
