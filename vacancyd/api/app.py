@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
@@ -46,6 +45,7 @@ from vacancyd.web.logins import (
     TicketRefused,
     connection_uid,
 )
+from vacancyd.web.metrics import exposition
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -187,10 +187,10 @@ def make_api(
     async def status(_: web.Request) -> web.Response:
         return web.json_response(render_status(state, started_at))
 
-    async def metrics_view(_: web.Request) -> web.Response:
-        body = generate_latest(metrics.registry)
+    async def metrics_view(request: web.Request) -> web.Response:
+        body, content_type = exposition(metrics.registry, request.headers.get("Accept"))
         resp = web.Response(body=body)
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        resp.headers["Content-Type"] = content_type
         return resp
 
     async def put_lending(request: web.Request) -> web.Response:

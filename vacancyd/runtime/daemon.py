@@ -114,6 +114,7 @@ from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
 from vacancyd.web.access import AccessLogger, RefusalLog
 from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.framing import lenient_parser_problem
 from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import (
@@ -1165,6 +1166,10 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     SIGHUP re-reads and validates ``config_path`` and logs the verdict
     (:func:`recheck_config`); it never stops the daemon.
     """
+    parser_problem = lenient_parser_problem()
+    if parser_problem is not None:
+        log.error("%s", parser_problem)
+        return 2
     memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()

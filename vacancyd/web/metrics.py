@@ -20,6 +20,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -29,6 +30,14 @@ from vacancyd.core.reasons import Credit, CreditCode
 #: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
 #: seconds to minutes.
 REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+    """(body, Content-Type) of a scrape of ``registry`` in the format the ``Accept`` header
+    asks for: OpenMetrics 1.0 (``application/openmetrics-text``) when it is asked for, else
+    the Prometheus text format 0.0.4 (prometheus_client's own negotiation)."""
+    encode, content_type = choose_encoder(accept or "")
+    return encode(registry), content_type
 
 
 class BuildCollector(Collector):
