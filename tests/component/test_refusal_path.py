@@ -10,6 +10,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,7 @@ from aiohttp import web
 from tests.support.daemon import openai_like_app, running_daemon, serve_app, single_upstream_toml
 from vacancyd.proxy.app import ProxyRequest
 from vacancyd.proxy.reply import PreparedReply, Template
+from vacancyd.runtime.daemon import reply_headers
 from vacancyd.web import access
 
 HEADERS = {
@@ -30,26 +32,21 @@ BODY = b'{"error": {"message": "No vacancy: test", "code": "lending_disabled"}}'
 DATE = re.compile(rb"\r\nDate: [^\r]*\r\n")
 
 
-async def draining(_request: web.BaseRequest, response: web.StreamResponse) -> None:
-    """The daemon's reply hook while it drains: every reply closes its connection."""
-    response.headers["Server"] = "vacancyd"
-    response.force_close()
-    response.headers["Connection"] = "close"
-
-
 @asynccontextmanager
 async def low_level_server(
     handler: Callable[[web.BaseRequest], Any], drain: bool = False
 ) -> AsyncIterator[tuple[str, int]]:
-    """An aiohttp low-level server on loopback whose requests are proxy requests (with the
-    daemon's draining reply hook when ``drain``)."""
+    """An aiohttp low-level server on loopback whose requests are proxy requests with the
+    daemon's own reply hook (``Keep-Alive: timeout=75`` while serving; every reply closing
+    its connection when ``drain``)."""
     loop = asyncio.get_running_loop()
+    hook = reply_headers(SimpleNamespace(stopping=drain), 75.0)  # type: ignore[arg-type]
 
-    class Draining(ProxyRequest):
+    class Hooked(ProxyRequest):
         async def _prepare_hook(self, response: web.StreamResponse) -> None:
-            await draining(self, response)
+            await hook(self, response)
 
-    request_class = Draining if drain else ProxyRequest
+    request_class = Hooked
 
     def make_request(
         message: Any, payload: Any, protocol: Any, writer: Any, task: Any
@@ -118,6 +115,9 @@ async def test_a_prepared_reply_is_the_bytes_a_plain_response_sends(
     assert theirs.startswith(b"HTTP/1."), theirs
     assert DATE.sub(b"\r\nDate: -\r\n", ours) == DATE.sub(b"\r\nDate: -\r\n", theirs)
     assert b"\r\nServer: vacancyd\r\n" in ours
+    kept = not drain and not close and b"close" not in request_bytes
+    kept = kept and (b"HTTP/1.1" in request_bytes or b"keep-alive" in request_bytes)
+    assert (b"\r\nKeep-Alive: timeout=75\r\n" in ours) == kept, ours
 
 
 async def test_a_prepared_reply_reports_its_length_and_keep_alive_to_aiohttp() -> None:

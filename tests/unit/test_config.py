@@ -241,6 +241,29 @@ def test_upstream_silence_must_be_a_number_of_seconds(value: str) -> None:
     assert any("upstream_silence_s" in p for p in info.value.problems), info.value.problems
 
 
+def test_detached_work_timeout_defaults_to_a_minute_on_llamacpp() -> None:
+    (up,) = parse_config(ISSUE_CONFIG).upstream
+    assert up.adapter == "llamacpp" and up.detached_work_timeout == 60
+    text = ISSUE_CONFIG.replace(
+        'resource = "ram"\n', 'resource = "ram"\ndetached_work_timeout_s = {}\n'
+    )
+    assert parse_config(text.format(0)).upstream[0].detached_work_timeout == 0
+    assert parse_config(text.format(2.5)).upstream[0].detached_work_timeout == 2.5
+
+
+@pytest.mark.parametrize(
+    ("value", "adapter"),
+    [("-1", "llamacpp"), ("true", "llamacpp"), ('"60"', "llamacpp"), ("60", "openai")],
+)
+def test_detached_work_timeout_is_seconds_on_a_llamacpp_upstream(value: str, adapter: str) -> None:
+    text = ISSUE_CONFIG.replace(
+        'resource = "ram"\n', f'resource = "ram"\ndetached_work_timeout_s = {value}\n'
+    ).replace('adapter = "llamacpp"', f'adapter = "{adapter}"')
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "test.toml")
+    assert any("detached_work_timeout_s" in p for p in info.value.problems), info.value.problems
+
+
 @pytest.mark.parametrize("target", ["http://user:pw@127.0.0.1:8080", "http://user@127.0.0.1:8080"])
 def test_target_with_user_info_is_an_error_naming_the_credential_keys(target: str) -> None:
     """A user:password in the target would never reach the server (forwarded requests carry

@@ -5,8 +5,8 @@ asked, in this order, the question only one kind of server answers:
 
 1. Ollama: ``GET /api/version`` -> ``{"version": str}``; its models from ``GET /api/tags``;
 2. ComfyUI: ``GET /system_stats`` -> ``{"system": {...}, "devices": [...]}``;
-3. llama-server: ``GET /props`` -> an object with ``default_generation_settings`` (and
-   ``GET /health``); its model from ``GET /v1/models``;
+3. llama-server: ``GET /props`` -> an object with ``default_generation_settings``; its
+   model from ``GET /v1/models``;
 4. vLLM: ``GET /version`` -> ``{"version": str}``; its models from ``GET /v1/models``, and
    whether its sleep routes exist from ``GET /is_sleeping``;
 5. any OpenAI-compatible server: ``GET /v1/models`` -> ``{"data": [{"id": ...}]}``.
