@@ -86,6 +86,12 @@ async def test_companion_follows_a_lender_through_events_and_timeout() -> None:
                 async with aiohttp.ClientSession() as http:
                     async with http.get(f"http://{companion.address}/metrics") as resp:
                         text = await resp.text()
+                    async with http.get(
+                        f"http://{companion.address}/metrics",
+                        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+                    ) as resp:
+                        assert resp.content_type == "application/openmetrics-text"
+                        assert (await resp.text()).endswith("# EOF\n")
                 assert 'vacancyd_companion_lender_up{lender="pc"} 1.0' in text
                 assert 'vacancyd_companion_kubernetes_writes_ok{lender="pc"} 1.0' in text
 

@@ -438,6 +438,8 @@ DEFAULT_MAX_WAITING = 32
 DEFAULT_UNLOAD_TIMEOUT_S = 30.0
 #: Default of ``upstream_silence_s`` (docs/configuration.md).
 DEFAULT_UPSTREAM_SILENCE_S = 300.0
+#: Default of ``detached_work_timeout_s`` (docs/configuration.md).
+DEFAULT_DETACHED_WORK_TIMEOUT_S = 60.0
 
 
 class UpstreamSettings(_Model):
@@ -475,6 +477,9 @@ class UpstreamSettings(_Model):
     #: Seconds the upstream may send nothing for a borrowed job (before its reply, or
     #: between two pieces of it) before the job is given up and held; 0: no limit.
     upstream_silence_s: float = Field(DEFAULT_UPSTREAM_SILENCE_S, ge=0, le=86400, strict=True)
+    #: Seconds a borrowed job whose borrower disconnected stays tracked while the server
+    #: may still be generating for it, before it is held (llamacpp only; default 60).
+    detached_work_timeout_s: float | None = Field(None, ge=0, le=86400, strict=True)
     websocket_max_tunnels: int = Field(32, ge=0, le=10_000)
     websocket_idle_timeout_s: float = Field(300.0, gt=0, le=86400)
     allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
@@ -505,6 +510,13 @@ class UpstreamSettings(_Model):
     def silence_limit(self) -> float | None:
         """Seconds of upstream silence after which a borrowed job is held; None: no limit."""
         return self.upstream_silence_s or None
+
+    @property
+    def detached_work_timeout(self) -> float:
+        """Seconds a disconnected borrower's job stays tracked before it is held; default 60."""
+        if self.detached_work_timeout_s is None:
+            return DEFAULT_DETACHED_WORK_TIMEOUT_S
+        return self.detached_work_timeout_s
 
     @property
     def unload_timeout(self) -> float:
@@ -547,6 +559,12 @@ class UpstreamSettings(_Model):
             raise ValueError("warm_model applies only to adapter = 'ollama'")
         if "keep_alive_max_s" in self.model_fields_set and self.adapter != "ollama":
             raise ValueError("keep_alive_max_s applies only to adapter = 'ollama'")
+        if self.detached_work_timeout_s is not None and self.adapter != "llamacpp":
+            raise ValueError(
+                "detached_work_timeout_s applies only to adapter = 'llamacpp' (the one server "
+                "whose idleness after a borrower's disconnect vacancyd can observe; see "
+                "docs/footprints.md)"
+            )
         if self.lend_while_present and self.owner_scope == "resource":
             raise ValueError(
                 "lend_while_present applies to host-scoped upstreams; a resource-scoped one "

@@ -40,7 +40,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -49,6 +49,7 @@ from vacancyd.core import conditions
 from vacancyd.core.conditions import LenderState, StatusFormatError
 from vacancyd.k8s.api import K8sApiError, KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
+from vacancyd.web.metrics import exposition
 from vacancyd.web.tls import TlsError, client_context, verify_failure
 
 log = logging.getLogger(__name__)
@@ -429,9 +430,10 @@ def make_health_app(followers: list[LenderFollower]) -> web.Application:
             }
         )
 
-    async def metrics(_: web.Request) -> web.Response:
-        resp = web.Response(body=generate_latest(registry))
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    async def metrics(request: web.Request) -> web.Response:
+        body, content_type = exposition(registry, request.headers.get("Accept"))
+        resp = web.Response(body=body)
+        resp.headers["Content-Type"] = content_type
         return resp
 
     app.router.add_get("/healthz", healthz)

@@ -63,7 +63,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
-from aiohttp.web_log import AccessLogger
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
@@ -113,7 +112,10 @@ from vacancyd.runtime import calibration, durable, learned, lendability, memory,
 from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
+from vacancyd.web.access import AccessLogger, RefusalLog
 from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.framing import lenient_parser_problem
+from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import (
     SERVER_HEADER,
@@ -133,6 +135,9 @@ SHUTDOWN_GRACE_S = 20.0
 #: Once the drain is over, how long requests still being answered (refusals, pass-through
 #: reads) and WebSocket closing handshakes get before their connections close (seconds).
 CLOSE_TIMEOUT_S = 1.0
+#: After a second SIGTERM/SIGINT, how long requests still being answered get before their
+#: connections are reset (seconds), instead of CLOSE_TIMEOUT_S.
+HURRIED_CLOSE_S = 0.2
 #: How often the drain looks whether the borrowed work in flight has finished (seconds).
 DRAIN_POLL_S = 0.05
 
@@ -195,19 +200,27 @@ def build_state(settings: Settings) -> SharedState:
     return state
 
 
-def _reply_headers(
-    state: SharedState,
+def reply_headers(
+    state: SharedState, keepalive_s: float
 ) -> Callable[[web.BaseRequest, web.StreamResponse], Awaitable[None]]:
     """The hook every listener runs on each reply: it names vacancyd, never the Python or
-    aiohttp version (nor the upstream's own ``Server``, which the proxy drops), and while
-    the daemon drains it says ``Connection: close``, so a client's pool moves off this lender
-    instead of reusing a connection that is about to close."""
+    aiohttp version (nor the upstream's own ``Server``, which the proxy drops); a reply that
+    keeps its connection says for how long an idle connection stays open
+    (``Keep-Alive: timeout=N``, ``keepalive_s`` in whole seconds, rounded down), so a client
+    pool retires it before the listener closes it; and while the daemon drains it says
+    ``Connection: close``, so a client's pool moves off this lender instead of reusing a
+    connection that is about to close."""
+    keep_alive = f"timeout={max(1, int(keepalive_s))}"
 
-    async def hook(_request: web.BaseRequest, response: web.StreamResponse) -> None:
+    async def hook(request: web.BaseRequest, response: web.StreamResponse) -> None:
         response.headers["Server"] = SERVER_HEADER
-        if state.stopping and response.status != 101:  # an upgrade keeps its Connection
+        if response.status == 101:  # an upgrade keeps its Connection and has no idle timer
+            return
+        if state.stopping:
             response.force_close()
             response.headers["Connection"] = "close"  # the hook runs after aiohttp set it
+        elif response.keep_alive is not False and request.keep_alive:
+            response.headers["Keep-Alive"] = keep_alive
 
     return hook
 
@@ -292,6 +305,8 @@ class Daemon:
     #: connection budgets per listener name, and the proxies (tunnels) per upstream or pool
     _guards: dict[str, ConnectionGuard] = field(default_factory=dict)
     _proxies: dict[str, Proxy] = field(default_factory=dict)
+    #: the proxy listeners' refusal lines, summed up per (listener, reason) under a flood
+    _refusal_log: RefusalLog = field(default_factory=RefusalLog)
     _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
@@ -312,7 +327,10 @@ class Daemon:
         attach_saver(self.metrics, self.saver)
         self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
         self.saver.holds = self.work.held
-        self.work.on_holds = lambda _held: self.saver.mark("holds", "")
+        if not self.saver.holds_frozen:  # else never written: every resource refuses anyway
+            self.work.on_holds = lambda _held: self.saver.mark("holds", "")
+            self.saver.holds_written = self.work.holds_saved
+            self.saver.holds_failed = self.work.holds_unsaved
         for up in self.settings.upstream:
             if up.busy == "wait":
                 self.work.enable_wait(
@@ -380,6 +398,7 @@ class Daemon:
             allow_unauthenticated_remote=server.allow_unauthenticated_remote,
             server_names=server.server_names,
             allowed_origins=server.allowed_origins,
+            logins=Logins(),
         )
         limits = server.limits
         self.tracing = start_tracing(
@@ -455,6 +474,9 @@ class Daemon:
                     cut_is_uncertain=adapter.cut_is_uncertain,
                     idle_evidence=adapter.observable,
                     silence_s=up.silence_limit,
+                    detached_s=up.detached_work_timeout
+                    if adapter.detached_work and adapter.observable
+                    else None,
                 ),
                 controller,
             )
@@ -476,7 +498,9 @@ class Daemon:
                 up.name,
                 proxy,
                 up.listen,
-                access_log_class=ProxyAccessLogger.bind(up.name, self.metrics.request_duration),
+                access_log_class=ProxyAccessLogger.bind(
+                    up.name, self.metrics.request_duration, self._refusal_log
+                ),
                 traced=True,
             )
             self.state.set_listener(up.name, address, bound=True)
@@ -506,7 +530,12 @@ class Daemon:
             self._proxies[pool.name] = pool_proxy
             self.state.pools[pool.name] = tuple(pool.members)
             self.state.set_listener(pool.name, pool.listen, bound=False)
-            address = await self._serve(pool.name, pool_proxy, pool.listen)
+            address = await self._serve(
+                pool.name,
+                pool_proxy,
+                pool.listen,
+                access_log_class=ProxyAccessLogger.bind(pool.name, None, self._refusal_log),
+            )
             self.state.set_listener(pool.name, address, bound=True)
 
         self.work.watch_restored()
@@ -653,7 +682,7 @@ class Daemon:
         listen: str,
         *,
         probe: Probe | None = None,
-        access_log_class: type[AbstractAccessLogger] = AccessLogger,
+        access_log_class: type[AbstractAccessLogger] | None = None,
         traced: bool = False,
     ) -> str:
         """Bind ``listen`` for the API application or a proxy (an aiohttp low-level server:
@@ -665,12 +694,11 @@ class Daemon:
             "keepalive_timeout": limits.keepalive_timeout_s,
             "lingering_time": 0,
             "access_log": logging.getLogger(f"vacancyd.access.{name}"),
-            "access_log_format": '%a "%r" %s %b %Tfs',
-            "access_log_class": access_log_class,
+            "access_log_class": access_log_class or AccessLogger.bind(name),
         }
         # Borrowed work had its drain before the runner is cleaned up (Daemon.shutdown):
         # what is still being answered then gets CLOSE_TIMEOUT_S, then is cancelled.
-        hook = _reply_headers(self.state)
+        hook = reply_headers(self.state, limits.keepalive_timeout_s)
         runner: web.BaseRunner
         if isinstance(app, Proxy):
             trace = None
@@ -1014,11 +1042,12 @@ class Daemon:
         # The proxy listeners close together; the API listener goes last so /healthz and
         # /readyz answer until the end (and /events followers have their last event).
         api = self._runners.pop("api", None)
-        await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
+        await self._close_listeners(self._runners)
+        self._refusal_log.flush()  # the last window's refusal counts are not lost
         if self.kubernetes is not None:
             await self.kubernetes.stop()
         if api is not None:
-            await api.cleanup()
+            await self._close_listeners({"api": api})
         await self.owner.flush()  # a pause save in flight is written, not cancelled
         await self.supervisor.stop()
         if self.tracing is not None:
@@ -1029,6 +1058,7 @@ class Daemon:
             await session.close()
         for upstream_client in self._clients:
             await upstream_client.close()
+        log.info("stopped %.3f s after the stop began", loop.time() - began)
 
     async def _drain(self, began: float, grace_s: float, delay_s: float) -> None:
         """Wait (loop time ``began`` + at most ``grace_s`` s, at least ``delay_s`` s) until
@@ -1051,6 +1081,33 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(DRAIN_POLL_S, grace_s - elapsed)):
                     await self._hurry.wait()
+
+    async def _close_listeners(self, runners: Mapping[str, web.BaseRunner]) -> None:
+        """Close ``runners`` together: requests still being answered get up to
+        ``CLOSE_TIMEOUT_S``, unless the stop is hurried (a second SIGTERM/SIGINT, before or
+        during the close): then they get ``HURRIED_CLOSE_S`` and their connections are
+        reset, so the daemon exits at once instead of waiting out the close timeout."""
+        closing: asyncio.Future[Any] = asyncio.gather(
+            *(runner.cleanup() for runner in runners.values())
+        )
+        hurry: asyncio.Future[Any] = asyncio.get_running_loop().create_task(
+            self._hurry.wait(), name="hurry"
+        )
+        try:
+            await asyncio.wait({closing, hurry}, return_when=asyncio.FIRST_COMPLETED)
+            if not closing.done():
+                with contextlib.suppress(TimeoutError):
+                    # a moment for what is about to end on its own (/events' last event)
+                    async with asyncio.timeout(HURRIED_CLOSE_S):
+                        await asyncio.shield(closing)
+            if not closing.done():
+                reset = sum(
+                    guard.reset_busy() for name, guard in self._guards.items() if name in runners
+                )
+                log.info("closing: %d connection(s) still answering were reset", reset)
+            await closing
+        finally:
+            hurry.cancel()
 
     async def _cut_what_is_left(self) -> int:
         """End the tunnels with 1001, then reset the proxy connections still answering a
@@ -1109,6 +1166,10 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     SIGHUP re-reads and validates ``config_path`` and logs the verdict
     (:func:`recheck_config`); it never stops the daemon.
     """
+    parser_problem = lenient_parser_problem()
+    if parser_problem is not None:
+        log.error("%s", parser_problem)
+        return 2
     memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()

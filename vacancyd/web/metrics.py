@@ -20,6 +20,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
@@ -29,6 +30,14 @@ from vacancyd.core.reasons import Credit, CreditCode
 #: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
 #: seconds to minutes.
 REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+    """(body, Content-Type) of a scrape of ``registry`` in the format the ``Accept`` header
+    asks for: OpenMetrics 1.0 (``application/openmetrics-text``) when it is asked for, else
+    the Prometheus text format 0.0.4 (prometheus_client's own negotiation)."""
+    encode, content_type = choose_encoder(accept or "")
+    return encode(registry), content_type
 
 
 class BuildCollector(Collector):
@@ -163,7 +172,19 @@ class Metrics:
             "Forwarded requests that failed to reach the upstream or broke mid-response.",
             ("upstream", "stage"),
         )
-        for counter in (self.decisions, self.auth_decisions, self.proxied, self.upstream_errors):
+        self.jobs = LoopCounter(
+            "vacancyd_jobs",
+            "Borrowed jobs that ended, by how: completed, borrower_disconnected, "
+            "upstream_failed, cut, not_forwarded.",
+            ("upstream", "outcome"),
+        )
+        for counter in (
+            self.decisions,
+            self.auth_decisions,
+            self.proxied,
+            self.upstream_errors,
+            self.jobs,
+        ):
             self.registry.register(counter)
         self.wake_seconds = Histogram(
             "vacancyd_wake_duration_seconds",
@@ -234,6 +255,10 @@ class Metrics:
     def upstream_error(self, upstream: str, stage: str) -> None:
         """A forwarded request that failed at ``stage`` (``vacancyd_upstream_errors``)."""
         self.upstream_errors.inc(upstream, stage)
+
+    def job_ended(self, upstream: str, outcome: str) -> None:
+        """One borrowed job of ``upstream`` ended with ``outcome`` (``vacancyd_jobs``)."""
+        self.jobs.inc(upstream, outcome)
 
     def residency(self, upstream: str, credit: Credit) -> None:
         """Count one residency proof's outcome (admitted or refused at the per-model step)."""
