@@ -88,8 +88,23 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 
 mkdir -p "$CACHE_ROOT"
-WORK="$(mktemp -d "$CACHE_ROOT/.build-$VERSION.XXXXXX")"
+# One build at a time per cache, in a work tree whose path never changes: cgo's objects are
+# cached by Go (GOCACHE) under keys that include the source path, so a build that failed or
+# was interrupted resumes from what it had compiled instead of starting over.
+exec 9>"$CACHE_ROOT/.build.lock"
+if ! flock -n 9; then
+    log "another build holds $CACHE_ROOT/.build.lock; waiting for it"
+    flock 9
+    if [[ "${FORCE:-0}" != 1 && -f "$DEST/.complete" && -x "$DEST/ollama" ]]; then
+        log "built meanwhile: $DEST/ollama"
+        echo "$DEST/ollama"
+        exit 0
+    fi
+fi
+WORK="$CACHE_ROOT/.build-$VERSION"
 cleanup() { chmod -R u+w "$WORK" 2>/dev/null || true; rm -rf "$WORK"; }
+cleanup
+mkdir -p "$WORK"
 trap cleanup EXIT
 
 START=$(date +%s)
