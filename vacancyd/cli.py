@@ -180,6 +180,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             "`vacancyd run` (which refuses to start without it)",
             file=sys.stderr,
         )
+    from vacancyd.config.advice import config_warnings
+
+    for advice in config_warnings(settings):
+        print(f"{args.file}: warning: {advice}", file=sys.stderr)
     print(
         f"{args.file}: OK ({len(settings.resource)} resource(s), "
         f"{len(settings.upstream)} upstream(s); API on {settings.server.listen})"
