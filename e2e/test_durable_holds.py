@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +167,7 @@ async def test_kill_9_the_moment_a_hold_is_shown_keeps_it(tmp_path: Path) -> Non
             path.write_text(config(api_port, proxy_port, target, state_dir), encoding="utf-8")
             daemon = await start(path, env)
             try:
-                await until("ready", lambda: _ready(http, api))
+                await until("ready", partial(_ready, http, api))
                 events = await http.get(api + "/events")
                 body = {
                     "model": "m",
@@ -187,7 +188,7 @@ async def test_kill_9_the_moment_a_hold_is_shown_keeps_it(tmp_path: Path) -> Non
                 events.close()
 
                 daemon = await start(path, env)
-                doc = await until("ready again", lambda: _ready(http, api))
+                doc = await until("ready again", partial(_ready, http, api))
                 assert [j["hold"]["reason"] for j in held(doc)] == ["cut_uncertain"], attempt
                 short = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
                 async with http.post(proxy + "/v1/chat/completions", json=short) as r:
