@@ -370,7 +370,7 @@ async def test_a_followed_lender_is_published_not_ready_before_its_listener_clos
         "\n".join(f"{what}: +{at - began:.4f} s (listener accepts: {up})" for what, at, up in order)
     )
     kinds = [what for what, _, _ in order]
-    published, closing = kinds.index("published not ready"), kinds.index("listener closing")
-    assert published < closing, order
+    published, closed = kinds.index("published not ready"), kinds.index("listener closing")
+    assert published < closed, order
     assert order[published][2], order  # the listener still answered when it was published
     assert not order[-1][2]  # and it did close
