@@ -1,7 +1,8 @@
 """The CLI's printing subcommands when their reader goes away: ``vacancyd status | head -1``
 ends quietly (exit 1, nothing about the pipe on stderr), never with a BrokenPipeError
-traceback, whether standard output is buffered or not. The pipe here is closed before the command writes, so
-every run meets the closed pipe (a real ``head`` does only some of the time)."""
+traceback, whether standard output is buffered or not. The pipe here is closed before the
+command writes, so every run meets the closed pipe (a real ``head`` does only some of the
+time)."""
 
 from __future__ import annotations
 
