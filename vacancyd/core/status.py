@@ -148,6 +148,9 @@ class ResourceStatus:
     lendable_mib: float | None = None
     #: Why a durable state file it depends on is unusable (it refuses until repaired).
     state_error: str | None = None
+    #: Why a job held on it cannot be written to the state directory (it refuses
+    #: ``state_write_failed`` until the retried write succeeds).
+    hold_write_error: str | None = None
     #: Borrowed jobs holding it now (more than one with ``max_concurrent``).
     jobs: int = 0
     #: What it is doing when upstreams with ``exclusive_of`` share it (idle, shared,
@@ -178,6 +181,7 @@ class ResourceStatus:
             else {"job": held.job, "upstream": held.upstream, "phase": held.phase},
             "pressure": None if self.pressure is None else self.pressure.to_json(),
             "state_error": self.state_error,
+            "hold_write_error": self.hold_write_error,
             "jobs": self.jobs,
             "card": self.card,
         }
