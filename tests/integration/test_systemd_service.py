@@ -23,7 +23,6 @@ pytestmark = pytest.mark.systemd
 VACANCYD = "/opt/vacancyd/bin/vacancyd"
 CONFIG = "/etc/vacancyd/vacancyd.toml"
 UNIT = "/etc/systemd/system/vacancyd.service"
-ADMIN_TOKEN = "/etc/vacancyd/tokens/admin.token"
 READYZ = (
     "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:9470/readyz',"
     ' timeout=5).status)"'
@@ -70,14 +69,17 @@ def test_documented_install_is_active_ready_and_samples_presence_over_the_system
 ) -> None:
     assert guest.run(["systemctl", "is-active", "vacancyd"]).stdout.strip() == "active"
     guest.wait_for("/readyz 200", READYZ)
-    status = json.loads(
-        guest.run([VACANCYD, "status", "--json", "--token-file", ADMIN_TOKEN]).stdout
-    )
+    status = json.loads(guest.run([VACANCYD, "status", "--json"]).stdout)
     presence = status["presence"]
     assert presence["source"] == "logind" and presence["sampled"] is True, presence
     assert status["ready"] is True, status["not_ready"]
     journal = guest.journal()
     assert "system bus" not in journal or "cannot connect" not in journal, journal
+
+
+def test_root_runs_status_without_flags(guest: Guest) -> None:
+    out = guest.run([VACANCYD, "status"]).stdout  # API and token from the config init wrote
+    assert "openai" in out, out
 
 
 def test_service_runs_as_its_static_user_with_no_file_reading_capability(guest: Guest) -> None:
