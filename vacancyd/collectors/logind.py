@@ -32,7 +32,7 @@ from typing import Any
 from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from vacancyd.collectors.base import ProbeError
+from vacancyd.collectors.base import CountFailure, ProbeError, ProbeFailure
 from vacancyd.collectors.processes import scan_owner_processes
 from vacancyd.core import presence as rules
 from vacancyd.state import PresenceReading, SharedState
@@ -351,11 +351,13 @@ async def run_logind_loop(
     interval_s: float,
     timeout_s: float,
     wake: asyncio.Event,
+    count: CountFailure | None = None,
 ) -> None:
     """Sample on every wake-up (a logind signal) and at least every ``interval_s`` seconds.
 
     Each sample has ``timeout_s`` seconds; past it the connection is dropped (a late reply is
-    discarded with it) and the attempt is a failure. Never returns; cancel to stop.
+    discarded with it) and the attempt is a failure. Every failure is also counted by kind
+    (``count``). Never returns; cancel to stop.
     """
     try:
         while True:
@@ -370,13 +372,19 @@ async def run_logind_loop(
                 state.record_presence_failure(
                     f"logind did not answer {step} within {timeout_s:g} s", started
                 )
+                if count is not None:
+                    count(ProbeFailure.TIMEOUT)
             except ProbeError as exc:
                 presence.client.reset()
                 state.record_presence_failure(str(exc), started)
+                if count is not None:
+                    count(ProbeFailure.FAILED)
             except Exception as exc:  # a bug here must not read as an absent owner
                 log.exception("presence sample failed unexpectedly")
                 presence.client.reset()
                 state.record_presence_failure(f"presence sample failed: {exc!r}", started)
+                if count is not None:
+                    count(ProbeFailure.UNEXPECTED)
             else:
                 state.record_presence(reading, started)
             try:

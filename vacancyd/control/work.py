@@ -579,8 +579,8 @@ class Work:
                 {r for i in self._unsaved if (j := self._jobs.get(i)) for r in j.resources}
             )
             log.error(
-                "held job(s) %s cannot be written to the state directory (%s); %s refuse "
-                "borrowed work (%s) until the write, retried, succeeds",
+                "held job(s) %s cannot be written to the state directory (%s); borrowed work "
+                "on %s is refused (%s) until the write, retried, succeeds",
                 ", ".join(str(i) for i in sorted(self._unsaved)),
                 error,
                 ", ".join(resources),

@@ -828,6 +828,7 @@ class Daemon:
                 on_sample=lambda s, t: state.record_server(name, s, t),
                 on_error=lambda e, t: state.record_server_failure(name, e, t),
                 wake=state.sample_wanted(f"server:{name}"),
+                count=self.metrics.collector_failures(f"server:{name}"),
             ),
             name=f"observer {name}",
             essential=True,
@@ -843,11 +844,14 @@ class Daemon:
             probe = _capacity_probe(res, self.settings, self._gpus)
             on_sample = partial(state.record_capacity, name)
             on_error = partial(state.record_capacity_failure, name)
+            count = self.metrics.collector_failures(f"capacity:{name}")
             if probe is system.sample_memory:
                 # /proc/meminfo is kernel memory, not a disk or a driver: every sample,
                 # the one a release asks for included, is taken on the loop, not handed to a
                 # thread and back (and one source keeps the samples in the order taken).
-                sample = sample_now(name, probe, on_sample=on_sample, on_error=on_error)
+                sample = sample_now(
+                    name, probe, on_sample=on_sample, on_error=on_error, count=count
+                )
                 state.sample_inline(name, sample)
                 self.supervisor.spawn(
                     run_inline_probe_loop(sample, interval_s=cfg.poll_s),
@@ -864,6 +868,7 @@ class Daemon:
                     on_sample=on_sample,
                     on_error=on_error,
                     wake=state.sample_wanted(name),
+                    count=count,
                 ),
                 name=f"collector {name}",
                 essential=True,
@@ -889,6 +894,7 @@ class Daemon:
                     timeout_s=cfg.probe_timeout_s,
                     on_sample=state.record_presence,
                     on_error=state.record_presence_failure,
+                    count=self.metrics.collector_failures("presence"),
                 ),
                 name="collector presence",
                 essential=True,
@@ -922,6 +928,7 @@ class Daemon:
                 interval_s=cfg.poll_s,
                 timeout_s=cfg.probe_timeout_s,
                 wake=wake,
+                count=self.metrics.collector_failures("presence"),
             ),
             name="collector presence",
             essential=True,
@@ -952,6 +959,7 @@ class Daemon:
                     ),
                     on_error=lambda e, t, n=name: state.record_pressure_failure(n, e, t),  # type: ignore[misc]
                     wake=state.sample_wanted(f"pressure:{name}"),
+                    count=self.metrics.collector_failures(f"pressure:{name}"),
                 ),
                 name=f"pressure {name}",
                 essential=True,
