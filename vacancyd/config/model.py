@@ -67,6 +67,10 @@ def is_loopback(host: str) -> bool:
 
 #: Secrets are short; a token file larger than this is a mistake (or /dev/urandom).
 SECRET_FILE_MAX_BYTES = 64 * 1024
+#: Seconds a followed lender's listeners keep answering after SIGTERM (the default
+#: ``shutdown_delay_s`` with ``[kubernetes]``, and the least whenever an ``/events`` follower
+#: is connected at the stop): what being published not-ready takes to reach kube-proxy.
+FOLLOWED_SHUTDOWN_DELAY_S = 2.0
 
 
 def read_secret_file(path: Path) -> str:
@@ -168,8 +172,9 @@ class ServerSettings(_Model):
     #: After SIGTERM, the most seconds borrowed work in flight gets to finish (the drain).
     shutdown_grace_s: float = Field(20.0, ge=0, le=3600)
     #: After SIGTERM, the least seconds the listeners keep answering (with refusals) even
-    #: when nothing is in flight; None: 2 with ``[kubernetes]`` (the endpoints' change has to
-    #: reach kube-proxy), else 0.
+    #: when nothing is in flight; None: FOLLOWED_SHUTDOWN_DELAY_S with ``[kubernetes]`` (the
+    #: endpoints' change has to reach kube-proxy), else 0. Whatever it says, a lender with an
+    #: ``/events`` follower at the stop (the companion) keeps them up that long too.
     shutdown_delay_s: float | None = Field(None, ge=0, le=600)
     limits: LimitsSettings = LimitsSettings()
 
@@ -825,7 +830,7 @@ class Settings(_Model):
         ``[kubernetes]`` host publishing, else 0; never more than the grace."""
         delay = self.server.shutdown_delay_s
         if delay is None:
-            delay = 2.0 if self.kubernetes is not None else 0.0
+            delay = FOLLOWED_SHUTDOWN_DELAY_S if self.kubernetes is not None else 0.0
         return min(delay, self.server.shutdown_grace_s)
 
     @property

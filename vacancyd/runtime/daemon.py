@@ -79,7 +79,13 @@ from vacancyd.collectors.base import (
 )
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError, load_config
-from vacancyd.config.model import ResourceSettings, Settings, is_loopback, split_listen
+from vacancyd.config.model import (
+    FOLLOWED_SHUTDOWN_DELAY_S,
+    ResourceSettings,
+    Settings,
+    is_loopback,
+    split_listen,
+)
 from vacancyd.config.policies import (
     pressure_policy,
     reclaim_policy,
@@ -1011,8 +1017,10 @@ class Daemon:
            ready, not serving) before anything closes.
         3. The drain: borrowed work in flight may finish, for at most
            ``[server] shutdown_grace_s``; the listeners stay up for at least
-           ``shutdown_delay_s`` even when nothing is in flight. A second SIGTERM/SIGINT
-           ends it at once (:meth:`hurry`).
+           ``shutdown_delay_s`` even when nothing is in flight, and at least
+           ``FOLLOWED_SHUTDOWN_DELAY_S`` whenever an ``/events`` follower (the companion)
+           heard ``stopping``, so it publishes the lender not ready before a listener
+           closes. A second SIGTERM/SIGINT ends it at once (:meth:`hurry`).
         4. What is left is cut unmistakably: WebSocket tunnels get a 1001 (Going Away)
            close frame on both legs; replies still streaming have their connections reset.
            ``/events`` followers get ``shutdown`` as the last event of their stream.
@@ -1022,6 +1030,17 @@ class Daemon:
         settings = self.settings
         grace_s = settings.server.shutdown_grace_s
         delay_s = settings.shutdown_delay_s
+        followers = self.state.event_followers
+        if followers and delay_s < FOLLOWED_SHUTDOWN_DELAY_S:
+            # A follower (the companion) publishes this lender not ready when it hears
+            # `stopping`: the listeners outlast that, whatever the configuration says.
+            delay_s = min(FOLLOWED_SHUTDOWN_DELAY_S, grace_s)
+            log.info(
+                "%d /events follower(s) hear `stopping` first: the listeners keep answering "
+                "for %g s (a second SIGTERM ends that now)",
+                followers,
+                delay_s,
+            )
         in_flight = self.in_flight()
         self.state.set_stopping(grace_s, len(in_flight))
         self.supervisor.stopping()  # listeners closing from here on are not failures
