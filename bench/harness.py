@@ -99,11 +99,22 @@ class Processes:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, argv: list[str], *, pin: str | None = None, env: dict[str, str] | None = None
+        self,
+        argv: list[str],
+        *,
+        pin: str | None = None,
+        env: dict[str, str] | None = None,
+        stderr: Path | None = None,
     ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` (pinned to CPUs ``pin`` by taskset); its stderr goes to the file
+        ``stderr`` when given (the daemon's log), else stays the benchmark's."""
         if pin is not None:
             argv = ["taskset", "-c", pin, *argv]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, env=env)
+        if stderr is None:
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, env=env)
+        else:
+            with stderr.open("ab") as log:
+                proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
         self.procs.append(proc)
         return proc
 
@@ -148,12 +159,16 @@ def start_vacancyd(
     pin: str | None = None,
     loop: str | None = None,
     source: Path | None = None,
+    log_level: str | None = None,
 ) -> tuple[int, int, subprocess.Popen[bytes]]:
     """A real ``vacancyd run`` in front of ``target_port``; returns (proxy port, api port, proc).
 
     ``loop`` sets ``VACANCYD_EVENT_LOOP`` (``asyncio`` or ``uvloop``); None keeps the default.
     ``source``: run the ``vacancyd`` package of that source tree instead of this one (an
-    earlier version, to compare in the same run).
+    earlier version, to compare in the same run). ``log_level``: ``--log-level`` (None: the
+    daemon's default, ``info``, as a service runs). The daemon's log (stderr) is written to
+    :func:`log_path` of the proxy port, a file as the journal would be, so writing it costs
+    what it costs on a host.
     """
     api, listen = free_port(), free_port()
     cfg = tmp / f"vacancyd-{adapter}-{listen}.toml"
@@ -175,9 +190,17 @@ def start_vacancyd(
         env["PYTHONPATH"] = str(source)
         env["PYTHONSAFEPATH"] = "1"
     argv = [sys.executable, "-m", "vacancyd", "run", "--config", str(cfg)]
-    proc = procs.start([*argv, "--log-level", "warning"], pin=pin, env=env)
+    if log_level is not None:
+        argv += ["--log-level", log_level]
+    proc = procs.start(argv, pin=pin, env=env, stderr=log_path(tmp, listen))
     wait_port(listen, proc)
+    wait_port(api, proc)
     return listen, api, proc
+
+
+def log_path(tmp: Path, port: int) -> Path:
+    """Where :func:`start_vacancyd` writes the log of the daemon listening on ``port``."""
+    return tmp / f"vacancyd-{port}.log"
 
 
 NGINX_PROXY = """

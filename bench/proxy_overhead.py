@@ -8,18 +8,24 @@ Targets, each its own process on loopback, all ending at the same canned upstrea
 * ``nginx``: nginx as a reverse proxy with upstream keep-alive, when installed (skipped with
   a note otherwise; ``apt-get install nginx-light``);
 * ``vacancyd``: a real ``vacancyd run`` with one ``openai`` upstream gated on system memory,
-  on each available event loop (``VACANCYD_EVENT_LOOP``).
+  on each available event loop (``VACANCYD_EVENT_LOOP``), at the default log level (one
+  access line per request, written to a file as the journal would be; ``--log-level``
+  changes it);
+* ``before`` (``--before [NAME=]SOURCE_TREE``, repeatable): the vacancyd of another source
+  tree (an earlier version, e.g. from ``git archive``) on the default loop, as ``NAME/LOOP``.
 
 Requests go over one kept-alive connection per target, in blocks of ``--block`` back-to-back
 requests, the targets taking turns (rotating who goes first) so machine noise spreads over
 all of them. Back-to-back blocks matter: a borrower hammering the lender sends its next
 request right after the previous one released the reservation.
 
-Prints p50/p99 of the added latency per target, the ratio vacancyd-added / naive-added on the
-same event loop, the first-streamed-chunk delay, and (``--llama``, or automatically when the
-tools cache has it) the same against a real llama-server. Usage::
+Prints p50/p99 of the added latency per target, the ratios vacancyd-added / naive-added at
+p50 and p99 with both on the same event loop (asyncio for both, uvloop for both), the
+first-streamed-chunk delay, and (``--llama``, or automatically when the tools cache has it)
+the same against a real llama-server. Usage::
 
     .venv/bin/python bench/proxy_overhead.py [--requests 2000] [--block 20] [--llama]
+        [--log-level warning] [--before /tmp/before]
 """
 
 from __future__ import annotations
@@ -67,8 +73,22 @@ class Target:
     cpu_s: float = 0.0  #: CPU seconds of ``pid`` over the measured requests
 
 
+@dataclass(frozen=True)
+class Daemons:
+    """How the vacancyd targets run: ``log_level`` (None: the default) and the earlier
+    source trees to run beside this one, as (name, path)."""
+
+    log_level: str | None = None
+    before: tuple[tuple[str, Path], ...] = ()
+
+
 def start_targets(
-    procs: Processes, tmp: Path, upstream: int, upstream_pid: int, adapter: str
+    procs: Processes,
+    tmp: Path,
+    upstream: int,
+    upstream_pid: int,
+    adapter: str,
+    daemons: Daemons,
 ) -> dict[str, Target]:
     targets = {"direct": Target(upstream, upstream_pid)}
     for loop in LOOPS:
@@ -79,9 +99,17 @@ def start_targets(
         print("note: nginx is not installed; skipping it (apt-get install nginx-light)")
     else:
         targets["nginx"] = Target(nginx, procs.procs[-1].pid)
+    level = daemons.log_level
     for loop in LOOPS:
-        port, _, proc = start_vacancyd(procs, upstream, tmp, adapter=adapter, loop=loop)
+        port, _, proc = start_vacancyd(
+            procs, upstream, tmp, adapter=adapter, loop=loop, log_level=level
+        )
         targets[f"vacancyd/{loop}"] = Target(port, proc.pid)
+    for name, source in daemons.before:
+        port, _, proc = start_vacancyd(
+            procs, upstream, tmp, adapter=adapter, loop=LOOPS[-1], source=source, log_level=level
+        )
+        targets[f"{name}/{LOOPS[-1]}"] = Target(port, proc.pid)
     return targets
 
 
@@ -145,13 +173,20 @@ def summarize(title: str, targets: dict[str, Target]) -> dict[str, dict[str, flo
         rows[name]["cpu_us_per_request"] = cpu_us
         added = " " * 21 if name == "direct" else f"{p50 - d50:10.3f} {p99 - d99:10.3f}"
         print(f"  {name:18s} {p50:8.3f} {p99:8.3f} {added} {cpu_us:11.0f}")
-    for loop in LOOPS:
-        v, nv = rows.get(f"vacancyd/{loop}"), rows.get(f"naive/{loop}")
-        if v is None or nv is None:
+    for name in rows:
+        ours, _, loop = name.partition("/")
+        naive = rows.get(f"naive/{loop}")
+        if ours in ("direct", "naive", "nginx") or naive is None:
             continue
-        ratio = v["added_p50_ms"] / nv["added_p50_ms"] if nv["added_p50_ms"] > 0 else float("nan")
-        rows[f"vacancyd/{loop}"]["ratio_to_naive_p50"] = ratio
-        print(f"  ratio vacancyd-added / naive-added (p50, both on {loop}): {ratio:.2f}")
+        for q in ("p50", "p99"):
+            theirs = naive[f"added_{q}_ms"]
+            ratio = rows[name][f"added_{q}_ms"] / theirs if theirs > 0 else float("nan")
+            rows[name][f"ratio_to_naive_{q}"] = ratio
+        print(
+            f"  ratio {ours}-added / naive-added, both on {loop}: "
+            f"p50 {rows[name]['ratio_to_naive_p50']:.2f}, "
+            f"p99 {rows[name]['ratio_to_naive_p99']:.2f}"
+        )
     return rows
 
 
@@ -161,9 +196,11 @@ def llama_available() -> bool:
     return llama_server_binary() is not None and llama_vocab_gguf() is not None
 
 
-def run_llama(procs: Processes, tmp: Path, n: int, block: int) -> dict[str, dict[str, float]]:
+def run_llama(
+    procs: Processes, tmp: Path, n: int, block: int, daemons: Daemons
+) -> dict[str, dict[str, float]]:
     port = start_llama_server(procs, tmp)
-    targets = start_targets(procs, tmp, port, procs.procs[-1].pid, "llamacpp")
+    targets = start_targets(procs, tmp, port, procs.procs[-1].pid, "llamacpp", daemons)
     body = json.dumps(
         {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
     ).encode()
@@ -178,13 +215,31 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=20, help="back-to-back requests per turn")
     parser.add_argument("--llama", action="store_true", help="require the llama-server run")
     parser.add_argument("--no-llama", action="store_true", help="skip the llama-server run")
+    parser.add_argument(
+        "--log-level", help="vacancyd's --log-level (default: the daemon's default, info)"
+    )
+    parser.add_argument(
+        "--before",
+        action="append",
+        default=[],
+        metavar="[NAME=]SOURCE_TREE",
+        help="also run the vacancyd of this source tree on the default loop, as NAME/LOOP "
+        "(default name: before); may be given more than once",
+    )
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
+    daemons = Daemons(
+        args.log_level,
+        tuple(
+            (b.partition("=")[0], Path(b.partition("=")[2])) if "=" in b else ("before", Path(b))
+            for b in args.before
+        ),
+    )
     results: dict[str, object] = {"cpus": os.cpu_count(), "requests": args.requests}
     with tempfile.TemporaryDirectory() as tmpdir, Processes() as procs:
         tmp = Path(tmpdir)
         upstream = start_upstream(procs)
-        targets = start_targets(procs, tmp, upstream, procs.procs[-1].pid, "openai")
+        targets = start_targets(procs, tmp, upstream, procs.procs[-1].pid, "openai", daemons)
         for target in targets.values():
             wait_admitted(target.port)
         results["json"] = summarize(
@@ -200,7 +255,7 @@ def main() -> None:
     elif llama_available():
         with tempfile.TemporaryDirectory() as tmpdir, Processes() as procs:
             results["llama"] = run_llama(
-                procs, Path(tmpdir), max(50, args.requests // 10), args.block
+                procs, Path(tmpdir), max(50, args.requests // 10), args.block, daemons
             )
     elif args.llama:
         raise SystemExit("llama-server is not built (tools/build-llama-server.sh)")

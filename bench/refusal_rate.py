@@ -4,20 +4,25 @@ Every server runs pinned to CPU ``--server-cpu`` (taskset) and the load generato
 ``--client-cpu``; the targets take turns, ``--rounds`` times, in one run:
 
 * ``vacancyd``: a real ``vacancyd run`` (one ``openai`` upstream, loopback trusted) after
-  ``PUT /admin/lending {"enabled": false}``: every borrowed request is refused by the gate;
+  ``PUT /admin/lending {"enabled": false}``: every borrowed request is refused by the gate.
+  It runs at the default log level (``info``, as a service does), its log written to a
+  file as the journal would be;
+* ``quiet``: the same with ``--log-level warning`` (no access lines at all), on the default
+  loop;
 * ``paused``: the same after ``POST /admin/pause {}`` instead (the owner's pause: an
   ``owner_active`` refusal from the owner's steps of the gate, lending still on);
 * ``bare``: bench/bare_refusal.py, an aiohttp handler answering the very envelope vacancyd
   sent (status, Retry-After, JSON body) and nothing else (``bare-paused``: the paused one);
 * ``nginx``: ``return 503`` with the same body, when installed (a ceiling, not a goal);
-* ``before`` (with ``--before SOURCE_TREE``): an earlier vacancyd, lending off, to compare
-  with in the same run.
+* ``before`` (with ``--before SOURCE_TREE``, or ``NAME`` with ``--before NAME=SOURCE_TREE``,
+  repeatable): an earlier vacancyd, lending off, to compare with in the same run.
 
 Each target runs on asyncio's loop and, when installed, on uvloop. The load is ``wrk``
 (``-t1 -c32``, a POST chat completion with a JSON body) when installed, else
 bench/loadgen.py. Prints requests/s (median of rounds), the ratio vacancyd / bare on the same
 loop (and paused / bare-paused), CPU seconds per 1,000 refusals (user + system of the server
-process, from /proc), and the server's RSS before the first round and after the last.
+process, from /proc), the server's RSS before the first round and after the last, and for
+each daemon the bytes of log it wrote per 1,000 refusals.
 Usage::
 
     .venv/bin/python bench/refusal_rate.py [--seconds 5] [--rounds 3] [--connections 32]
@@ -48,6 +53,7 @@ from harness import (
     Processes,
     free_port,
     iter_rotated,
+    log_path,
     proc_cpu_s,
     proc_rss_mib,
     start_nginx,
@@ -151,10 +157,12 @@ def main() -> None:
     parser.add_argument("--client-cpu", default="1")
     parser.add_argument(
         "--before",
-        type=Path,
-        metavar="SOURCE_TREE",
+        action="append",
+        default=[],
+        metavar="[NAME=]SOURCE_TREE",
         help="also run the vacancyd of this source tree (an earlier version, e.g. from "
-        "`git archive`), lending off on the default loop, as target before/LOOP",
+        "`git archive`), lending off on the default loop at the default log level, as target "
+        "NAME/LOOP (default name: before); may be given more than once",
     )
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
@@ -173,13 +181,20 @@ def main() -> None:
             envs.setdefault("lending_off", envelope(port))
             ports[f"vacancyd/{loop}"], pids[f"vacancyd/{loop}"] = port, proc.pid
         default = LOOPS[-1]
-        if args.before is not None:
+        port, api, proc = start_vacancyd(
+            procs, upstream, tmp, pin=args.server_cpu, loop=default, log_level="warning"
+        )
+        wait_admitted(port)
+        lending_off(api)
+        ports[f"quiet/{default}"], pids[f"quiet/{default}"] = port, proc.pid
+        befores = [b.partition("=")[::2] if "=" in b else ("before", b) for b in args.before]
+        for label, source in befores:
             port, api, proc = start_vacancyd(
-                procs, upstream, tmp, pin=args.server_cpu, loop=default, source=args.before
+                procs, upstream, tmp, pin=args.server_cpu, loop=default, source=Path(source)
             )
             wait_admitted(port)
             lending_off(api)
-            ports[f"before/{default}"], pids[f"before/{default}"] = port, proc.pid
+            ports[f"{label}/{default}"], pids[f"{label}/{default}"] = port, proc.pid
         # the owner's pause, on the default loop (the last one: uvloop when installed)
         port, api, proc = start_vacancyd(procs, upstream, tmp, pin=args.server_cpu, loop=default)
         wait_admitted(port)
@@ -225,6 +240,11 @@ def main() -> None:
                 rates[name].append(n / secs)
                 total[name] += n
         rss_after = {name: proc_rss_mib(pid) for name, pid in pids.items()}
+        logged = {
+            name: log_path(tmp, port).stat().st_size
+            for name, port in ports.items()
+            if log_path(tmp, port).exists()
+        }
 
     print(
         f"\nrefusals on one pinned core (server CPU {args.server_cpu}, load on CPU "
@@ -232,7 +252,7 @@ def main() -> None:
     )
     print(
         f"  {'target':20s} {'req/s p50':>10s} {'min':>8s} {'max':>8s} {'CPU s/1k':>9s}"
-        f" {'RSS before':>11s} {'RSS after':>10s}"
+        f" {'RSS before':>11s} {'RSS after':>10s} {'log B/1k':>9s}"
     )
     rows: dict[str, dict[str, float]] = {}
     for name in ports:
@@ -246,14 +266,20 @@ def main() -> None:
             "rss_before_mib": rss_before[name],
             "rss_after_mib": rss_after[name],
         }
+        log_k = "-"
+        if name in logged:
+            # what the daemon logged over all its rounds (start-up lines included)
+            rows[name]["log_bytes_per_1000"] = logged[name] / total[name] * 1000
+            log_k = f"{rows[name]['log_bytes_per_1000']:.0f}"
         print(
             f"  {name:20s} {med:10.0f} {min(rates[name]):8.0f} {max(rates[name]):8.0f}"
-            f" {per_k:9.4f} {rss_before[name]:9.1f} M {rss_after[name]:8.1f} M"
+            f" {per_k:9.4f} {rss_before[name]:9.1f} M {rss_after[name]:8.1f} M {log_k:>9s}"
         )
     pairs = [(f"vacancyd/{lp}", f"bare/{lp}") for lp in LOOPS]
+    pairs += [(f"quiet/{LOOPS[-1]}", f"bare/{LOOPS[-1]}")]
     pairs += [(f"paused/{LOOPS[-1]}", f"bare-paused/{LOOPS[-1]}")]
-    if args.before is not None:
-        pairs.insert(0, (f"before/{LOOPS[-1]}", f"bare/{LOOPS[-1]}"))
+    for label, _ in reversed(befores):
+        pairs.insert(0, (f"{label}/{LOOPS[-1]}", f"bare/{LOOPS[-1]}"))
     for ours, anchor in pairs:
         ratio = rows[ours]["rps_median"] / rows[anchor]["rps_median"]
         cpu_ratio = rows[ours]["cpu_s_per_1000"] / rows[anchor]["cpu_s_per_1000"]

@@ -1,4 +1,4 @@
-"""Command line: ``vacancyd run | check-config | status | pause | resume | measure |
+"""Command line: ``vacancyd run | check-config | status | open | pause | resume | measure |
 profiles export|import | init | companion | k8s mark-stale|cleanup | install-service |
 remove-service | --version``."""
 
@@ -20,7 +20,7 @@ from typing import Any
 from vacancyd import __version__
 from vacancyd.config import ConfigError, Settings, load_config, load_default_config
 
-DEFAULT_URL = "http://127.0.0.1:9470"
+DEFAULT_URL = "http://127.0.0.1:9470"  # vacancyd.runtime.apitarget.DEFAULT_URL
 
 
 def _load(path: Path | None) -> Settings:
@@ -155,22 +155,48 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     When the only problems are secret files that do not exist yet, they are warnings (exit
     0) unless ``--strict``: a config can be checked before its tokens are put in place. Any
     other problem is an error (exit 1), and then every problem is listed, missing files too.
+    Under the systemd unit (``$CREDENTIALS_DIRECTORY`` set) secret files are read from the
+    service's credentials. ``--service`` runs the same check as the service will (its user,
+    its credentials); ``--signal PID`` sends SIGHUP to PID after a successful check (the
+    unit's ``ExecReload=``). A ``headless`` presence on a machine with a local graphical
+    session is warned about.
     """
-    from vacancyd.config.secrets import missing_secret_files, read_secrets, without_missing_files
+    if args.service:
+        return _check_config_as_service(args)
+    from vacancyd.config.secrets import (
+        credentials_directory,
+        missing_secret_files,
+        read_secrets,
+        without_missing_files,
+    )
 
+    credentials = credentials_directory()
+    # systemd shows a unit's credentials to its main process only; under ExecReload= the
+    # directory is named but hidden. The daemon re-checks its secrets itself on SIGHUP.
+    hidden = credentials is not None and not os.access(credentials, os.R_OK | os.X_OK)
     missing: list[tuple[str, Path]] = []
     try:
         settings = load_config(args.file)
         try:
-            read_secrets(settings, str(args.file))
+            if hidden:
+                print(
+                    f"{args.file}: secret files not checked here: this process cannot see the "
+                    f"service's credentials ({credentials}); the daemon checks them on SIGHUP",
+                    file=sys.stderr,
+                )
+            else:
+                read_secrets(settings, str(args.file), credentials)
         except ConfigError as everything:
-            missing = missing_secret_files(settings)
+            missing = missing_secret_files(settings, credentials)
             if args.strict or not missing:
                 raise
             try:
-                read_secrets(without_missing_files(settings), str(args.file))
+                read_secrets(
+                    without_missing_files(settings, credentials), str(args.file), credentials
+                )
             except ConfigError:
                 raise everything from None
+        _check_tls_files(settings, str(args.file))
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -180,12 +206,78 @@ def cmd_check_config(args: argparse.Namespace) -> int:
             "`vacancyd run` (which refuses to start without it)",
             file=sys.stderr,
         )
+    from vacancyd.config.advice import config_warnings
+
+    for advice in config_warnings(settings):
+        print(f"{args.file}: warning: {advice}", file=sys.stderr)
+    headless = _headless_warning(settings)
+    if headless:
+        print(f"{args.file}: warning: {headless}", file=sys.stderr)
     print(
         f"{args.file}: OK ({len(settings.resource)} resource(s), "
         f"{len(settings.upstream)} upstream(s); API on {settings.server.listen})"
         + (f"; {len(missing)} secret file(s) still to create" if missing else "")
     )
+    if args.signal is not None:
+        import signal
+
+        try:
+            os.kill(args.signal, signal.SIGHUP)
+        except OSError as exc:
+            print(f"vacancyd check-config: cannot signal {args.signal}: {exc}", file=sys.stderr)
+            return 1
+        print(f"sent SIGHUP to {args.signal}")
     return 0
+
+
+def _check_tls_files(settings: Settings, source: str) -> None:
+    """Load the API's TLS certificate and key as the daemon will; raises ConfigError."""
+    server = settings.server
+    if server.tls_cert_file is None or server.tls_key_file is None:
+        return
+    from vacancyd.web.tls import TlsError, TlsFiles, server_context
+
+    try:
+        server_context(
+            TlsFiles(server.tls_cert_file, server.tls_key_file, server.tls_client_ca_file)
+        )
+    except TlsError as exc:
+        raise ConfigError(source, [f"server.tls_cert_file / tls_key_file: {exc}"]) from exc
+
+
+def _headless_warning(settings: Settings) -> str | None:
+    """The warning for ``presence = "headless"`` where logind lists a local graphical
+    session; None when there is none or logind cannot be asked."""
+    if settings.owner.presence != "headless":
+        return None
+    from vacancyd.collectors.logind import LogindError, local_sessions
+    from vacancyd.core.presence import headless_warning
+
+    try:
+        sessions = asyncio.run(local_sessions(settings.owner.bus_address))
+    except LogindError:
+        return None
+    return headless_warning(sessions)
+
+
+def _check_config_as_service(args: argparse.Namespace) -> int:
+    from vacancyd.runtime.service import SERVICE_USER, ServiceError, check_as_service
+
+    if os.geteuid() != 0:
+        print("vacancyd check-config --service: needs root (run it with sudo)", file=sys.stderr)
+        return 1
+    if not args.file.is_absolute():
+        args.file = args.file.absolute()
+    try:
+        done = check_as_service(args.file, strict=args.strict)
+    except ServiceError as exc:
+        print(f"vacancyd check-config --service: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    if done.returncode == 0:
+        print(f"(checked as the service: user {SERVICE_USER}, secret files as credentials)")
+    return done.returncode
 
 
 def _opener(tls: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
@@ -416,42 +508,56 @@ def format_status(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _api_url(settings: Settings) -> str:
-    """The API listener's URL: https when the listeners serve TLS."""
-    scheme = "https" if settings.server.tls_cert_file is not None else "http"
-    return f"{scheme}://{settings.server.listen}"
+def _target(args: argparse.Namespace, scope: str, what: str) -> Any:
+    """The API and token for ``vacancyd WHAT`` (vacancyd.runtime.apitarget), or an exit code
+    (2) after saying what was wrong."""
+    from vacancyd.runtime.apitarget import TargetError, resolve
+
+    try:
+        return resolve(
+            scope=scope,
+            command=what,
+            url=args.url,
+            token=args.token,
+            token_file=args.token_file,
+            config=args.config,
+        )
+    except TargetError as exc:
+        print(f"vacancyd {what}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _http_refusal(what: str, url: str, exc: urllib.error.HTTPError, target: Any, scope: str) -> str:
+    """One line for an HTTP error answer; a 401/403 says which token was sent and what to do."""
+    from vacancyd.runtime.apitarget import unauthorized_hint
+
+    detail = exc.read().decode("utf-8", "replace")[:500]
+    try:
+        detail = json.loads(detail)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        pass
+    line = f"vacancyd {what}: {url} answered {exc.code}: {detail}"
+    if exc.code in (401, 403):
+        line += f"; {unauthorized_hint(target, scope, what)}"
+    return line
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    url = args.url
-    if url is None and args.config is not None:
-        try:
-            url = _api_url(load_config(args.config))
-        except ConfigError as exc:
-            print(exc, file=sys.stderr)
-            return 2
-    url = url or DEFAULT_URL
-    token = args.token or os.environ.get("VACANCYD_TOKEN") or None
-    if args.token_file is not None:
-        from vacancyd.config.model import read_secret_file
-
-        try:
-            token = read_secret_file(args.token_file)
-        except ValueError as exc:
-            print(f"vacancyd status: --token-file: {exc}", file=sys.stderr)
-            return 2
+    target = _target(args, "read", "status")
+    if isinstance(target, int):
+        return target
+    url = target.url
     tls = _client_tls(args, "status")
     if isinstance(tls, int):
         return tls
     try:
-        doc = _fetch_status(url, token, tls=tls)
+        doc = _fetch_status(url, target.token, tls=tls)
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", "replace")[:300]
-        print(f"vacancyd status: {url} answered {exc.code}: {detail}", file=sys.stderr)
+        print(_http_refusal("status", url, exc, target, "read"), file=sys.stderr)
         return 1
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         print(
-            _unreachable("status", f"{url.rstrip('/')}/status", exc, "cannot read"),
+            _unreachable("status", f"{url}/status", exc, "cannot read"),
             file=sys.stderr,
         )
         return 1
@@ -462,10 +568,94 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _invoking_user() -> tuple[int, int] | None:
+    """(uid, gid) of the user who ran ``sudo``, when this runs as root under sudo."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _launch_browser(url: str, user: tuple[int, int] | None) -> bool:
+    """Hand ``url`` to the desktop's browser, as ``user`` when given (never a browser
+    running as root); False when none could be started."""
+    import shutil
+    import subprocess
+    import webbrowser
+
+    if user is None:
+        return webbrowser.open(url)
+    opener = shutil.which("xdg-open")
+    if opener is None:
+        return False
+    uid, gid = user
+    runtime = f"/run/user/{uid}"
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "XDG_RUNTIME_DIR": runtime,
+        "DBUS_SESSION_BUS_ADDRESS": f"unix:path={runtime}/bus",
+    }
+    for key in ("DISPLAY", "WAYLAND_DISPLAY", "XAUTHORITY", "LANG"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    try:
+        subprocess.Popen(
+            [opener, url],
+            user=uid,
+            group=gid,
+            extra_groups=[],
+            env=env,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:
+        return False
+    return True
+
+
+def cmd_open(args: argparse.Namespace) -> int:
+    """Open the status page in the browser, logged in by a single-use link (no secret to
+    paste; vacancyd.web.logins)."""
+    target = _target(args, "read", "open")
+    if isinstance(target, int):
+        return target
+    tls = _client_tls(args, "open")
+    if isinstance(tls, int):
+        return tls
+    user = _invoking_user()
+    body: dict[str, Any] = {} if user is None else {"for_uid": user[0]}
+    try:
+        answer = _post(target.url + "/login/ticket", target.token, body, tls=tls)
+    except urllib.error.HTTPError as exc:
+        print(_http_refusal("open", target.url, exc, target, "read"), file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        print(_unreachable("open", target.url + "/login/ticket", exc), file=sys.stderr)
+        return 1
+    link = target.url + str(answer["path"])
+    seconds = f"{float(answer.get('expires_in_s', 60)):.0f}"
+    if not args.print and _launch_browser(link, user):
+        print(f"vacancyd open: opened the status page in your browser ({target.url}/)")
+        return 0
+    print(link)
+    print(
+        f"vacancyd open: open this link in your browser within {seconds} s; it works once"
+        + (" and only for your user" if user is not None or os.geteuid() != 0 else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _service(args: argparse.Namespace) -> Any:
     from vacancyd.runtime.service import Service
 
-    return Service(root=args.root, config=args.config)
+    # Below another root (an image being built) nothing may act on this host's systemd.
+    return Service(root=args.root, config=args.config, manage=args.root.resolve() == Path("/"))
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
@@ -500,28 +690,6 @@ def cmd_remove_service(args: argparse.Namespace) -> int:
     return 0
 
 
-def _api_target(args: argparse.Namespace, what: str) -> tuple[str, str | None] | int:
-    """(API URL, token) from --url/--config/--token/--token-file/$VACANCYD_TOKEN, or an exit
-    code after saying what was wrong."""
-    url = args.url
-    if url is None and args.config is not None:
-        try:
-            url = _api_url(load_config(args.config))
-        except ConfigError as exc:
-            print(exc, file=sys.stderr)
-            return 2
-    token = args.token or os.environ.get("VACANCYD_TOKEN") or None
-    if args.token_file is not None:
-        from vacancyd.config.model import read_secret_file
-
-        try:
-            token = read_secret_file(args.token_file)
-        except ValueError as exc:
-            print(f"vacancyd {what}: --token-file: {exc}", file=sys.stderr)
-            return 2
-    return (url or DEFAULT_URL).rstrip("/"), token
-
-
 def _post(
     url: str,
     token: str | None,
@@ -542,22 +710,17 @@ def _post(
 
 
 def _admin_call(args: argparse.Namespace, what: str, path: str, body: dict[str, Any]) -> Any:
-    target = _api_target(args, what)
+    target = _target(args, "admin", what)
     if isinstance(target, int):
         return target
-    url, token = target
+    url = target.url
     tls = _client_tls(args, what)
     if isinstance(tls, int):
         return tls
     try:
-        return _post(url + path, token, body, tls=tls)
+        return _post(url + path, target.token, body, tls=tls)
     except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", "replace")[:500]
-        try:
-            detail = json.loads(detail)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            pass
-        print(f"vacancyd {what}: {url} answered {exc.code}: {detail}", file=sys.stderr)
+        print(_http_refusal(what, url, exc, target, "admin"), file=sys.stderr)
         return 1
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         print(_unreachable(what, url + path, exc), file=sys.stderr)
@@ -645,7 +808,12 @@ def _add_api_args(p: argparse.ArgumentParser, scope: str) -> None:
         "--token-file or the VACANCYD_TOKEN environment variable)",
     )
     p.add_argument("--token-file", type=Path, help=f"file holding the {scope}-scope token")
-    p.add_argument("--config", type=Path, help="take the API address from this config")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="take the API address and a token with the needed scope from this config "
+        "(default: /etc/vacancyd/vacancyd.toml when it exists and --url is not given)",
+    )
     p.add_argument(
         "--ca-file",
         type=Path,
@@ -683,21 +851,26 @@ def _free_mib_probe(settings: Settings) -> Any:
 
 def cmd_measure(args: argparse.Namespace) -> int:
     from vacancyd.runtime import measure, profiles
+    from vacancyd.runtime.apitarget import DEFAULT_CONFIG
 
+    if args.config is None and DEFAULT_CONFIG.is_file():
+        args.config = DEFAULT_CONFIG  # the lender's config, as `vacancyd init` wrote it
     try:
         settings = _load(args.config)
     except ConfigError as exc:
         print(f"vacancyd measure: {exc}", file=sys.stderr)
         return 2
-    target = _api_target(args, "read")
+    target = _target(args, "read", "measure")
     if isinstance(target, int):
         return target
-    url, token = target
     tls = _client_tls(args, "measure")
     if isinstance(tls, int):
         return tls
     try:
-        lender = _fetch_status(url or "http://" + settings.server.listen, token, tls=tls)
+        lender = _fetch_status(target.url, target.token, tls=tls)
+    except urllib.error.HTTPError as exc:
+        print(_http_refusal("measure", target.url, exc, target, "read"), file=sys.stderr)
+        return 1
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
         failed = _unreachable("measure", "the daemon's /status", exc, "cannot read")
         print(
@@ -889,6 +1062,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a token or credential file that is missing is an error",
     )
+    check.add_argument(
+        "--service",
+        action="store_true",
+        help="check it as the systemd service will see it: as its user, with the secret "
+        "files passed as credentials (needs root)",
+    )
+    check.add_argument(
+        "--signal",
+        type=int,
+        metavar="PID",
+        help="after a successful check, send SIGHUP to PID (the unit's ExecReload)",
+    )
     check.set_defaults(func=cmd_check_config)
 
     for verb, helptext, func in (
@@ -908,13 +1093,15 @@ def build_parser() -> argparse.ArgumentParser:
             "--config",
             type=Path,
             default=Path("/etc/vacancyd/vacancyd.toml"),
-            help="config file the service runs with (created from the default if missing)",
+            help="config file the service runs with (default /etc/vacancyd/vacancyd.toml; "
+            "`vacancyd init` writes it)",
         )
         svc.add_argument(
             "--root",
             type=Path,
             default=Path("/"),
-            help="install below this directory instead of / (images, tests); no root needed",
+            help="install below this directory instead of / (images): files only, never "
+            "systemctl; no root needed",
         )
         if verb == "install-service":
             svc.add_argument(
@@ -923,20 +1110,7 @@ def build_parser() -> argparse.ArgumentParser:
         svc.set_defaults(func=func)
 
     status = sub.add_parser("status", help="show a running daemon's state")
-    status.add_argument("--url", help=f"API base URL (default: from --config, else {DEFAULT_URL})")
-    status.add_argument(
-        "--token",
-        help="bearer token with the read scope (visible to other users in ps: prefer "
-        "--token-file or the VACANCYD_TOKEN environment variable)",
-    )
-    status.add_argument("--token-file", type=Path, help="file holding the read-scope token")
-    status.add_argument("--config", type=Path, help="take the API address from this config")
-    status.add_argument(
-        "--ca-file",
-        type=Path,
-        help="PEM CA bundle to trust for an https:// API (a self-signed certificate or a "
-        "private CA; default: $VACANCYD_CA_FILE, else the system's CAs)",
-    )
+    _add_api_args(status, "read")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
     status.set_defaults(func=cmd_status)
 
@@ -954,6 +1128,16 @@ def build_parser() -> argparse.ArgumentParser:
     pause.add_argument("--reason", help="a note shown in /status")
     _add_api_args(pause, "admin")
     pause.set_defaults(func=cmd_pause)
+
+    opener = sub.add_parser(
+        "open",
+        help="open the status page in your browser, logged in by a single-use link",
+    )
+    _add_api_args(opener, "read")
+    opener.add_argument(
+        "--print", action="store_true", help="print the link instead of opening a browser"
+    )
+    opener.set_defaults(func=cmd_open)
 
     init = sub.add_parser(
         "init",
@@ -1020,10 +1204,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit status when the reader of our output went away (``vacancyd status | head``), as the
+#: Python documentation recommends for a closed pipe.
+BROKEN_PIPE_EXIT = 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    """Run one subcommand. Returns its exit status; a reader that closes our standard output
+    early (``vacancyd status | head -1``) ends the command quietly with
+    :data:`BROKEN_PIPE_EXIT`, never with a traceback."""
+    try:
+        try:
+            args = build_parser().parse_args(argv)  # --help prints, then exits
+            code: int = args.func(args)
+        finally:
+            sys.stdout.flush()  # a buffered tail meets the closed pipe here, not at exit
+    except BrokenPipeError:
+        _quiet_stdout()
+        return BROKEN_PIPE_EXIT
     return code
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that flushing it at interpreter exit does not
+    hit the closed pipe again (the recipe in Python's ``signal`` documentation)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

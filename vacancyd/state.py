@@ -176,6 +176,9 @@ class SharedState:
         self.lending_enabled = True
         #: Set once by the daemon's shutdown: refuse new work, report not ready.
         self.stopping = False
+        #: ``GET /events`` streams open now (the Kubernetes companion follows one): at a
+        #: stop they are told ``stopping`` before the listeners close (Daemon.shutdown).
+        self.event_followers = 0
         self.switches = {name: p.enabled for name, p in resources.items()}
         self.capacity: dict[str, Observation[CapacityReading]] = {
             name: Observation() for name in resources
@@ -234,8 +237,12 @@ class SharedState:
         self.state_errors: dict[str, str] = {}
         #: Per durable state file (or the directory), why its newest write failed.
         self.write_errors: dict[str, str] = {}
-        #: Held jobs (id -> their hold), kept current by vacancyd.control.work for /status.
+        #: Held jobs (id -> their hold), kept current by vacancyd.control.work for /status;
+        #: only holds already written to the state directory are here.
         self.job_holds: Mapping[int, JobHold] = {}
+        #: Resources with a held job not yet on disk -> why its write failed (None: under
+        #: way). Kept by vacancyd.control.work; such a resource lends nothing.
+        self.unsaved_holds: dict[str, str | None] = {}
         #: The owner's holds in force (vacancyd.control.owner writes them; core/holds.py).
         self.holds: tuple[Hold, ...] = ()
         #: Extra /status parts per upstream (a vLLM controller's ``sleep`` state), by name.
@@ -856,6 +863,8 @@ class SharedState:
                     yielded_at=self.yielded_at.get(name),
                     state_error=self.state_errors.get(name),
                     charged_mib=self.ledger.charged_mib(name),
+                    hold_unsaved=name in self.unsaved_holds,
+                    hold_write_error=self.unsaved_holds.get(name),
                 )
                 for name, policy in self.resources.items()
             },

@@ -109,3 +109,39 @@ async def test_a_later_request_still_has_a_header_deadline() -> None:
                 await asyncio.gather(dripping, return_exceptions=True)
             assert 2.5 < loop.time() - began < 6
             writer.close()
+
+
+async def test_replies_that_keep_the_connection_say_for_how_long() -> None:
+    """``Keep-Alive: timeout=N`` (the idle timeout, whole seconds) on every reply that keeps
+    its connection, on a proxy listener (forwarded, refused) and on the API listener; none
+    on a reply that closes it."""
+    app, _ = openai_like_app()
+    async with serve_app(app) as t:
+        toml = daemon_toml(upstream("up", t), limits={"keepalive_timeout_s": 30.5})
+        async with running_daemon(toml) as d:
+            await d.wait_ready()
+            host, port = target(d)
+            api_host, api_port = d.daemon.bound["api"].rsplit(":", 1)
+            body = json.dumps({"model": "m", "messages": []}).encode()
+            d.state.set_lending(False)  # the chat request is refused (a prepared reply)
+            heads = []
+            for where, data in (
+                ((host, port), get()),  # forwarded to the upstream
+                ((host, port), post(body) + body),  # refused by the gate
+                ((api_host, int(api_port)), get("/healthz")),  # the API listener
+            ):
+                reader, writer = await asyncio.open_connection(*where)
+                writer.write(data)
+                heads.append(await reply(reader))
+                writer.write(data.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
+                heads.append(await reply(reader))
+                writer.close()
+    kept, closed = heads[0::2], heads[1::2]
+    assert [h.split(b"\r\n", 1)[0] for h in kept] == [
+        b"HTTP/1.1 200 OK",
+        b"HTTP/1.1 503 Service Unavailable",
+        b"HTTP/1.1 200 OK",
+    ]
+    assert all(b"\r\nKeep-Alive: timeout=30\r\n" in h for h in kept), kept
+    assert not any(b"Keep-Alive" in h for h in closed), closed
+    assert all(b"\r\nConnection: close\r\n" in h for h in closed), closed

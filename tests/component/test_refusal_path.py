@@ -1,7 +1,7 @@
 """The refusal fast path keeps what a borrower and an operator see: a serialized reply goes on
 the wire byte for byte as aiohttp's own ``web.Response`` would send it (every HTTP version
-and keep-alive combination, a forced close, HEAD), and a refusal flood is still logged,
-counted and timed per request."""
+and keep-alive combination, a forced close, HEAD), and a refusal flood is still counted and
+timed per request, and logged once per reason with the rest counted in a summary line."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,8 @@ from aiohttp import web
 from tests.support.daemon import openai_like_app, running_daemon, serve_app, single_upstream_toml
 from vacancyd.proxy.app import ProxyRequest
 from vacancyd.proxy.reply import PreparedReply, Template
+from vacancyd.runtime.daemon import reply_headers
+from vacancyd.web import access
 
 HEADERS = {
     "Retry-After": "300",
@@ -29,26 +32,21 @@ BODY = b'{"error": {"message": "No vacancy: test", "code": "lending_disabled"}}'
 DATE = re.compile(rb"\r\nDate: [^\r]*\r\n")
 
 
-async def draining(_request: web.BaseRequest, response: web.StreamResponse) -> None:
-    """The daemon's reply hook while it drains: every reply closes its connection."""
-    response.headers["Server"] = "vacancyd"
-    response.force_close()
-    response.headers["Connection"] = "close"
-
-
 @asynccontextmanager
 async def low_level_server(
     handler: Callable[[web.BaseRequest], Any], drain: bool = False
 ) -> AsyncIterator[tuple[str, int]]:
-    """An aiohttp low-level server on loopback whose requests are proxy requests (with the
-    daemon's draining reply hook when ``drain``)."""
+    """An aiohttp low-level server on loopback whose requests are proxy requests with the
+    daemon's own reply hook (``Keep-Alive: timeout=75`` while serving; every reply closing
+    its connection when ``drain``)."""
     loop = asyncio.get_running_loop()
+    hook = reply_headers(SimpleNamespace(stopping=drain), 75.0)  # type: ignore[arg-type]
 
-    class Draining(ProxyRequest):
+    class Hooked(ProxyRequest):
         async def _prepare_hook(self, response: web.StreamResponse) -> None:
-            await draining(self, response)
+            await hook(self, response)
 
-    request_class = Draining if drain else ProxyRequest
+    request_class = Hooked
 
     def make_request(
         message: Any, payload: Any, protocol: Any, writer: Any, task: Any
@@ -117,6 +115,9 @@ async def test_a_prepared_reply_is_the_bytes_a_plain_response_sends(
     assert theirs.startswith(b"HTTP/1."), theirs
     assert DATE.sub(b"\r\nDate: -\r\n", ours) == DATE.sub(b"\r\nDate: -\r\n", theirs)
     assert b"\r\nServer: vacancyd\r\n" in ours
+    kept = not drain and not close and b"close" not in request_bytes
+    kept = kept and (b"HTTP/1.1" in request_bytes or b"keep-alive" in request_bytes)
+    assert (b"\r\nKeep-Alive: timeout=75\r\n" in ours) == kept, ours
 
 
 async def test_a_prepared_reply_reports_its_length_and_keep_alive_to_aiohttp() -> None:
@@ -142,9 +143,10 @@ def test_a_header_with_a_line_break_is_refused_when_the_template_is_built() -> N
         Template(503, {"Retry-After": "2\r\nX-Injected: 1"}, b"{}")
 
 
-async def test_a_refusal_flood_is_logged_counted_and_timed_per_request(
-    caplog: pytest.LogCaptureFixture,
+async def test_a_refusal_flood_is_counted_and_timed_per_request_and_logged_per_reason(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(access, "WINDOW_S", 600.0)  # one window for the whole test
     app, _ = openai_like_app()
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     async with (
@@ -174,7 +176,10 @@ async def test_a_refusal_flood_is_logged_counted_and_timed_per_request(
             for rec in caplog.records
             if rec.name == "vacancyd.access.up" and "POST" in rec.getMessage()
         ]
-    assert len(lines) == 3
+    assert len(lines) == 1  # the first of the window; the other two are in its summary
+    (summary,) = [r for r in caplog.records if "more refusals" in r.getMessage()]
+    assert summary.__dict__["count"] == 2
+    assert summary.__dict__["reason"] == "lending_disabled"
     for rec in lines:
         assert rec.getMessage().split('"')[1] == "POST /v1/chat/completions HTTP/1.1"
         assert rec.__dict__["status"] == 503

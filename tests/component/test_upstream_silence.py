@@ -79,9 +79,9 @@ async def test_a_hung_upstream_turns_the_reservation_into_a_hold_at_the_limit(
         assert "0.5 s" in str(error["message"])
         assert 0.5 <= waited < 5, waited
 
-        # the reservation is still there, now as a hold
+        # the reservation is still there, now as a hold (shown once it is on disk)
+        await d.wait_until(lambda: [j.phase.value for j in d.state.ledger.jobs()] == ["held"])
         jobs = d.state.ledger.jobs()
-        assert [j.phase.value for j in jobs] == ["held"]
         job_id = jobs[0].id
         assert error["job"] == job_id
 
@@ -186,6 +186,7 @@ async def test_a_silent_llamacpp_job_is_held_until_its_slots_show_it_idle() -> N
                 assert fake.arrived.is_set()
                 assert (status, error["code"]) == (504, "upstream_timeout")
                 (job,) = d.state.ledger.jobs()
+                await d.wait_until(lambda: job.id in d.state.job_holds)  # once on disk
                 assert d.state.job_holds[job.id].release_by.value == "server_idle"
                 # the server still works on it (its slot is busy): the hold outlasts polls
                 await asyncio.sleep(0.6)

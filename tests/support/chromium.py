@@ -156,8 +156,10 @@ async def chromium_page(url: str, width: int = 1200, height: int = 900) -> Async
                     mobile=False,
                 )
                 await page.call("Page.navigate", url=url)
+                # the page may drop its fragment once read (a login link does)
                 await page.wait_for(
-                    f"location.href === {json.dumps(url)} && document.readyState === 'complete'"
+                    f"location.href.split('#')[0] === {json.dumps(url.split('#')[0])}"
+                    " && document.readyState === 'complete'"
                 )
                 yield page
         finally:

@@ -6,7 +6,9 @@ Wire format as the OpenAI API reference gives it:
 ``chunks`` chunks ``interval_s`` apart; ``started`` is set when the first chunk is written and
 ``ended`` records how each stream ended ("complete" or "disconnected"), so tests can tell a
 cut upstream connection from one that ran to its end. ``hold_headers`` delays the response
-headers until the event is set, to exercise a cut before headers.
+headers until the event is set, to exercise a cut before headers. ``detached_busy`` plays
+llama-server going on with a request whose client went away: while that event is unset, a
+stream that ended "disconnected" keeps ``GET /slots`` busy.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class SlowOpenAI:
     ended: list[str] = field(default_factory=list)
     ended_event: asyncio.Event = field(default_factory=asyncio.Event)
     hold_headers: asyncio.Event | None = None
+    detached_busy: asyncio.Event | None = None
     requests: int = 0
 
     def app(self) -> web.Application:
@@ -39,6 +42,8 @@ class SlowOpenAI:
     async def slots(self, _: web.Request) -> web.Response:
         """llama-server's ``GET /slots`` shape: one slot, processing while a stream runs."""
         busy = self.requests > len(self.ended)
+        if self.detached_busy is not None and not self.detached_busy.is_set():
+            busy = busy or "disconnected" in self.ended
         return web.json_response([{"id": 0, "is_processing": busy}])
 
     async def models(self, _: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ ENUMS: tuple[type[StrEnum], ...] = (
     reasons.ErrorCode,
     reasons.CreditCode,
     reasons.HoldReason,
+    reasons.JobOutcome,
     reasons.GuardReason,
     reasons.AuthOutcome,
     reasons.PublishReason,

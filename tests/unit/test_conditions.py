@@ -81,15 +81,51 @@ def test_pressure_refusal_sets_gpu_pressure_true() -> None:
     assert got[c.LENDABLE].reason == "ResourcePressured"
 
 
-def test_unmeasured_gpu_and_unsampled_presence_are_unknown() -> None:
-    doc = status_doc(
-        presence={"sampled": False, "veto": {"active": False}},
-        resources={"gpu0": {"kind": "gpu", "quality": "unknown"}},
-    )
+def test_unmeasured_gpu_is_unknown() -> None:
+    doc = status_doc(resources={"gpu0": {"kind": "gpu", "quality": "unknown"}})
     got = by_type(c.node_conditions(c.lender_from_status(doc)))
-    assert got[c.OWNER_PRESENT].status is Status.UNKNOWN
     assert got[c.GPU_PRESSURE].status is Status.UNKNOWN
     assert got[c.GPU_PRESSURE].reason == "ResourceUnmeasured"
+
+
+@pytest.mark.parametrize(
+    ("presence", "gpu0", "missing"),
+    [
+        # presence not sampled: the gate refuses owner_active, which says nothing yet
+        ({"sampled": False, "veto": {"active": False}}, None, "owner presence"),
+        # presence sampled, the GPU's capacity never read (no error either)
+        (
+            {"sampled": True, "veto": {"active": False}},
+            {"kind": "gpu", "quality": "unknown", "age_s": None, "error": None},
+            "capacity of gpu0",
+        ),
+    ],
+)
+def test_before_the_first_full_sample_every_condition_is_unknown_with_one_reason(
+    presence: dict[str, Any], gpu0: dict[str, Any] | None, missing: str
+) -> None:
+    doc = status_doc(
+        presence=presence,
+        upstreams={"ollama": refusing("owner_active", "presence has not been sampled yet")},
+    )
+    if gpu0 is not None:
+        doc["resources"] = {"gpu0": gpu0}
+    got = c.node_conditions(c.lender_from_status(doc))
+    assert {x.status for x in got} == {Status.UNKNOWN}
+    assert {x.reason for x in got} == {"AwaitingFirstSample"}
+    assert all(missing in x.message for x in got)
+
+
+def test_a_failing_collector_is_a_sample_not_a_wait() -> None:
+    """A capacity read that failed is an answer: the lender is unlendable, not starting."""
+    gpu0 = {"kind": "gpu", "quality": "unknown", "age_s": None, "error": "NVML: GPU is lost"}
+    doc = status_doc(
+        resources={"gpu0": gpu0}, upstreams={"ollama": refusing("resource_unmeasured")}
+    )
+    got = by_type(c.node_conditions(c.lender_from_status(doc)))
+    assert got[c.LENDABLE].status is Status.FALSE
+    assert got[c.LENDABLE].reason == "ResourceUnmeasured"
+    assert got[c.OWNER_PRESENT].reason == "OwnerAway"
 
 
 def test_engaged_pressure_guard_counts_even_behind_an_earlier_refusal() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.config import daemon_toml, token, upstream
+from tests.support.config import daemon_toml, resource, token, upstream
 from vacancyd.cli import main
 from vacancyd.config import ConfigError, load_config, load_default_config, parse_config
 
@@ -164,6 +164,28 @@ def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "cannot read the file" in capsys.readouterr().err
 
 
+def test_check_config_warns_when_unlisted_models_are_charged_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "v.toml"
+    cfg.write_text(
+        daemon_toml(
+            upstream("zero", "http://127.0.0.1:1", models={"footprint_mib": {"a": 1000}}),
+            upstream("sized", "http://127.0.0.1:2", models={"default_mib": 4096}),
+            upstream("bare", "http://127.0.0.1:3"),
+            upstream("cpu-only", "http://127.0.0.1:4", resource="cpu"),
+            resources=(resource("ram"), resource("cpu", "cpu")),
+        )
+    )
+    assert main(["check-config", str(cfg)]) == 0
+    captured = capsys.readouterr()
+    assert "OK" in captured.out
+    warned = [line for line in captured.err.splitlines() if "default_mib is 0" in line]
+    assert len(warned) == 2, captured.err
+    assert "upstream[0] (zero)" in warned[0] and "not among the 1 in footprint_mib" in warned[0]
+    assert "upstream[2] (bare)" in warned[1] and "vacancyd measure" in warned[1]
+
+
 def test_check_config_reads_secrets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     big = tmp_path / "big.token"
     big.write_text("x" * (65 * 1024))
@@ -239,6 +261,29 @@ def test_upstream_silence_must_be_a_number_of_seconds(value: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(text, "test.toml")
     assert any("upstream_silence_s" in p for p in info.value.problems), info.value.problems
+
+
+def test_detached_work_timeout_defaults_to_a_minute_on_llamacpp() -> None:
+    (up,) = parse_config(ISSUE_CONFIG).upstream
+    assert up.adapter == "llamacpp" and up.detached_work_timeout == 60
+    text = ISSUE_CONFIG.replace(
+        'resource = "ram"\n', 'resource = "ram"\ndetached_work_timeout_s = {}\n'
+    )
+    assert parse_config(text.format(0)).upstream[0].detached_work_timeout == 0
+    assert parse_config(text.format(2.5)).upstream[0].detached_work_timeout == 2.5
+
+
+@pytest.mark.parametrize(
+    ("value", "adapter"),
+    [("-1", "llamacpp"), ("true", "llamacpp"), ('"60"', "llamacpp"), ("60", "openai")],
+)
+def test_detached_work_timeout_is_seconds_on_a_llamacpp_upstream(value: str, adapter: str) -> None:
+    text = ISSUE_CONFIG.replace(
+        'resource = "ram"\n', f'resource = "ram"\ndetached_work_timeout_s = {value}\n'
+    ).replace('adapter = "llamacpp"', f'adapter = "{adapter}"')
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "test.toml")
+    assert any("detached_work_timeout_s" in p for p in info.value.problems), info.value.problems
 
 
 @pytest.mark.parametrize("target", ["http://user:pw@127.0.0.1:8080", "http://user@127.0.0.1:8080"])

@@ -11,7 +11,9 @@ from vacancyd.core.lifecycle import (
     CancelOnServer,
     Ending,
     Follow,
+    Hold,
     HoldReason,
+    JobOutcome,
     JobPhase,
     JobRules,
     JobState,
@@ -225,3 +227,139 @@ def test_silence_means_nothing_once_the_exchange_is_over() -> None:
     )
     t = tracking.went_silent(SILENT_BLIND, now=40.0)
     assert t.state == tracking and t.effects == ()
+
+
+# -- a borrower who disconnects from a server that goes on generating (llama-server) ---------
+
+DETACHED = JobRules(cut_is_uncertain=True, idle_evidence=True, detached_s=60.0)
+
+
+def disconnected(rules: JobRules = DETACHED, now: float = 10.0) -> JobState:
+    return admitted().forwarding(None).state.exchange_ended(Ending.ABORTED, rules, now=now).state
+
+
+def test_a_disconnect_keeps_the_job_reserved_in_tracking_until_the_server_is_seen_idle() -> None:
+    t = admitted().forwarding(None).state.exchange_ended(Ending.ABORTED, DETACHED, now=10.0)
+    job = t.state
+    assert job.phase is JobPhase.TRACKING and job.ledger_phase is Phase.TRACKING
+    assert job.reserved and Release() not in t.effects
+    assert t.effects == (SetPhase(Phase.TRACKING), WatchIdle(10.0))
+    assert (job.detached_since, job.detached_until) == (10.0, 70.0)
+    assert job.phase.defers_reclaim  # the server still runs borrowed work
+    # only an observation taken after the disconnect counts
+    assert job.server_seen_idle(9.0).state == job
+    assert job.server_seen_idle(10.0).state == job
+    ended = job.server_seen_idle(10.2)
+    assert ended.state.phase is JobPhase.RELEASED and ended.effects == (Release(),)
+    assert ended.state.outcome is JobOutcome.BORROWER_DISCONNECTED
+
+
+def test_detached_work_still_busy_at_its_bound_is_held_not_released() -> None:
+    t = disconnected().detached_timed_out(now=70.0)
+    held = t.state
+    assert held.phase is JobPhase.HELD and held.reserved and Release() not in t.effects
+    assert t.effects == (SetPhase(Phase.HELD), WatchIdle(70.0))
+    assert held.hold is not None
+    assert held.hold.reason is HoldReason.DETACHED_WORK
+    assert held.hold.release_by is ReleaseBy.SERVER_IDLE and held.hold.since == 70.0
+    assert "60 s" in held.hold.detail
+    assert not held.phase.defers_reclaim
+    assert held.server_seen_idle(69.0).state == held  # taken before the hold began
+    ended = held.server_seen_idle(71.0)
+    assert ended.state.phase is JobPhase.RELEASED and ended.effects == (Release(),)
+    assert ended.state.outcome is JobOutcome.BORROWER_DISCONNECTED
+
+
+def test_the_detached_bound_means_nothing_to_other_phases() -> None:
+    fwd = admitted().forwarding(None).state
+    assert fwd.detached_timed_out(now=99.0).state == fwd
+    tracked = (
+        admitted()
+        .forwarding("p")
+        .state.reply_arrived(200)
+        .state.exchange_ended(Ending.COMPLETED, TRACKED, now=2.0)
+        .state
+    )
+    assert tracked.detached_timed_out(now=99.0).state == tracked
+    assert tracked.server_seen_idle(99.0).state == tracked  # ComfyUI's queue decides
+
+
+def test_a_detached_job_an_administrator_released_ends_without_a_second_release() -> None:
+    job = disconnected()
+    freed = job.admin_release()
+    assert freed.effects == (Release(),) and freed.state.phase is JobPhase.TRACKING
+    assert freed.state.server_seen_idle(11.0).effects == ()
+    timed_out = freed.state.detached_timed_out(now=70.0)
+    assert timed_out.state.phase is JobPhase.RELEASED and timed_out.effects == ()
+
+
+def test_a_disconnect_after_an_admin_release_just_ends() -> None:
+    freed = admitted().forwarding(None).state.admin_release().state
+    t = freed.exchange_ended(Ending.ABORTED, DETACHED, now=10.0)
+    assert t.state.phase is JobPhase.RELEASED and t.effects == ()
+
+
+def test_a_disconnect_ends_the_job_at_once_where_the_server_offers_no_idle_evidence() -> None:
+    for rules in (PLAIN, UNCERTAIN, UNCERTAIN_BLIND):
+        t = admitted().forwarding(None).state.exchange_ended(Ending.ABORTED, rules, now=3.0)
+        assert t.state.phase is JobPhase.RELEASED and t.effects == (Release(),)
+        assert t.state.outcome is JobOutcome.BORROWER_DISCONNECTED
+
+
+def test_a_reclaim_on_detached_work_cannot_end_it_early() -> None:
+    cut = disconnected().cut(EDGE)
+    assert cut.state.phase is JobPhase.TRACKING and cut.state.reserved
+    ended = cut.state.server_seen_idle(11.0)
+    assert ended.state.phase is JobPhase.CUT and ended.effects == (Release(),)
+    assert ended.state.outcome is JobOutcome.BORROWER_DISCONNECTED  # the disconnect came first
+
+
+# -- how each job ended -----------------------------------------------------------------------
+
+
+def test_each_ending_gives_its_outcome() -> None:
+    expected = {
+        Ending.COMPLETED: JobOutcome.COMPLETED,
+        Ending.ABORTED: JobOutcome.BORROWER_DISCONNECTED,
+        Ending.UPSTREAM_FAILED: JobOutcome.UPSTREAM_FAILED,
+        Ending.CUT: JobOutcome.CUT,
+    }
+    for ending, outcome in expected.items():
+        t = admitted().forwarding(None).state.exchange_ended(ending, PLAIN, now=2.0)
+        assert t.state.outcome is outcome, ending
+
+
+def test_held_and_tracked_jobs_keep_the_outcome_of_what_ended_their_exchange() -> None:
+    held_cut = admitted().forwarding(None).state.cut(EDGE).state
+    held_cut = held_cut.exchange_ended(Ending.CUT, UNCERTAIN, now=6.0).state
+    assert held_cut.server_seen_idle(7.0).state.outcome is JobOutcome.CUT
+    silent = admitted().forwarding(None).state.went_silent(SILENT_WATCHED, now=40.0).state
+    assert silent.server_seen_idle(41.0).state.outcome is JobOutcome.UPSTREAM_FAILED
+    tracking = (
+        admitted()
+        .forwarding("p")
+        .state.reply_arrived(200)
+        .state.exchange_ended(Ending.COMPLETED, TRACKED, now=2.0)
+        .state
+    )
+    assert tracking.tracking_done().state.outcome is JobOutcome.COMPLETED
+    cancelled = tracking.cut(EDGE).state.tracking_done().state
+    assert cancelled.phase is JobPhase.CUT and cancelled.outcome is JobOutcome.CUT
+
+
+def test_a_restored_hold_ends_with_the_outcome_its_reason_implies() -> None:
+    for reason, outcome in [
+        (HoldReason.CUT_UNCERTAIN, JobOutcome.CUT),
+        (HoldReason.UPSTREAM_SILENT, JobOutcome.UPSTREAM_FAILED),
+        (HoldReason.DETACHED_WORK, JobOutcome.BORROWER_DISCONNECTED),
+        (HoldReason.TRACKING_LOST, JobOutcome.COMPLETED),
+    ]:
+        job = JobState(
+            1,
+            "up",
+            ("gpu0",),
+            0.0,
+            phase=JobPhase.HELD,
+            hold=Hold(reason, 0.0, ReleaseBy.ADMIN),
+        )
+        assert job.admin_release().state.outcome is outcome

@@ -104,7 +104,7 @@ def test_listed_without_a_user_is_unknown() -> None:
     [
         ({}, True, "unlocked and in use"),
         ({"LockedHint": ("b", True)}, False, "locked"),
-        ({"IdleHint": ("b", True)}, False, "idle"),
+        ({"IdleHint": ("b", True), "IdleSinceHintMonotonic": ("t", 1)}, False, "idle"),
         ({"Type": ("s", "tty")}, True, "unlocked and in use"),
         ({"Type": ("s", "tty"), "Remote": ("b", True)}, False, "remote session; does not count"),
         ({"Class": ("s", "greeter")}, False, "greeter wayland session; does not count"),
@@ -149,7 +149,7 @@ def test_status_entries_are_redacted() -> None:
     ("idle_after_s", "idle_since_us", "away"),
     [
         (0, NOW_US - 1_000, True),  # the hint alone is trusted
-        (0, 0, True),
+        (0, 0, False),  # ... but only with a timestamp: one without is no evidence
         (60, NOW_US - 61_000_000, True),
         (60, NOW_US - 59_000_000, False),
         (60, 0, False),  # no stamp: cannot prove a long enough absence
@@ -163,6 +163,22 @@ def test_idle_after(idle_after_s: float, idle_since_us: int, away: bool) -> None
     assert p.decide_presence([facts], policy, NOW_US).owner_signal is (not away)
 
 
+def test_an_idle_hint_without_a_timestamp_is_not_evidence_of_absence() -> None:
+    """Some desktops set IdleHint but never IdleSinceHintMonotonic: under the default
+    ``idle_after_s = 0`` that session must still count as the owner, and say why."""
+    facts = session(IdleHint=("b", True), IdleSinceHintMonotonic=("t", 0))
+    assert not p.is_away(facts, POLICY, NOW_US)
+    decision = p.decide_presence([facts], POLICY, NOW_US)
+    assert decision.owner_signal and decision.evidence_complete
+    (entry,) = decision.sessions
+    assert entry["owner"] is True and entry["idle"] is True and entry["idle_for_s"] is None
+    assert "without a timestamp" in str(entry["why"])
+    assert "without a timestamp" in decision.detail
+    # Its user's processes are not scanned: the session already counts as the owner.
+    scanning = p.PresencePolicy(owner_processes=frozenset({"game"}))
+    assert p.users_to_scan([facts], scanning, NOW_US) == frozenset()
+
+
 def test_idle_for_reports_seconds() -> None:
     facts = session(IdleHint=("b", True), IdleSinceHintMonotonic=("t", NOW_US - 90_000_000))
     assert p.idle_for_s(facts, NOW_US) == pytest.approx(90.0)
@@ -171,7 +187,7 @@ def test_idle_for_reports_seconds() -> None:
 
 def test_users_to_scan_only_unlocked_idle_counting_sessions() -> None:
     policy = p.PresencePolicy(owner_processes=frozenset({"game"}))
-    idle = session(policy, IdleHint=("b", True))
+    idle = session(policy, IdleHint=("b", True), IdleSinceHintMonotonic=("t", NOW_US - 1_000))
     locked_idle = p.parse_session(
         "2",
         1001,
@@ -206,7 +222,7 @@ def test_users_to_scan_only_unlocked_idle_counting_sessions() -> None:
 
 def test_owner_process_and_scan_problems_hold_an_idle_desktop() -> None:
     policy = p.PresencePolicy(owner_processes=frozenset({"game"}))
-    idle = session(policy, IdleHint=("b", True))
+    idle = session(policy, IdleHint=("b", True), IdleSinceHintMonotonic=("t", NOW_US - 1_000))
     matched = p.decide_presence(
         [idle], policy, NOW_US, p.ProcessScan(matches={1000: frozenset({"game"})})
     )

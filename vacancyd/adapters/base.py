@@ -174,6 +174,11 @@ class Adapter:
     #: OpenAI-compatible server or llama-server may keep generating): a job a reclaim cut
     #: is then held in the ledger until evidence or an administrator releases it.
     cut_is_uncertain: bool = False
+    #: True when the server may go on generating for a request whose client disconnected,
+    #: and its observation (``ServerState.idle``) can show when it stopped (llama-server):
+    #: such a job stays reserved, in ``tracking``, until the server is seen idle
+    #: (``detached_work_timeout_s``; docs/footprints.md).
+    detached_work: bool = False
     #: The server's own name rule, so a footprint listed as ``llama3.2`` matches a request
     #: for ``Llama3.2:latest`` when the server treats them as one model.
     canonical_model: Callable[[str], str] = str

@@ -82,4 +82,5 @@ ADAPTER = Adapter(
     observe=observe,
     needs_model_observation=True,
     cut_is_uncertain=True,
+    detached_work=True,
 )

@@ -10,17 +10,23 @@ with an optional body ``{"resource": NAME}`` raises an operator reclaim edge (do
 or ``{"until_idle": true}`` (each optionally with ``"reason"``) pauses lending (a null
 field, or ``"until_idle": false``, is refused: a pause until resumed is asked for with ``{}``);
 ``POST /admin/resume`` ends the pause (docs/presence.md "Pausing").
+``GET /events/recent`` (read scope): the last hour of transitions (:class:`events.EventLog`).
+Login links (``vacancyd open``, :mod:`vacancyd.web.logins`): ``POST /login/ticket`` (read
+scope, body ``{}`` or ``{"for_uid": UID}`` from root) -> ``{"ticket", "path",
+"expires_in_s"}``; ``POST /login`` with ``{"ticket": T}`` (no token) -> ``{"token",
+"scopes": ["read"], "expires_in_s"}`` or 401 ``invalid_login_ticket``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
@@ -32,6 +38,14 @@ from vacancyd.core.refusal import error_body
 from vacancyd.proxy import probe
 from vacancyd.state import SharedState
 from vacancyd.web.errors import json_errors
+from vacancyd.web.logins import (
+    SESSION_SCOPES,
+    SESSION_TTL_S,
+    TICKET_TTL_S,
+    TicketRefused,
+    connection_uid,
+)
+from vacancyd.web.metrics import exposition
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -85,6 +99,23 @@ async def _read_enabled(request: web.Request) -> bool | web.Response:
     return enabled
 
 
+def _not_found(message: str) -> web.Response:
+    return web.json_response(
+        error_body(message, ErrorType.NOT_FOUND, ErrorCode.NOT_FOUND), status=404
+    )
+
+
+async def _connection_uid(request: web.Request) -> int | None:
+    """The local user owning the client's end of this connection (vacancyd.web.logins)."""
+    transport = request.transport
+    if transport is None:
+        return None
+    peer, local = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+    if not isinstance(peer, tuple) or not isinstance(local, tuple):
+        return None
+    return await asyncio.to_thread(connection_uid, peer[:2], local[:2])
+
+
 def health_probe(state: SharedState, path: str) -> tuple[int, dict[str, object]] | None:
     """(status, body) for ``/healthz`` and ``/readyz``, else None. Also answers these
     probes on connections refused while the API listener is full."""
@@ -127,6 +158,15 @@ def make_api(
 
         return wrapped
 
+    def guarded(handler: Handler) -> Handler:
+        """The browser guards of a mutation (Origin, Sec-Fetch-Site, Content-Type) alone."""
+
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            denied = auth.check_mutation(request)
+            return denied if denied is not None else await handler(request)
+
+        return wrapped
+
     def mutation(handler: Handler) -> Handler:
         """Admin scope plus the browser guards (Origin, Sec-Fetch-Site, Content-Type)."""
 
@@ -147,10 +187,10 @@ def make_api(
     async def status(_: web.Request) -> web.Response:
         return web.json_response(render_status(state, started_at))
 
-    async def metrics_view(_: web.Request) -> web.Response:
-        body = generate_latest(metrics.registry)
+    async def metrics_view(request: web.Request) -> web.Response:
+        body, content_type = exposition(metrics.registry, request.headers.get("Accept"))
         resp = web.Response(body=body)
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        resp.headers["Content-Type"] = content_type
         return resp
 
     async def put_lending(request: web.Request) -> web.Response:
@@ -300,6 +340,79 @@ def make_api(
         view = controls.view()
         return web.json_response({"resumed": resumed, "persist_error": view["pause_persist_error"]})
 
+    async def login_ticket(request: web.Request) -> web.Response:
+        """A single-use login link for the status page (vacancyd.web.logins)."""
+        if auth.logins is None:
+            return _not_found("this daemon has no login links")
+        payload = await _read_json(request, b"{}")
+        if isinstance(payload, web.Response):
+            return payload
+        if not isinstance(payload, dict) or not set(payload) <= {"for_uid"}:
+            return _bad_request('body must be {} or {"for_uid": UID}')
+        uid = await _connection_uid(request)
+        for_uid = payload.get("for_uid")
+        if for_uid is not None:
+            if not isinstance(for_uid, int) or isinstance(for_uid, bool) or for_uid < 0:
+                return _bad_request('"for_uid" must be a user id (an integer of 0 or more)')
+            # A ticket bound to someone else is no use to its asker; only root (sudo
+            # vacancyd open) has a reason to ask for one, and only it may.
+            if uid not in (0, None) and for_uid != uid:
+                return web.json_response(
+                    error_body(
+                        "only root may ask for another user's login link",
+                        ErrorType.PERMISSION,
+                        ErrorCode.INSUFFICIENT_SCOPE,
+                    ),
+                    status=403,
+                )
+            uid = for_uid
+        ticket = auth.logins.mint(time.monotonic(), uid)
+        log.info(
+            "login link issued%s (from %s)",
+            "" if uid is None else f" for uid {uid}",
+            request.remote,
+        )
+        return web.json_response(
+            {"ticket": ticket, "path": f"/#login={ticket}", "expires_in_s": TICKET_TTL_S},
+            headers={"Cache-Control": "no-store"},
+        )
+
+    async def login(request: web.Request) -> web.Response:
+        """Trade a login ticket for a read-only session token (the status page)."""
+        if auth.logins is None:
+            return _not_found("this daemon has no login links")
+        ctype = (request.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        if ctype != "application/json":
+            return web.json_response(
+                error_body(
+                    "send the ticket as Content-Type: application/json",
+                    ErrorType.INVALID_REQUEST,
+                    ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                ),
+                status=415,
+            )
+        payload = await _read_json(request, b"null")
+        if isinstance(payload, web.Response):
+            return payload
+        if not isinstance(payload, dict) or not isinstance(payload.get("ticket"), str):
+            return _bad_request('body must be {"ticket": TICKET}')
+        uid = await _connection_uid(request)
+        try:
+            session = auth.logins.redeem(payload["ticket"], time.monotonic(), uid)
+        except TicketRefused as exc:
+            log.warning("login link refused: %s (from %s)", exc, request.remote)
+            return web.json_response(
+                error_body(str(exc), ErrorType.AUTHENTICATION, ErrorCode.INVALID_LOGIN_TICKET),
+                status=401,
+            )
+        log.info("status page session opened (from %s)", request.remote)
+        return web.json_response(
+            {"token": session, "scopes": sorted(SESSION_SCOPES), "expires_in_s": SESSION_TTL_S},
+            headers={"Cache-Control": "no-store"},
+        )
+
+    app.router.add_post("/login/ticket", scoped("read", guarded(login_ticket)))
+    app.router.add_post("/login", login)
     app.router.add_post("/admin/pause", mutation(post_pause))
     app.router.add_post("/admin/resume", mutation(post_resume))
 
@@ -321,6 +434,13 @@ def make_api(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))
     app.router.add_get("/metrics", scoped("read", metrics_view))
+    history = events.EventLog(state)
+
+    async def stop_history(_: web.Application) -> None:
+        history.unsubscribe()
+
+    app.on_cleanup.append(stop_history)
+    app.router.add_get("/events/recent", scoped("read", events.recent_handler(history)))
     app.router.add_get(
         "/events",
         scoped(

@@ -22,7 +22,7 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "utilization_ratio", "used_mib", "lendable", "lendable_mib",
                           "why_not", "error", "jobs", "card": str | null,
                           "held_by": {"job", "upstream", "phase"} | null,
-                          "state_error": str | null,
+                          "state_error": str | null, "hold_write_error": str | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
                                        "owner_load_ratio", "borrower_load_ratio",
                                        "calibration_observed_s", "calibration_needed_s",
@@ -201,6 +201,12 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             why_not = "switched off"
         elif view.state_error is not None:
             why_not = f"durable state unusable: {view.state_error}"
+        elif view.hold_write_error is not None:
+            why_not = (
+                f"a held job cannot be written to the state directory: {view.hold_write_error}"
+            )
+        elif view.hold_unsaved:
+            why_not = "a held job is being written to the state directory"
         elif q is not Quality.READY:
             why_not = f"capacity {q}"
         elif value is not None:
@@ -229,6 +235,7 @@ def build_status(state: SharedState, started_at: float | None = None) -> StatusD
             has_bytes=view.policy.has_bytes,
             lendable_mib=lendable_mib,
             state_error=view.state_error,
+            hold_write_error=view.hold_write_error,
             jobs=per_resource.get(name, 0),
             card=sharing.card_state(name, holders, state.upstreams).value
             if name in exclusive

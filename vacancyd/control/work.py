@@ -7,8 +7,12 @@ this module is its only executor and the only writer of the admission ledger. It
   says a fresher sample could change it, the reclaim check, then the ledger reservation;
 * records what the proxy reports about the exchange (started, reply arrived, ended) and
   carries out the resulting transitions: tracking a job the server still runs (its own
-  task, ``track NAME job N``), holding a cut job whose outcome is uncertain (watched by
-  ``hold NAME job N`` where the server's idleness can be observed), releasing;
+  task, ``track NAME job N``), tracking the abandoned request of a borrower who disconnected
+  from a server that goes on generating, and holding a cut job whose outcome is uncertain
+  (both watched by ``hold NAME job N`` where the server's idleness can be observed),
+  releasing;
+* counts and logs how every job ended (``vacancyd_jobs_total{upstream,outcome}``, the
+  ``outcome`` field of the ``job N ended`` log line);
 * cuts jobs for a reclaim: cancels the exchange, or cancels tracked work through the
   server's API with a deadline;
 * on every release, asks the collectors for a fresh sample of each released resource, so
@@ -40,7 +44,7 @@ from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.core import gate, pool
-from vacancyd.core.ledger import Job
+from vacancyd.core.ledger import Job, Phase
 from vacancyd.core.lifecycle import (
     CancelExchange,
     CancelOnServer,
@@ -48,6 +52,7 @@ from vacancyd.core.lifecycle import (
     Follow,
     Hold,
     HoldReason,
+    JobOutcome,
     JobPhase,
     JobRules,
     JobState,
@@ -70,6 +75,9 @@ log = logging.getLogger(__name__)
 
 #: How long a refusal that a fresh observation could change waits for one (seconds).
 REFRESH_WAIT_S = 2.0
+#: While a held or detached job waits for its server to be seen idle, the server is asked
+#: at most this often (seconds): quick enough to release soon after it stops, gentle on it.
+IDLE_POLL_S = 0.25
 #: Cancelling tracked borrowed jobs through the server's API is bounded by this (seconds).
 CANCEL_DEADLINE_S = 10.0
 
@@ -94,9 +102,19 @@ class Work:
         self.supervisor = supervisor
         self.metrics = metrics
         #: Called with every held job whenever the set of held jobs changes (the daemon
-        #: writes them to the state directory, so a hold survives a restart).
+        #: writes them to the state directory, so a hold survives a restart). When set, a new
+        #: hold is shown (``/status``, the ``job_hold`` event, the log) only once
+        #: :meth:`holds_saved` says it is on disk; until then its resources lend nothing.
         self.on_holds: Callable[[list[JobState]], None] | None = None
         self._held_ids: set[int] = set()
+        #: Held jobs not yet known to be on disk (only while ``on_holds`` is set).
+        self._unsaved: set[int] = set()
+        #: Held jobs shown in /status and announced as ``job_hold`` events, by id.
+        self._shown: dict[int, JobState] = {}
+        #: Why the newest write of the held jobs failed; None when it did not.
+        self._write_error: str | None = None
+        #: The failure last logged: (error, unsaved job ids), so each is logged once.
+        self._logged_failure: tuple[str, frozenset[int]] | None = None
         self._watched: set[int] = set()
         self._upstreams: dict[str, _Upstream] = {}
         self._jobs: dict[int, JobState] = {}
@@ -328,6 +346,7 @@ class Work:
         its unload): nothing was forwarded, so nothing needs freeing."""
         if self._jobs.pop(job.id, None) is not None:
             self._release_now(job.id)
+            self._ended(replace(job, phase=JobPhase.RELEASED, outcome=JobOutcome.NOT_FORWARDED))
 
     def _reserve(
         self, upstream: str, admit: Admit, now: float, facts: RequestFacts
@@ -504,6 +523,7 @@ class Work:
         )
         self._jobs[job.id] = job
         self._held_ids.add(job.id)
+        self._shown[job.id] = job  # it was on disk already: that is where it came from
         assert job.hold is not None
         self.state.job_holds = {**self.state.job_holds, job.id: job.hold}
         return job
@@ -522,25 +542,83 @@ class Work:
                 assert job.hold is not None
                 self.state.job_holds = {**self.state.job_holds, job.id: job.hold}
             elif not self._watching(job.id):
-                self._watch_idle(job, hold.since)
+                self._watch_idle(job)
 
     def _watching(self, job_id: int) -> bool:
         return job_id in self._watched
 
     def _holds_changed(self, job: JobState) -> None:
-        """After ``job``'s transition: publish the held jobs (``/status``, ``job_hold``
-        events, the durable record) when the set of them changed."""
+        """After ``job``'s transition: when the set of held jobs changed, ask for it to be
+        written (``on_holds``) and show what is on disk (:meth:`_show_holds`)."""
         held = {j.id for j in self._jobs.values() if j.phase is JobPhase.HELD}
         if held != self._held_ids:
-            was_held = job.id in self._held_ids
             self._held_ids = held
-            self.state.job_holds = {
-                j.id: j.hold for j in self._jobs.values() if j.hold is not None and j.id in held
-            }
-            if job.hold is not None and (job.id in held) != was_held:
-                self.state.note_job_hold(job.id, job.upstream, job.hold, held=not was_held)
+            self._unsaved &= held  # a hold that ended before it was written is just gone
             if self.on_holds is not None:
                 self.on_holds(self.held())
+            self._show_holds()
+
+    def holds_saved(self, job_ids: frozenset[int]) -> None:
+        """The held jobs ``job_ids`` are on disk now (the durable writer calls this after
+        each successful write): show them, and let their resources lend again."""
+        saved = self._unsaved & job_ids
+        self._unsaved -= saved
+        if self._write_error is not None:
+            log.info("held jobs written to the state directory again")
+            self._write_error = None
+            self._logged_failure = None
+        for job_id in sorted(saved):
+            job = self._jobs.get(job_id)
+            if job is not None and job.phase is JobPhase.HELD:
+                self.state.ledger.set_phase(job_id, Phase.HELD)
+                self._log_hold(job)
+        self._show_holds()
+
+    def holds_unsaved(self, error: str) -> None:
+        """The newest write of the held jobs failed with ``error`` (it is retried): the
+        resources of every hold not yet on disk refuse ``state_write_failed``."""
+        failure = (error, frozenset(self._unsaved))
+        if self._unsaved and failure != self._logged_failure:
+            self._logged_failure = failure
+            resources = sorted(
+                {r for i in self._unsaved if (j := self._jobs.get(i)) for r in j.resources}
+            )
+            log.error(
+                "held job(s) %s cannot be written to the state directory (%s); borrowed work "
+                "on %s is refused (%s) until the write, retried, succeeds",
+                ", ".join(str(i) for i in sorted(self._unsaved)),
+                error,
+                ", ".join(resources),
+                Reason.STATE_WRITE_FAILED,
+            )
+        self._write_error = error
+        self._show_holds()
+
+    def _show_holds(self) -> None:
+        """Publish the held jobs that are on disk (``/status``, ``job_hold`` events) and
+        mark the resources of those that are not (the gate refuses them)."""
+        shown = {
+            j.id: j
+            for j in self._jobs.values()
+            if j.phase is JobPhase.HELD and j.id not in self._unsaved
+        }
+        before, self._shown = self._shown, shown
+        self.state.job_holds = {i: j.hold for i, j in shown.items() if j.hold is not None}
+        for job_id in sorted(shown.keys() - before.keys()):
+            job = shown[job_id]
+            assert job.hold is not None
+            self.state.note_job_hold(job_id, job.upstream, job.hold, held=True)
+        for job_id in sorted(before.keys() - shown.keys()):
+            job = before[job_id]
+            assert job.hold is not None
+            self.state.note_job_hold(job_id, job.upstream, job.hold, held=False)
+        unsaved: dict[str, str | None] = {}
+        for job_id in self._unsaved:
+            pending = self._jobs.get(job_id)
+            for name in pending.resources if pending is not None else ():
+                unsaved[name] = self._write_error
+        if unsaved != self.state.unsaved_holds:
+            self.state.unsaved_holds = unsaved
 
     def _apply(self, transition: Transition) -> JobState:
         try:
@@ -552,19 +630,33 @@ class Work:
         job = transition.state
         if job.phase.live:
             self._jobs[job.id] = job
-        else:
-            self._jobs.pop(job.id, None)
+        elif self._jobs.pop(job.id, None) is not None:
+            self._ended(job)
         for effect in transition.effects:
             if isinstance(effect, Release):
                 self._release(job.id)
             elif isinstance(effect, SetPhase):
+                if job.hold is not None and self.on_holds is not None:
+                    # Shown (ledger phase, log) once on disk: holds_saved().
+                    self._unsaved.add(job.id)
+                    continue
                 self.state.ledger.set_phase(job.id, effect.phase)
                 if job.hold is not None:
                     self._log_hold(job)
+                elif job.detached_until is not None and job.detached_since is not None:
+                    log.info(
+                        "%s: the borrower of job %d disconnected; the server may go on "
+                        "generating for it, so its reservation stays until an observation "
+                        "shows the server idle (at most %g s)",
+                        job.upstream,
+                        job.id,
+                        job.detached_until - job.detached_since,
+                    )
             elif isinstance(effect, Follow):
                 self._follow(job, effect.key)
             elif isinstance(effect, WatchIdle):
-                self._watch_idle(job, effect.since)
+                if not self._watching(job.id):  # (a watch goes on from tracking to held)
+                    self._watch_idle(job)
             elif isinstance(effect, CancelOnServer):
                 self.supervisor.spawn(
                     self._cancel_on_server(job.upstream, [effect.key]),
@@ -613,6 +705,19 @@ class Work:
             self.state.after_release(released, now)
         self.rooms.serve()
 
+    def _ended(self, job: JobState) -> None:
+        """Count and log ``job``'s end (it has left ``_jobs``)."""
+        outcome = job.outcome or job.final_outcome
+        self.metrics.job_ended(job.upstream, outcome)
+        log.info(
+            "%s: job %d ended: %s after %.3f s",
+            job.upstream,
+            job.id,
+            outcome,
+            self.state.clock() - job.admitted_at,
+            extra={"upstream": job.upstream, "job": job.id, "outcome": outcome.value},
+        )
+
     def _changed(self, upstream: str) -> None:
         for listener in self._listeners:
             listener(upstream)
@@ -652,6 +757,14 @@ class Work:
                 hold.detail,
                 job.id,
             )
+        elif hold.reason is HoldReason.DETACHED_WORK:
+            log.warning(
+                "%s: job %d: %s; holding its reservation until %s",
+                job.upstream,
+                job.id,
+                hold.detail,
+                until,
+            )
         elif hold.reason is HoldReason.UPSTREAM_SILENT:
             log.warning(
                 "%s: job %d: %s; gave up on the exchange, but the server may still be "
@@ -690,31 +803,59 @@ class Work:
 
         self.supervisor.spawn(follow(), name=f"track {job.upstream} job {job_id}", essential=False)
 
-    def _watch_idle(self, job: JobState, since: float) -> None:
-        """Release a held job once a server observation taken after ``since`` shows the
-        server idle (llama-server's slots)."""
+    def _watch_idle(self, job: JobState) -> None:
+        """Release a held job, or end the tracking of a disconnected borrower's request, once
+        a server observation taken after the hold or the disconnect shows the server idle
+        (llama-server's slots); hold detached work that still looks busy at its
+        ``detached_until``. One task per job, for as long as either lasts."""
         name = job.upstream
         job_id = job.id
         key = f"server:{name}"
         self._watched.add(job_id)
 
         async def await_idle() -> None:
-            while (held := self._jobs.get(job_id)) is not None and held.phase is JobPhase.HELD:
-                obs = self.state.servers.get(name)
-                if (
-                    obs is not None
-                    and obs.value is not None
-                    and obs.observed_at is not None
-                    and obs.observed_at > since
-                    and obs.value.idle
-                ):
-                    log.info("%s: server idle after the cut; releasing held job %d", name, job_id)
-                    self._step(
-                        job_id, partial(JobState.server_seen_idle, observed_at=obs.observed_at)
-                    )
-                    return
-                if not await self.state.fresh_sample(key, REFRESH_WAIT_S):
-                    await asyncio.sleep(REFRESH_WAIT_S)
+            polled_at: float | None = None
+            try:
+                while (watched := self._jobs.get(job_id)) is not None and (
+                    since := _idle_since(watched)
+                ) is not None:
+                    obs = self.state.servers.get(name)
+                    if (
+                        obs is not None
+                        and obs.value is not None
+                        and obs.observed_at is not None
+                        and obs.observed_at > since
+                        and obs.value.idle
+                    ):
+                        log.info(
+                            "%s: server idle %s; releasing job %d",
+                            name,
+                            "after the cut"
+                            if watched.phase is JobPhase.HELD
+                            else "after the borrower disconnected",
+                            job_id,
+                        )
+                        self._step(
+                            job_id, partial(JobState.server_seen_idle, observed_at=obs.observed_at)
+                        )
+                        continue
+                    wait = REFRESH_WAIT_S
+                    until = watched.detached_until if watched.phase is JobPhase.TRACKING else None
+                    if until is not None:
+                        now = self.state.clock()
+                        if now >= until:
+                            self._step(job_id, partial(JobState.detached_timed_out, now=now))
+                            continue
+                        wait = min(wait, until - now)
+                    now = self.state.clock()
+                    if polled_at is not None and now - polled_at < IDLE_POLL_S:
+                        await asyncio.sleep(min(wait, IDLE_POLL_S - (now - polled_at)))
+                        continue
+                    polled_at = now
+                    if not await self.state.fresh_sample(key, wait):
+                        await asyncio.sleep(wait)
+            finally:
+                self._watched.discard(job_id)
 
         self.supervisor.spawn(await_idle(), name=f"hold {name} job {job_id}", essential=False)
 
@@ -724,3 +865,14 @@ class Work:
             return
         self._apply(step(job))
         self._changed(job.upstream)
+
+
+def _idle_since(job: JobState) -> float | None:
+    """Monotonic s after which a server observation showing the server idle ends ``job``'s
+    hold or tracking; None when no observation can (the job is not watched)."""
+    hold = job.hold
+    if job.phase is JobPhase.HELD and hold is not None and hold.release_by is ReleaseBy.SERVER_IDLE:
+        return hold.since
+    if job.phase is JobPhase.TRACKING and job.detached_since is not None:
+        return job.detached_since
+    return None

@@ -17,6 +17,11 @@ Node conditions — written like node-problem-detector's: only our types, merged
 * ``VacancyGPUPressure``: True while a GPU refuses borrowed work because of the owner's
   GPU load (``resource_pressured``).
 
+Until the lender has taken its first full sample (presence sampled once, every resource's
+capacity read once) all three are ``Unknown`` with the one reason ``AwaitingFirstSample``:
+a refusal the gate answers meanwhile (``owner_active`` for unsampled presence) says nothing
+about the owner yet, so it is not published as if it did.
+
 EndpointSlices: one per lender, upstream and Service. The gated Service's endpoint is
 ``ready`` while the upstream is lendable; the ``-direct`` Service's endpoint is ready while
 the lender is alive and its listener bound, so a borrower that goes through it gets a 503
@@ -54,6 +59,8 @@ LENDABLE = "VacancyLendable"
 OWNER_PRESENT = "VacancyOwnerPresent"
 GPU_PRESSURE = "VacancyGPUPressure"
 CONDITION_TYPES = (LENDABLE, OWNER_PRESENT, GPU_PRESSURE)
+#: The one reason of every condition before the lender's first full sample.
+AWAITING_FIRST_SAMPLE = "AwaitingFirstSample"
 
 
 class Status(StrEnum):
@@ -126,6 +133,9 @@ class LenderState:
     gpu_detail: str = ""
     upstreams: Mapping[str, UpstreamState] = field(default_factory=dict)
     terminating: bool = False
+    #: What the lender has not sampled even once yet (presence, a resource's capacity), as a
+    #: sentence; None once its first full sample is in.
+    unsampled: str | None = None
 
     @classmethod
     def starting(cls, detail: str = "vacancyd has not reported its state yet") -> LenderState:
@@ -214,6 +224,16 @@ def lender_from_status(doc: Any) -> LenderState:
             owner_present = None
             owner_detail = "owner presence has not been sampled yet"
         gpu_pressure, gpu_detail = _gpu_pressure(resources, upstreams)
+        unsampled = [] if presence.get("sampled", False) else ["owner presence"]
+        unsampled += [
+            f"capacity of {name}"
+            for name, r in sorted((resources or {}).items())
+            if isinstance(r, dict)
+            and "age_s" in r
+            and r["age_s"] is None
+            and r.get("error") is None
+            and r.get("quality") != "ready"
+        ]
         return LenderState(
             Phase.ALIVE,
             lending_enabled=bool(doc.get("lending_enabled", False)),
@@ -223,6 +243,7 @@ def lender_from_status(doc: Any) -> LenderState:
             gpu_detail=gpu_detail,
             upstreams=upstreams,
             terminating=bool(doc.get("stopping", False)),
+            unsampled="not sampled yet: " + ", ".join(unsampled) if unsampled else None,
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise StatusFormatError(f"/status has an unexpected shape: {exc!r}") from exc
@@ -298,9 +319,16 @@ class Condition:
 def node_conditions(lender: LenderState) -> tuple[Condition, ...]:
     """The three Node conditions for ``lender``.
 
-    Before the first reading every condition is Unknown; an unreachable lender makes every
-    condition Unknown and, on clean shutdown, ``VacancyLendable`` is False (``Stopped``).
+    Before the first reading, and before the lender's first full sample, every condition is
+    Unknown with one reason; an unreachable lender makes every condition Unknown and, on
+    clean shutdown, ``VacancyLendable`` is False (``Stopped``).
     """
+    if lender.alive and not lender.terminating and lender.unsampled is not None:
+        message = _message(f"vacancyd has not taken its first full sample ({lender.unsampled})")
+        return tuple(
+            Condition(kind, Status.UNKNOWN, AWAITING_FIRST_SAMPLE, message)
+            for kind in CONDITION_TYPES
+        )
     if lender.phase is not Phase.ALIVE:
         reason = {
             Phase.STARTING: "Starting",

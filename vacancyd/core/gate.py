@@ -202,6 +202,28 @@ def _owner_refusal(detail: str, retry_after_s: int) -> Refuse:
     return Refuse.of(Reason.OWNER_ACTIVE, detail, retry_after_s=retry_after_s)
 
 
+def decide_unsaved_hold(view: ResourceView, name: str) -> Refuse | None:
+    """A job held on ``name`` that is not on disk yet refuses new borrowed work there: a
+    restart meanwhile would forget the hold (docs/footprints.md, "Held jobs survive a
+    restart"). ``state_write_failed`` while its write fails, ``resource_busy`` while it is
+    under way (a few milliseconds)."""
+    if not view.hold_unsaved:
+        return None
+    if view.hold_write_error is not None:
+        return Refuse.of(
+            Reason.STATE_WRITE_FAILED,
+            f"a job held on {name!r} cannot be written to the state directory "
+            f"({view.hold_write_error}); a restart would forget it, so {name!r} lends "
+            "nothing until the write succeeds (retried)",
+            resource=name,
+        )
+    return Refuse.of(
+        Reason.RESOURCE_BUSY,
+        f"a job held on {name!r} is being written to the state directory",
+        resource=name,
+    )
+
+
 def _decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse | None:
     if view is None:
         return Refuse.of(Reason.RESOURCE_UNMEASURED, f"resource {name!r} is not declared")
@@ -216,6 +238,9 @@ def _decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse
             f"{view.state_error}",
             resource=name,
         )
+    refusal = decide_unsaved_hold(view, name)
+    if refusal is not None:
+        return refusal
     quality = view.quality(now)
     if quality is not Quality.READY:
         error = f": {view.capacity.error}" if view.capacity.error else ""

@@ -6,21 +6,28 @@ reservation is given back. In between it moves through these phases::
     admitted ──forwarding──▶ forwarding ──exchange ended──▶ released | cut
                                   │                              ▲
                                   ├─ tracked reply landed ─▶ tracking ──done──┘
+                                  ├─ borrower disconnected ─▶   │   (server seen idle)
                                   │                              │
-                                  ├─ cut, outcome uncertain ─▶ held ◀── tracking lost
-                                  └─ upstream silent ────────▶   │
+                                  ├─ cut, outcome uncertain ─▶ held ◀── tracking lost,
+                                  └─ upstream silent ────────▶   │      detached work timeout
                                        server seen idle / admin ─┘
 
 * ``forwarding``: the HTTP exchange with the upstream runs.
-* ``tracking``: the exchange ended but the server still runs the work (a ComfyUI prompt in
-  its queue); the reservation stays until the server has finished it.
+* ``tracking``: the exchange ended but the server still runs the work: a ComfyUI prompt in
+  its queue, or, on a server that goes on generating for a request whose borrower
+  disconnected (llama-server), that abandoned generation. The reservation stays until the
+  server has finished it: the prompt left the queue, or a server observation taken after the
+  disconnect shows the server idle. Detached work that still looks busy after
+  ``detached_work_timeout_s`` is held (below) rather than released on a guess.
 * ``held``: a reclaim cut the exchange but the server may still be working (a closed
   connection does not stop an OpenAI-compatible server), tracking lost sight of the work, or
   the upstream sent nothing for its silence limit (``upstream_silence_s``): a server that
   stopped answering may still hold the memory, so it is not lent again on a guess.
   The reservation stays until the server is seen idle after the hold began, or an
   administrator releases the job. Held work never defers a reclaim.
-* ``released`` / ``cut``: terminal; ``cut`` when a reclaim cut the job first.
+* ``released`` / ``cut``: terminal; ``cut`` when a reclaim cut the job first. Either way the
+  job's :class:`JobOutcome` says how it ended (completed, borrower disconnected, upstream
+  failed, cut).
 
 Each input is a method returning a :class:`Transition`: the job's next state and the effects
 the executor (:mod:`vacancyd.control.work`) must carry out, as values. Nothing here does I/O
@@ -34,9 +41,12 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from vacancyd.core.ledger import Phase
-from vacancyd.core.reasons import (
+from vacancyd.core.reasons import (  # re-exported; defined with the other codes
     HoldReason as HoldReason,
-)  # re-exported; defined with the other codes
+)
+from vacancyd.core.reasons import (
+    JobOutcome as JobOutcome,
+)
 from vacancyd.core.reclaim import Edge
 
 
@@ -71,9 +81,15 @@ class ReleaseBy(StrEnum):
 class Ending(StrEnum):
     """How the proxy's exchange with the upstream ended, as it reports it."""
 
-    COMPLETED = "completed"  #: the handler returned a response (relayed, error, or broken)
+    COMPLETED = "completed"  #: the server's reply was relayed to its end (any HTTP status)
     CUT = "cut"  #: the forwarding was cancelled by a reclaim's cut
-    ABORTED = "aborted"  #: the handler raised or was cancelled otherwise (borrower gone)
+    #: The borrower went away (the handler was cancelled or raised, or the borrower stopped
+    #: reading and was disconnected) before the reply ended; the upstream connection was
+    #: closed, which not every server takes as a reason to stop.
+    ABORTED = "aborted"
+    #: The exchange with the server failed: unreachable, no valid HTTP reply, or a reply that
+    #: broke off mid-way.
+    UPSTREAM_FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +102,17 @@ class JobRules:
     ``silence_s``: seconds the upstream may send nothing (before its reply or between two
     pieces of it) before the proxy gives up on the exchange (:meth:`JobState.went_silent`); None
     when there is no limit.
+    ``detached_s``: when set, the server may go on with a request whose borrower disconnected
+    and its idleness can be observed: such a job is tracked until an observation shows the
+    server idle, for at most this many seconds before it is held. None: a disconnect ends the
+    job at once (the server stops, or nothing could show that it did).
     """
 
     tracked: bool = False
     cut_is_uncertain: bool = False
     idle_evidence: bool = False
     silence_s: float | None = None
+    detached_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +134,10 @@ class JobState:
     ``cut_by``: the reclaim edge that cut the job. ``cancelled_on_server``: its cancel was
     already sent through the server's API. ``reserved``: the ledger still holds its
     resources (an administrator may release them while the exchange still runs).
-    ``admitted_at``: monotonic seconds.
+    ``admitted_at``: monotonic seconds. ``outcome``: how the exchange ended, once it has
+    (the job's :class:`JobOutcome` when it ends). ``detached_since`` / ``detached_until``:
+    monotonic seconds between which a job whose borrower disconnected is tracked (the server
+    may still be generating for it); None otherwise.
     """
 
     id: int
@@ -128,6 +152,9 @@ class JobState:
     cancelled_on_server: bool = False
     reserved: bool = True
     hold: Hold | None = None
+    outcome: JobOutcome | None = None
+    detached_since: float | None = None
+    detached_until: float | None = None
 
     @property
     def ledger_phase(self) -> Phase | None:
@@ -172,7 +199,16 @@ class JobState:
         return Transition(cut)
 
     def exchange_ended(self, ending: Ending, rules: JobRules, now: float) -> Transition:
-        """The proxy's exchange is over (``now``: monotonic s)."""
+        """The proxy's exchange is over (``now``: monotonic s).
+
+        A borrower's disconnect on a server that may go on generating (``rules.detached_s``
+        set) keeps the job reserved in ``tracking`` until a server observation taken after
+        ``now`` shows the server idle (:meth:`server_seen_idle`), or until ``now +
+        detached_s`` (:meth:`detached_timed_out`).
+        """
+        if not self.phase.live:
+            return Transition(self)
+        job = replace(self, outcome=_OUTCOME[ending])
         if (
             ending is Ending.COMPLETED
             and rules.tracked
@@ -181,11 +217,37 @@ class JobState:
             and self.cut_by is None
         ):
             return Transition(
-                replace(self, phase=JobPhase.TRACKING), (SetPhase(Phase.TRACKING), Follow(self.key))
+                replace(job, phase=JobPhase.TRACKING), (SetPhase(Phase.TRACKING), Follow(self.key))
             )
         if ending is Ending.CUT and rules.cut_is_uncertain:
-            return self._hold(Hold(HoldReason.CUT_UNCERTAIN, now, _release_by(rules)))
-        return self._end()
+            return job._hold(Hold(HoldReason.CUT_UNCERTAIN, now, _release_by(rules)))
+        if ending is Ending.ABORTED and rules.detached_s is not None and self.reserved:
+            detached = replace(
+                job,
+                phase=JobPhase.TRACKING,
+                detached_since=now,
+                detached_until=now + rules.detached_s,
+            )
+            return Transition(detached, (SetPhase(Phase.TRACKING), WatchIdle(now)))
+        return job._end()
+
+    def detached_timed_out(self, now: float) -> Transition:
+        """``detached_work_timeout_s`` passed (``now``: monotonic s) and no observation has
+        shown the server idle since the borrower disconnected.
+
+        The server may still be generating for the abandoned request, so its completion is
+        uncertain: the job is held (reason ``detached_work``) until an observation taken after
+        ``now`` shows the server idle or an administrator releases it, never released on a
+        guess. A job an administrator already released just ends.
+        """
+        if self.phase is not JobPhase.TRACKING or self.detached_since is None:
+            return Transition(self)
+        if not self.reserved:
+            return self._end()
+        until = self.detached_until
+        waited = "" if until is None else f" for {until - self.detached_since:g} s"
+        detail = f"the borrower disconnected and the server still showed work in progress{waited}"
+        return self._hold(Hold(HoldReason.DETACHED_WORK, now, ReleaseBy.SERVER_IDLE, detail))
 
     def went_silent(self, rules: JobRules, now: float) -> Transition:
         """The proxy gave up on the exchange because the upstream sent no byte for
@@ -199,11 +261,12 @@ class JobState:
         """
         if self.phase not in (JobPhase.ADMITTED, JobPhase.FORWARDING):
             return Transition(self)
-        if not self.reserved:
-            return self._end()
         limit = "its silence limit" if rules.silence_s is None else f"{rules.silence_s:g} s"
         detail = f"the upstream sent nothing for {limit}"
-        return self._hold(Hold(HoldReason.UPSTREAM_SILENT, now, _release_by(rules), detail))
+        failed = replace(self, outcome=JobOutcome.UPSTREAM_FAILED)
+        if not self.reserved:
+            return failed._end()
+        return failed._hold(Hold(HoldReason.UPSTREAM_SILENT, now, _release_by(rules), detail))
 
     def tracking_done(self) -> Transition:
         """The server no longer runs or queues the tracked work."""
@@ -217,12 +280,20 @@ class JobState:
         return Transition(replace(self, phase=JobPhase.HELD, hold=hold), (SetPhase(Phase.HELD),))
 
     def server_seen_idle(self, observed_at: float) -> Transition:
-        """A server observation taken at ``observed_at`` shows every slot idle."""
+        """A server observation taken at ``observed_at`` (monotonic s) shows every slot idle:
+        it ends a hold released by that evidence, or the tracking of detached work, when it
+        was taken after the hold or the disconnect began."""
         if (
             self.phase is JobPhase.HELD
             and self.hold is not None
             and self.hold.release_by is ReleaseBy.SERVER_IDLE
             and observed_at > self.hold.since
+        ):
+            return self._end()
+        if (
+            self.phase is JobPhase.TRACKING
+            and self.detached_since is not None
+            and observed_at > self.detached_since
         ):
             return self._end()
         return Transition(self)
@@ -248,13 +319,41 @@ class JobState:
     def _end(self) -> Transition:
         phase = JobPhase.CUT if self.cut_by is not None else JobPhase.RELEASED
         effects: tuple[Effect, ...] = (Release(),) if self.reserved else ()
-        return Transition(replace(self, phase=phase, reserved=False), effects)
+        ended = replace(self, phase=phase, reserved=False, outcome=self.final_outcome)
+        return Transition(ended, effects)
+
+    @property
+    def final_outcome(self) -> JobOutcome:
+        """How the job ends if it ends now: how its exchange ended, except that tracked work
+        a reclaim cancelled was cut; a restored hold's reason stands in for an exchange this
+        process never saw."""
+        outcome = self.outcome
+        if outcome is None and self.hold is not None:
+            outcome = _HOLD_OUTCOME[self.hold.reason]
+        if outcome is None or (outcome is JobOutcome.COMPLETED and self.cut_by is not None):
+            return JobOutcome.CUT if self.cut_by is not None else JobOutcome.COMPLETED
+        return outcome
 
 
 def _release_by(rules: JobRules) -> ReleaseBy:
     """What can end a hold on an upstream with ``rules``."""
     return ReleaseBy.SERVER_IDLE if rules.idle_evidence else ReleaseBy.ADMIN
 
+
+_OUTCOME = {
+    Ending.COMPLETED: JobOutcome.COMPLETED,
+    Ending.CUT: JobOutcome.CUT,
+    Ending.ABORTED: JobOutcome.BORROWER_DISCONNECTED,
+    Ending.UPSTREAM_FAILED: JobOutcome.UPSTREAM_FAILED,
+}
+
+#: What a held job restored after a restart ended as, by why it was held.
+_HOLD_OUTCOME = {
+    HoldReason.CUT_UNCERTAIN: JobOutcome.CUT,
+    HoldReason.TRACKING_LOST: JobOutcome.COMPLETED,
+    HoldReason.UPSTREAM_SILENT: JobOutcome.UPSTREAM_FAILED,
+    HoldReason.DETACHED_WORK: JobOutcome.BORROWER_DISCONNECTED,
+}
 
 _LEDGER_PHASE = {
     JobPhase.ADMITTED: Phase.FORWARDING,
@@ -300,7 +399,8 @@ class Follow:
 
 @dataclass(frozen=True, slots=True)
 class WatchIdle:
-    """Watch server observations taken after ``since`` (monotonic s) for an idle server."""
+    """Watch server observations taken after ``since`` (monotonic s) for an idle server
+    (and, for detached work, the job's ``detached_until``)."""
 
     since: float
 

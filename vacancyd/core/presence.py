@@ -12,7 +12,9 @@ The rules:
   or a text console (tty). Remote sessions (SSH) never count; remote graphical sessions count
   only when the owner asks for it (``remote_graphical = "count"``).
 * A counting session that is not locked (``LockedHint``) and not idle (``IdleHint``, idle for
-  at least ``idle_after_s`` by ``IdleSinceHintMonotonic``) is the owner at the machine.
+  at least ``idle_after_s`` by ``IdleSinceHintMonotonic``) is the owner at the machine. An
+  idle hint without a timestamp (``IdleSinceHintMonotonic`` 0: the desktop never said when
+  idleness began) is not evidence of absence: that session is the owner too.
 * An unlocked, counting session whose user runs a configured owner process is the owner too;
 processes are scanned only for such sessions.
 * A session vacancyd cannot read clearly (a property missing or of the wrong D-Bus type, no
@@ -229,25 +231,34 @@ def classify_session(type_: str, klass: str, remote: bool, policy: PresencePolic
 def idle_for_s(session: SessionFacts, host_now_us: int) -> float | None:
     """Seconds the session has been idle by IdleSinceHintMonotonic, or None when not idle.
 
-    ``host_now_us`` is CLOCK_MONOTONIC in microseconds, the clock logind stamps with. A zero
-    or future stamp reads as "idle since now" (0 s).
+    ``host_now_us`` is CLOCK_MONOTONIC in microseconds, the clock logind stamps with. A
+    future stamp reads as "idle since now" (0 s); a missing (zero) stamp gives None too, since
+    how long the session has been idle is unknown (see :func:`idle_unstamped`).
     """
-    if not session.idle:
+    if not session.idle or idle_unstamped(session):
         return None
-    if session.idle_since_us <= 0:
-        return 0.0
     return max(0.0, (host_now_us - session.idle_since_us) / 1e6)
 
 
+def idle_unstamped(session: SessionFacts) -> bool:
+    """The session says it is idle but not since when (``IdleSinceHintMonotonic`` is 0).
+
+    Desktops that set ``IdleHint`` without a timestamp exist (and a stale hint left by a
+    crashed idle monitor looks the same), so such a hint is not evidence of absence.
+    """
+    return session.idle and session.idle_since_us <= 0
+
+
 def is_away(session: SessionFacts, policy: PresencePolicy, host_now_us: int) -> bool:
-    """True when a counting session's idle hint says nobody is at it (long enough)."""
+    """True when a counting session's idle hint says nobody is at it (long enough).
+
+    A hint without a timestamp never does, whatever ``idle_after_s``: when the owner left is
+    unknown, so nothing says they left at all (:func:`idle_unstamped`).
+    """
     idle = idle_for_s(session, host_now_us)
     if idle is None:
         return False
-    if policy.idle_after_s <= 0:
-        return True
-    # Without a stamp the idle duration is unknown: it cannot prove the owner left long enough.
-    return session.idle_since_us > 0 and idle >= policy.idle_after_s
+    return policy.idle_after_s <= 0 or idle >= policy.idle_after_s
 
 
 def users_to_scan(
@@ -324,7 +335,15 @@ def decide_presence(
             why = "locked"
         elif not is_away(s, policy, host_now_us):
             signal = True
-            why = "unlocked and in use" if not s.idle else "idle for less than idle_after_s"
+            if not s.idle:
+                why = "unlocked and in use"
+            elif idle_unstamped(s):
+                why = (
+                    "idle hint without a timestamp (the desktop has not reported when "
+                    "idleness began); not evidence of absence"
+                )
+            else:
+                why = "idle for less than idle_after_s"
         elif s.uid is not None and s.uid in scan.problems:
             signal = True
             why = f"idle, but its processes could not be checked ({scan.problems[s.uid]})"
@@ -423,3 +442,21 @@ def count_kinds(sessions: Iterable[Mapping[str, object]]) -> dict[str, int]:
         if isinstance(kind, str) and kind in counts:
             counts[kind] += 1
     return counts
+
+
+def headless_warning(sessions: Iterable[SessionFacts]) -> str | None:
+    """Why ``presence = "headless"`` is wrong on this machine, or None.
+
+    ``headless`` means nobody ever sits at this machine, so it lends whoever is at the desk;
+    a local graphical session (the only kind ``headless`` could wrongly ignore that logind
+    can prove) says someone does.
+    """
+    desks = [s for s in sessions if s.kind is SessionKind.GRAPHICAL and not s.remote]
+    if not desks:
+        return None
+    listed = ", ".join(f"session {s.id} of {s.user} ({s.type})" for s in desks)
+    return (
+        'presence is "headless", which lends while someone sits at this machine, but logind '
+        f'lists a local graphical session ({listed}); set [owner] presence = "auto" so '
+        "lending stops while the owner is at the desk (docs/presence.md)"
+    )

@@ -33,6 +33,10 @@ class Reason(StrEnum):
     #: The lender is draining before it stops (SIGTERM): ask another lender, or this one
     #: again once it has restarted.
     SHUTTING_DOWN = "shutting_down"
+    #: A job held on the resource could not be written to the state directory (full disk,
+    #: read-only file system): until it is, a restart would forget the hold, so the resource
+    #: lends nothing. The write is retried until it succeeds.
+    STATE_WRITE_FAILED = "state_write_failed"
 
 
 class ErrorType(StrEnum):
@@ -56,6 +60,7 @@ class ErrorCode(StrEnum):
     MISSING_TOKEN = "missing_token"
     INVALID_TOKEN = "invalid_token"
     INSUFFICIENT_SCOPE = "insufficient_scope"
+    INVALID_LOGIN_TICKET = "invalid_login_ticket"
     # request bodies and routes on the proxy
     REQUEST_TOO_LARGE = "request_too_large"
     BODY_TIMEOUT = "body_timeout"
@@ -127,6 +132,27 @@ class HoldReason(StrEnum):
     CUT_UNCERTAIN = "cut_uncertain"  #: a reclaim cut it; the server may still be working
     TRACKING_LOST = "tracking_lost"  #: the server's queue could no longer be read
     UPSTREAM_SILENT = "upstream_silent"  #: no byte from the server for its silence limit
+    #: The borrower disconnected and the server still showed work in progress when
+    #: ``detached_work_timeout_s`` ran out.
+    DETACHED_WORK = "detached_work"
+
+
+class JobOutcome(StrEnum):
+    """How a borrowed job ended: the ``outcome`` label of ``vacancyd_jobs_total`` and the
+    ``outcome`` field of the job's end log line."""
+
+    #: The server finished the exchange (whatever HTTP status it answered) and any work it
+    #: tracks past the reply.
+    COMPLETED = "completed"
+    #: The borrower went away (or stopped reading for ``write_stall_timeout_s``) before the
+    #: reply ended.
+    BORROWER_DISCONNECTED = "borrower_disconnected"
+    #: The exchange with the server failed: unreachable, not HTTP, broken mid-reply, silent.
+    UPSTREAM_FAILED = "upstream_failed"
+    CUT = "cut"  #: a reclaim cut it
+    #: Admitted but never forwarded: the borrower left, or the request was refused, while
+    #: the servers it is exclusive of were unloaded.
+    NOT_FORWARDED = "not_forwarded"
 
 
 class ReclaimOutcome(StrEnum):
@@ -183,6 +209,7 @@ RETRY_AFTER_S: dict[Reason, int] = {
     Reason.BODY_BUDGET_EXHAUSTED: 2,
     Reason.RECLAIMED: 30,
     Reason.SHUTTING_DOWN: 10,
+    Reason.STATE_WRITE_FAILED: 30,
 }
 
 

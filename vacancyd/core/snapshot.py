@@ -80,6 +80,8 @@ class ResourceView:
     ``yielded_at``: when a reclaim last unloaded an upstream that depends on it (monotonic
     s); no residency is credited from a server observation older than that.
     ``state_error``: why a durable state file it depends on is unusable, if one is.
+    ``hold_unsaved``/``hold_write_error``: a job held on it is not yet written to the state
+    directory (and why the write failed, when it did); it lends nothing until it is.
     ``charged_mib``: MiB the gate charged the jobs still running on it; a new admission must
     fit beside them, so concurrent jobs together never take more than the resource can lend.
     """
@@ -94,6 +96,10 @@ class ResourceView:
     #: resource refuses borrowed work rather than lend on a guess.
     state_error: str | None = None
     charged_mib: int = 0
+    #: A job held on it is not on disk yet (``holds.json``): its write is under way (None)
+    #: or failed (why; retried until it succeeds). ``hold_unsaved`` False: nothing pending.
+    hold_unsaved: bool = False
+    hold_write_error: str | None = None
 
     @property
     def name(self) -> str:

@@ -97,13 +97,16 @@ class _Exchange:
     Written only by the forwarding code; the job's life is in :class:`Work`.
     """
 
-    __slots__ = ("cutting", "ended", "job", "response")
+    __slots__ = ("cutting", "ended", "failed", "job", "response")
 
     def __init__(self, job: JobState) -> None:
         self.job = job
         self.response: web.StreamResponse | None = None
         self.ended = False
         self.cutting = False
+        #: How the exchange ended when the handler still returns a response although it did
+        #: not end well: the upstream failed, or the borrower stopped reading and was cut off.
+        self.failed: Ending | None = None
 
 
 def json_error(
@@ -550,7 +553,7 @@ class Proxy:
                 task.uncancel()  # the cut's own cancellation, delivered: the request goes on
                 ending = Ending.CUT
                 return self._after_cut(request, exchange, edge)
-            ending = Ending.COMPLETED
+            ending = exchange.failed or Ending.COMPLETED
             return response
         finally:
             self._end_exchange(exchange, ending)
@@ -654,6 +657,7 @@ class Proxy:
         if exchange is not None and self._waker is not None:
             failed = await self._wake(self._waker)
             if failed is not None:
+                exchange.failed = Ending.UPSTREAM_FAILED
                 return failed
         out_headers = self._request_headers(request)
         observe.inject_trace_context(out_headers)
@@ -688,6 +692,8 @@ class Proxy:
                 exc,
             )
             what = "could not be reached" if unreachable else "did not send a valid HTTP response"
+            if exchange is not None:
+                exchange.failed = Ending.UPSTREAM_FAILED
             return json_error(
                 502,
                 f"the upstream server of {up.name!r} {what} ({exc.__class__.__name__}: {exc})",
@@ -747,11 +753,17 @@ class Proxy:
                 log.warning(
                     "%s: borrower stopped reading for %g s; disconnecting", up.name, stalled
                 )
+                if exchange is not None:
+                    exchange.failed = Ending.ABORTED
                 self._cut(request)
                 return response
             except client.BrokenBody as exc:
                 if request.transport is None or request.transport.is_closing():
+                    if exchange is not None:
+                        exchange.failed = Ending.ABORTED
                     return response  # the borrower went away; nothing left to tell it
+                if exchange is not None:
+                    exchange.failed = Ending.UPSTREAM_FAILED
                 self.metrics.upstream_error(up.name, "stream")
                 log.warning("%s: upstream broke mid-response: %s", up.name, exc)
                 self._cut(request)

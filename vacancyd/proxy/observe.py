@@ -5,8 +5,9 @@ The proxy handler tags the aiohttp request with what it learned (:data:`ROUTE_CL
 :class:`ProxyAccessLogger` after the response is fully written, which
 
 * observes ``vacancyd_request_duration_seconds{upstream, route_class}`` (always), and
-* writes one access line at INFO on ``vacancyd.access.UPSTREAM`` with the client, request
-  line, status, bytes sent, duration, route class and refusal reason.
+* writes the access line at INFO on ``vacancyd.access.UPSTREAM`` (client, request line,
+  status, bytes sent, duration, route class and refusal reason, in the shape every listener
+  shares: :mod:`vacancyd.web.access`), refusals summed up per reason under a flood.
 
 Durations are wall-clock seconds measured by aiohttp from the first byte of the request to
 the end of the response (streams included). Trace context injection for OpenTelemetry lives
@@ -24,6 +25,8 @@ from aiohttp.abc import AbstractAccessLogger
 
 from vacancyd.core.lifecycle import JobState
 from vacancyd.core.reasons import Refuse
+from vacancyd.web import access
+from vacancyd.web.access import RefusalLog
 
 if TYPE_CHECKING:
     from vacancyd.web.metrics import HistogramSeries, LoopHistogram
@@ -60,10 +63,13 @@ def job_of(request: web.BaseRequest) -> JobState | None:
 
 
 class ProxyAccessLogger(AbstractAccessLogger):
-    """aiohttp access logger for a proxy listener: duration histogram plus one INFO line.
+    """aiohttp access logger for a proxy listener: duration histogram plus the access line.
 
     aiohttp builds one per connection from ``access_log_class``; :meth:`bind` makes the class
-    for one upstream, holding the histogram's label children so a request costs one lookup.
+    for one listener, holding the histogram's label children so a request costs one lookup.
+    Lines have the shape of :func:`vacancyd.web.access.write_line`; a refusal's line goes
+    through the listener's :class:`~vacancyd.web.access.RefusalLog` (one full line per
+    reason and window, the rest counted in a summary line).
     """
 
     __slots__ = ()
@@ -71,14 +77,23 @@ class ProxyAccessLogger(AbstractAccessLogger):
     upstream: str = ""
     histogram: LoopHistogram | None = None
     children: dict[str, HistogramSeries] = {}
+    refusals: RefusalLog = RefusalLog()
 
     @classmethod
-    def bind(cls, upstream: str, histogram: LoopHistogram | None) -> type[ProxyAccessLogger]:
-        """A subclass for ``upstream`` observing ``histogram`` (labels: upstream, route_class)."""
+    def bind(
+        cls,
+        upstream: str,
+        histogram: LoopHistogram | None,
+        refusals: RefusalLog | None = None,
+    ) -> type[ProxyAccessLogger]:
+        """A subclass for the listener ``upstream`` (an upstream's or a pool's name)
+        observing ``histogram`` (labels: upstream, route_class; None: no histogram) and
+        summing refusals up in ``refusals`` (None: a log of its own)."""
         attrs: dict[str, object] = {
             "upstream": upstream,
             "histogram": histogram,
             "children": {},
+            "refusals": refusals if refusals is not None else RefusalLog(),
             "__slots__": (),
         }
         return type("ProxyAccessLogger", (cls,), attrs)
@@ -94,26 +109,15 @@ class ProxyAccessLogger(AbstractAccessLogger):
             if child is None:
                 child = self.children[klass] = self.histogram.labels(self.upstream, klass)
             child.observe(time)
-        if not self.logger.isEnabledFor(logging.INFO):
+        logger = self.logger
+        if not logger.isEnabledFor(logging.INFO):
             return
-        refusal = refusal_of(request)
-        self.logger.info(
-            '%s "%s %s HTTP/%d.%d" %d %d %.3fs class=%s reason=%s',
-            request.remote,
-            request.method,
-            request.path_qs,
-            request.version.major,
-            request.version.minor,
-            response.status,
-            response.body_length,
-            time,
-            klass,
-            refusal.reason.value if refusal is not None else "-",
-            extra={
-                "upstream": self.upstream,
-                "status": response.status,
-                "duration_s": round(time, 6),
-                "route_class": klass,
-                "reason": refusal.reason.value if refusal is not None else None,
-            },
-        )
+        refusal = request.get(REFUSAL)
+        reason = None
+        if refusal is not None:
+            reason = refusal.reason.value
+            if not logger.isEnabledFor(logging.DEBUG) and not self.refusals.first(
+                logger, self.upstream, reason, response.status, request.remote
+            ):
+                return
+        access.write_line(logger, self.upstream, request, response, time, klass, reason)

@@ -6,9 +6,10 @@ so :class:`PreparedReply` keeps them serialized and writes them in one call; onl
 keep-alive) vary. What goes on the wire is byte for byte what aiohttp's ``web.Response``
 writes for the same status, headers and body on a proxy listener, in the same order:
 the given headers, ``Content-Length``, ``Date``, ``Server: vacancyd``, then ``Connection``
-when aiohttp would send one. aiohttp still drives the exchange (parsing, keep-alive, the
-access log): the reply is a ``web.StreamResponse`` whose :meth:`~PreparedReply.prepare`
-sends everything and marks it finished.
+when aiohttp would send one, and the listener's ``Keep-Alive`` when the connection stays
+open. aiohttp still drives the exchange (parsing, keep-alive, the access log): the reply
+is a ``web.StreamResponse`` whose :meth:`~PreparedReply.prepare` sends everything and
+marks it finished.
 
 Only for replies that carry their body: a ``HEAD`` request gets a plain ``web.Response``
 (see :func:`reply`), whose framing aiohttp knows how to strip.
@@ -69,7 +70,8 @@ class PreparedReply(web.StreamResponse):
         connection's write buffer is over its limit, as aiohttp's own end of a reply does.
 
         ``Connection`` follows aiohttp's rule: ``keep-alive`` on an HTTP/1.0 reply that
-        keeps the connection, ``close`` on an HTTP/1.1 reply that does not.
+        keeps the connection, ``close`` on an HTTP/1.1 reply that does not. A
+        ``Keep-Alive`` header the hook set follows it, on a reply that keeps the connection.
         """
         if self._eof_sent:
             return
@@ -93,6 +95,9 @@ class PreparedReply(web.StreamResponse):
             line, tail = status.encode(), _END
         if connection is not None:
             tail = f"{hdrs.CONNECTION}: {connection}\r\n\r\n".encode()
+        advertised = self.headers.get(hdrs.KEEP_ALIVE)  # the hook's idle timeout, if any
+        if advertised is not None and keep_alive:
+            tail = tail[:-2] + f"{hdrs.KEEP_ALIVE}: {advertised}\r\n\r\n".encode()
         writer = request.writer
         await writer.write(
             b"".join((line, template.head, _clock.date_line(), _SERVER_LINE, tail, template.body))

@@ -50,6 +50,16 @@ log = logging.getLogger(__name__)
 VERSION = 1
 VERSIONS = frozenset({VERSION})
 
+#: The most holds ``holds.json`` may list; a file with more is refused like a corrupt one
+#: (every resource refuses). Each hold keeps a reservation, so a real daemon holds far fewer.
+MAX_HOLDS = 1024
+#: The most entries a learned context map or a priors file may have when read back.
+MAX_LEARNED_ENTRIES = 4096
+
+#: A failed write is tried again after this many seconds, doubling up to RETRY_MAX_S.
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 10.0
+
 
 def residency_path(state_dir: Path, upstream: str) -> Path:
     return state_dir / "residency" / f"{upstream}.json"
@@ -109,6 +119,8 @@ def holds_from_json(data: Mapping[str, Any]) -> list[SavedHold]:
     raw = data.get("holds")
     if not isinstance(raw, list):
         raise ValueError("'holds' is not a list")
+    if len(raw) > MAX_HOLDS:
+        raise ValueError(f"lists {len(raw)} holds, over the limit of {MAX_HOLDS}")
     out = []
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
@@ -201,6 +213,8 @@ def learning_from_json(data: Mapping[str, Any]) -> ContextLearning:
     raw = data.get("contexts")
     if not isinstance(raw, list):
         raise ValueError("'contexts' is not a list")
+    if len(raw) > MAX_LEARNED_ENTRIES:
+        raise ValueError(f"lists {len(raw)} contexts, over the limit of {MAX_LEARNED_ENTRIES}")
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
             raise ValueError(f"contexts[{i}] is not an object")
@@ -223,6 +237,11 @@ def learning_from_json(data: Mapping[str, Any]) -> ContextLearning:
     raw_mf = data.get("modelfile_num_ctx", {})
     if not isinstance(raw_mf, dict):
         raise ValueError("'modelfile_num_ctx' is not an object")
+    if len(raw_mf) > MAX_LEARNED_ENTRIES:
+        raise ValueError(
+            f"'modelfile_num_ctx' has {len(raw_mf)} entries, over the limit of "
+            f"{MAX_LEARNED_ENTRIES}"
+        )
     for digest, value in raw_mf.items():
         if value is not None and not _positive_int(value):
             raise ValueError(f"modelfile_num_ctx[{digest!r}] is not a positive integer or null")
@@ -239,6 +258,8 @@ def priors_from_json(data: Mapping[str, Any]) -> dict[str, int]:
     raw = data.get("priors")
     if not isinstance(raw, dict):
         raise ValueError("'priors' is not an object")
+    if len(raw) > MAX_LEARNED_ENTRIES:
+        raise ValueError(f"has {len(raw)} priors, over the limit of {MAX_LEARNED_ENTRIES}")
     out: dict[str, int] = {}
     for model, mib in raw.items():
         if not _positive_int(mib):
@@ -287,11 +308,15 @@ def load_learned(state: SharedState, state_dir: Path) -> None:
 
 
 class LearnedSaver:
-    """Writes learned state when it changes, off the event loop, one write at a time.
+    """Writes learned state and held jobs when they change, off the event loop (the atomic
+    write and its fsyncs run on a worker thread), one write at a time, held jobs first.
 
     A write that fails (read-only directory, full disk) is logged once per distinct error
-    and retried at the next change; the daemon keeps serving from what it holds in memory.
-    ``errors`` maps each failing file to its error, for /status.
+    and retried, after :data:`RETRY_MIN_S` doubling up to :data:`RETRY_MAX_S` seconds, until
+    it succeeds; the daemon keeps serving from what it holds in memory. ``errors`` maps each
+    failing file to its error, for /status. After each write of ``holds.json`` the daemon is
+    told which held jobs are on disk (``holds_written``) or why they are not
+    (``holds_failed``), so a hold is shown only once a restart would find it.
     """
 
     def __init__(self, state: SharedState, state_dir: Path) -> None:
@@ -311,9 +336,20 @@ class LearnedSaver:
         state.on_priors = lambda u: self.mark("footprints", u)
         #: The held jobs to write to ``holds.json`` (set by the daemon); None: no holds file.
         self.holds: Callable[[], list[JobState]] | None = None
+        #: Told the ids of the held jobs each successful ``holds.json`` write contained.
+        self.holds_written: Callable[[frozenset[int]], None] | None = None
+        #: Told why a ``holds.json`` write failed (it is retried).
+        self.holds_failed: Callable[[str], None] | None = None
         self._holds_frozen = any(
             str(holds_path(state_dir)) in why for why in state.state_errors.values()
         )
+        self._failing = False
+
+    @property
+    def holds_frozen(self) -> bool:
+        """``holds.json`` could not be used at startup: it is never written (every
+        resource refuses until it is repaired or removed and vacancyd restarted)."""
+        return self._holds_frozen
 
     def mark(self, kind: str, upstream: str) -> None:
         if kind == "holds" and self._holds_frozen:
@@ -324,19 +360,34 @@ class LearnedSaver:
         self._wake.set()
 
     async def run(self) -> None:
-        """Save forever; cancel to stop (call :meth:`flush` afterwards)."""
+        """Save forever, retrying failed writes; cancel to stop (call :meth:`flush`
+        afterwards)."""
+        delay = RETRY_MIN_S
         while True:
-            await self._wake.wait()
+            if self._failing:
+                try:
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                delay = min(delay * 2, RETRY_MAX_S)
+            else:
+                await self._wake.wait()
+                delay = RETRY_MIN_S
             self._wake.clear()
             await self.flush()
 
     async def flush(self) -> None:
-        for item in sorted(self._dirty):
+        """Write every file marked since the last flush; a failed one stays marked."""
+        self._failing = False
+        # Held jobs first: new borrowed work on their resources waits for that write.
+        for item in sorted(self._dirty, key=lambda i: (i[0] != "holds", i)):
             kind, upstream = item
             # Taken off before the state is read: a change made while this write is in
             # flight marks the file again, so it is written once more with that change
             # (dropping the mark after the write would keep the older state on disk).
             self._dirty.discard(item)
+            held: list[JobState] = []
             if kind == "holds":
                 path = holds_path(self.state_dir)
                 held = self.holds() if self.holds is not None else []
@@ -359,17 +410,26 @@ class LearnedSaver:
             except asyncio.CancelledError:
                 self._dirty.add(item)  # a cancelled save is redone by flush() at shutdown
                 raise
-            except OSError as exc:  # retried at the next change
+            except OSError as exc:  # retried by run()
                 self.failures += 1
+                self._dirty.add(item)
+                self._failing = True
                 message = f"{exc.strerror or exc}"
+                if kind == "holds" and self.holds_failed is not None:
+                    self.holds_failed(f"{path}: {message}")
                 if self.errors.get(str(path)) != message:
                     log.error(
-                        "cannot write durable state %s: %s; what was learned is kept in memory "
-                        "and lost on restart until the state directory is writable",
+                        "cannot write durable state %s: %s; %s (the write is retried)",
                         path,
                         message,
+                        "the held jobs in it are kept in memory"
+                        if kind == "holds"
+                        else "what was learned is kept in memory and lost on restart until "
+                        "the state directory is writable",
                     )
                 self.errors[str(path)] = message
             else:
                 if self.errors.pop(str(path), None) is not None:
                     log.info("durable state %s written again", path)
+                if kind == "holds" and self.holds_written is not None:
+                    self.holds_written(frozenset(j.id for j in held))

@@ -24,6 +24,7 @@ import functools
 import hmac
 import ipaddress
 import json
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,6 +32,7 @@ from aiohttp import web
 
 from vacancyd.core.reasons import AuthOutcome, ErrorCode, ErrorType, GuardReason
 from vacancyd.core.refusal import error_body
+from vacancyd.web.logins import SESSION_SCOPES, Logins
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import mark_authenticated
 
@@ -132,8 +134,11 @@ class Authenticator:
         allow_unauthenticated_remote: bool = False,
         server_names: Iterable[str] = (),
         allowed_origins: Iterable[str] = (),
+        logins: Logins | None = None,
     ) -> None:
         self._tokens = tokens
+        #: Sessions of the status page opened through ``vacancyd open`` (read scope only).
+        self.logins = logins
         self._secrets = [(token, token.secret.encode()) for token in tokens]
         self._trust_loopback = trust_loopback
         self._allow_unauthenticated = allow_unauthenticated_remote
@@ -216,6 +221,9 @@ class Authenticator:
         for token, secret in self._secrets:
             if hmac.compare_digest(secret, presented_bytes):
                 match = token
+        if match is None and self.logins is not None:
+            if self.logins.session_valid(presented_bytes, time.monotonic()):
+                match = Token("page session", "", SESSION_SCOPES)
         if match is None:
             self._record(record, scope, AuthOutcome.INVALID)
             # RFC 6750's error code for a bad token is the same string as ours.

@@ -212,8 +212,10 @@ class _Guarded(asyncio.Protocol):
 
     @property
     def transport(self) -> asyncio.Transport | None:
-        transport = self.inner.transport
-        return None if transport is None else _stream(transport)
+        """The connection's transport (None once closed). Not checked with isinstance:
+        uvloop's transports are not subclasses of asyncio's, and one filtered out here
+        could never be reset, so a cut stream would wait out the close timeout instead."""
+        return self.inner.transport
 
     @property
     def busy(self) -> bool:
