@@ -159,10 +159,12 @@ def make_handler(
                 headers={"Retry-After": "5"},
             )
         open_streams += 1
+        state.event_followers += 1
         try:
             return await stream(request)
         finally:
             open_streams -= 1
+            state.event_followers -= 1
 
     async def stream(request: web.Request) -> web.StreamResponse:
         closing = request.app[CLOSING]

@@ -49,6 +49,7 @@ from vacancyd.core import conditions
 from vacancyd.core.conditions import LenderState, StatusFormatError
 from vacancyd.k8s.api import K8sApiError, KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
+from vacancyd.web.access import AccessLogger
 from vacancyd.web.metrics import exposition
 from vacancyd.web.tls import TlsError, client_context, verify_failure
 
@@ -486,7 +487,13 @@ class Companion:
         )
         watcher.add_done_callback(self._task_done)
         self._tasks.append(watcher)
-        self._runner = web.AppRunner(make_health_app(self.followers), handle_signals=False)
+        self._runner = web.AppRunner(
+            make_health_app(self.followers),
+            handle_signals=False,
+            # the daemon's access-line shape (vacancyd/web/access.py), route class api
+            access_log=logging.getLogger("vacancyd.access.companion"),
+            access_log_class=AccessLogger.bind("companion"),
+        )
         await self._runner.setup()
         host, port = split_listen(self.settings.listen)
         site = web.TCPSite(self._runner, host, port)

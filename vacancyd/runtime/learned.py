@@ -419,11 +419,13 @@ class LearnedSaver:
                     self.holds_failed(f"{path}: {message}")
                 if self.errors.get(str(path)) != message:
                     log.error(
-                        "cannot write durable state %s: %s; what was learned is kept in memory "
-                        "and lost on restart until the state directory is writable (the write "
-                        "is retried)",
+                        "cannot write durable state %s: %s; %s (the write is retried)",
                         path,
                         message,
+                        "the held jobs in it are kept in memory"
+                        if kind == "holds"
+                        else "what was learned is kept in memory and lost on restart until "
+                        "the state directory is writable",
                     )
                 self.errors[str(path)] = message
             else:
