@@ -194,6 +194,7 @@ def start_vacancyd(
         argv += ["--log-level", log_level]
     proc = procs.start(argv, pin=pin, env=env, stderr=log_path(tmp, listen))
     wait_port(listen, proc)
+    wait_port(api, proc)
     return listen, api, proc
 
 

@@ -1,7 +1,8 @@
 """The CLI's printing subcommands when their reader goes away: ``vacancyd status | head -1``
-ends quietly (exit 1, nothing on stderr), never with a BrokenPipeError traceback, whether
-standard output is buffered or not. The pipe here is closed before the command writes, so
-every run meets the closed pipe (a real ``head`` does only some of the time)."""
+ends quietly (exit 1, nothing about the pipe on stderr), never with a BrokenPipeError
+traceback, whether standard output is buffered or not. The pipe here is closed before the
+command writes, so every run meets the closed pipe (a real ``head`` does only some of the
+time)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def test_status_into_a_closed_pipe_exits_quietly(
     if buffered:
         env.pop("PYTHONUNBUFFERED", None)
     done = into_a_closed_pipe(["status", "--url", api_url, *form], env)
-    assert done.stderr == ""
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.returncode == BROKEN_PIPE_EXIT
 
 
@@ -83,5 +84,5 @@ def test_check_config_into_a_closed_pipe_exits_quietly(
     cfg = tmp_path / "v.toml"
     cfg.write_text(single_upstream_toml(api=1, proxy=2, target="http://127.0.0.1:3"))
     done = into_a_closed_pipe(["check-config", str(cfg)], proc_env)
-    assert done.stderr == ""
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
     assert done.returncode == BROKEN_PIPE_EXIT

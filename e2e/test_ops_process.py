@@ -1,9 +1,11 @@
-"""The ``vacancyd`` process as an operator runs it: JSON logs (every line a JSON object, with
-an access line per proxied request) and the systemd watchdog pings."""
+"""The ``vacancyd`` process as an operator runs it: JSON logs (every line a JSON object with
+an RFC 3339 UTC time, an access line per proxied request in the shape the API's lines have
+too) and the systemd watchdog pings."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from e2e.test_daemon_process import free_port, proc_env, vacancyd, wait_for
 from tests.support.daemon import single_upstream_toml
+from vacancyd.web.access import FIELDS
 
 __all__ = ["proc_env"]  # the fixture, shared with test_daemon_process
 
@@ -70,6 +73,14 @@ def test_json_logs_every_line_and_an_access_line_per_request(
     ]
     assert all(r["level"] == "INFO" and r["duration_s"] >= 0 for r in access)
     assert "reason=lending_disabled" in access[1]["message"]
+    # one shape for every listener's access line, and RFC 3339 UTC times on every line
+    api_lines = [r for r in records if r["name"] == "vacancyd.access.api"]
+    assert api_lines and all(r["route_class"] == "api" for r in api_lines)
+    for r in access + api_lines:
+        assert list(r)[4:] == list(FIELDS)
+    assert all(
+        re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["asctime"]) for r in records
+    )
 
 
 def test_watchdog_pings_from_the_event_loop(tmp_path: Path, proc_env: dict[str, str]) -> None:

@@ -176,6 +176,9 @@ class SharedState:
         self.lending_enabled = True
         #: Set once by the daemon's shutdown: refuse new work, report not ready.
         self.stopping = False
+        #: ``GET /events`` streams open now (the Kubernetes companion follows one): at a
+        #: stop they are told ``stopping`` before the listeners close (Daemon.shutdown).
+        self.event_followers = 0
         self.switches = {name: p.enabled for name, p in resources.items()}
         self.capacity: dict[str, Observation[CapacityReading]] = {
             name: Observation() for name in resources

@@ -16,6 +16,10 @@ import aiohttp
 import pytest
 
 from tests.support.daemon import openai_like_app, running_daemon, serve_app, single_upstream_toml
+from tests.support.fake_kube import FakeKube
+from tests.support.k8s_lender import follower_toml
+from vacancyd.config.load import parse_companion_config
+from vacancyd.k8s.companion import Companion
 from vacancyd.runtime.logging import JsonLineFormatter, TextFormatter
 from vacancyd.web import access
 from vacancyd.web.access import FIELDS, MAX_CLIENTS, SUMMARY_FIELDS, RefusalLog
@@ -77,6 +81,29 @@ async def test_api_and_proxy_access_lines_have_one_shape(
         assert doc["status"] == int(text["status"]) == 200
         assert doc["bytes"] == int(text["bytes"]) > 0
         assert doc["reason"] is None
+
+
+async def test_the_companion_health_listener_writes_the_same_shape(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="vacancyd.access")
+    toml = follower_toml("http://127.0.0.1:9", timeout_s=1.0, poll_s=30.0, ns="vacancy")
+    companion = Companion(parse_companion_config(toml, "<test>"), connect=FakeKube().connect)
+    await companion.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://{companion.address}/metrics") as r:
+                assert r.status == 200
+                await r.read()
+    finally:
+        await companion.stop()
+    (record,) = [r for r in access_records(caplog, "companion") if "/metrics" in r.getMessage()]
+    text = LINE.match(record.getMessage())
+    assert text is not None, record.getMessage()
+    assert text["klass"] == "api" and text["path"] == "/metrics"
+    doc = json_of(record)
+    assert list(doc)[4:] == list(FIELDS)
+    assert doc["listener"] == "companion" and doc["status"] == 200
 
 
 def test_timestamps_are_rfc3339_utc_with_milliseconds() -> None:

@@ -160,6 +160,29 @@ async def test_status_and_metrics_describe_the_state(lender: RunningDaemon) -> N
     assert "lending: on" in rendered and "llm [openai]" in rendered and "lendable" in rendered
 
 
+async def test_metrics_speak_openmetrics_when_asked(lender: RunningDaemon) -> None:
+    """``Accept: application/openmetrics-text`` gets OpenMetrics 1.0 (what Prometheus asks
+    for first, and what carries exemplars); anything else the Prometheus text format."""
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as openmetrics_families,
+    )
+
+    await lender.wait_ready()
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(
+            lender.api_url + "/metrics", headers={**bearer(READ), "Accept": accept}
+        ) as r:
+            assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+            text = await r.text()
+        async with http.get(lender.api_url + "/metrics", headers=bearer(READ)) as r:
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            plain = await r.text()
+    assert text.endswith("# EOF\n") and not plain.endswith("# EOF\n")
+    names = {fam.name for fam in openmetrics_families(text)}  # type: ignore[no-untyped-call]
+    assert {"vacancyd_lending_enabled", "vacancyd_ready", "vacancyd_auth"} <= names
+
+
 async def test_status_cli_against_a_live_daemon(
     lender: RunningDaemon, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -4,11 +4,17 @@ probe not stalling its neighbours, on-demand samples, NVML absent, and task supe
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.config import daemon_toml, upstream
+from tests.support.daemon import RunningDaemon, running_daemon
 from vacancyd.collectors import system
 from vacancyd.collectors.base import ProbeError, run_probe_loop
-from vacancyd.core.observations import CapacityReading, Quality
+from vacancyd.core.observations import CapacityReading, ProbeFailure, Quality
 from vacancyd.core.policy import ResourceKind, ResourcePolicy
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import SharedState
@@ -147,9 +153,6 @@ async def test_essential_task_exit_is_a_failure() -> None:
 
 
 async def test_daemon_exits_nonzero_when_an_essential_task_dies() -> None:
-    from tests.support.config import daemon_toml
-    from tests.support.daemon import running_daemon
-
     toml = daemon_toml()
 
     async def boom(*args: object, **kwargs: object) -> None:
@@ -159,3 +162,85 @@ async def test_daemon_exits_nonzero_when_an_essential_task_dies() -> None:
         d.daemon.supervisor.spawn(boom(), name="collector doomed", essential=True)
         assert await asyncio.wait_for(d.daemon.wait(), 2) == 1
         assert "collector doomed" in (d.daemon.supervisor.failure or "")
+
+
+async def test_every_failed_sample_is_counted_by_kind() -> None:
+    """``count`` hears each failure's kind: a ProbeError is ``failed``, anything else
+    ``unexpected``, a probe past its deadline ``timeout`` and then, while it still runs,
+    ``stuck``."""
+    calls = 0
+    release = threading.Event()
+
+    def probe() -> CapacityReading:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ProbeError("sensor unplugged")
+        if calls == 2:
+            raise KeyError("a bug")
+        if calls == 3:
+            release.wait(10)  # past the deadline, and past the next round too
+        return CapacityReading(10, 20)
+
+    kinds: list[ProbeFailure] = []
+    task = asyncio.get_running_loop().create_task(
+        run_probe_loop(
+            "flaky",
+            probe,
+            interval_s=0.02,
+            timeout_s=0.1,
+            on_sample=lambda r, t: None,
+            on_error=lambda e, t: None,
+            count=kinds.append,
+        )
+    )
+    try:
+        async with asyncio.timeout(5):
+            while ProbeFailure.STUCK not in kinds:  # noqa: ASYNC110 - the loop's own task
+                await asyncio.sleep(0.02)
+    finally:
+        release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert kinds[:4] == [
+        ProbeFailure.FAILED,
+        ProbeFailure.UNEXPECTED,
+        ProbeFailure.TIMEOUT,
+        ProbeFailure.STUCK,
+    ]
+
+
+async def test_the_daemon_exports_collector_errors_by_collector_and_kind() -> None:
+    """``vacancyd_collector_errors_total{collector,error}`` on /metrics: every collector's
+    series from the start (at 0), and the failures of an upstream whose server does not
+    answer its observation (llama-server's /slots) counted as ``failed``."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        target = f"http://127.0.0.1:{s.getsockname()[1]}"
+    toml = daemon_toml(upstream("chat", target, adapter="llamacpp"))
+
+    async def scrape(d: RunningDaemon) -> dict[tuple[str, str], float]:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(d.api_url + "/metrics") as resp:
+                text = await resp.text()
+        return {
+            (s.labels["collector"], s.labels["error"]): s.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "vacancyd_collector_errors"
+            for s in family.samples
+            if s.name == "vacancyd_collector_errors_total"
+        }
+
+    async with running_daemon(toml) as d:
+        await d.wait_until(
+            lambda: d.daemon.metrics.collector_errors.value("server:chat", "failed") >= 1,
+            what="a failed observation counted",
+        )
+        error = d.state.servers["chat"].error
+        assert error is not None and "/slots" in error  # what /status shows beside the count
+        counts = await scrape(d)
+    kinds = {k.value for k in ProbeFailure}
+    for collector in ("capacity:ram", "presence", "server:chat"):
+        assert {e for c, e in counts if c == collector} == kinds, counts
+    assert counts[("server:chat", "failed")] >= 1
+    assert counts[("capacity:ram", "failed")] == 0

@@ -86,6 +86,12 @@ async def test_companion_follows_a_lender_through_events_and_timeout() -> None:
                 async with aiohttp.ClientSession() as http:
                     async with http.get(f"http://{companion.address}/metrics") as resp:
                         text = await resp.text()
+                    async with http.get(
+                        f"http://{companion.address}/metrics",
+                        headers={"Accept": "application/openmetrics-text; version=1.0.0"},
+                    ) as resp:
+                        assert resp.content_type == "application/openmetrics-text"
+                        assert (await resp.text()).endswith("# EOF\n")
                 assert 'vacancyd_companion_lender_up{lender="pc"} 1.0' in text
                 assert 'vacancyd_companion_kubernetes_writes_ok{lender="pc"} 1.0' in text
 
@@ -305,3 +311,66 @@ async def test_owner_gpu_load_shows_as_gpu_pressure(nvml: Scenario, tmp_path: Pa
                 # no more owner samples: released after release_after_s of quiet
                 await until(lambda: cond(kube, c.GPU_PRESSURE).get("status") == "False", 8.0)
                 await until(lambda: cond(kube).get("status") == "True", 5.0)
+
+
+async def test_a_followed_lender_is_published_not_ready_before_its_listener_closes() -> None:
+    """A lender without ``[kubernetes]`` and without ``shutdown_delay_s`` (0 by default),
+    followed by the companion: at SIGTERM the companion hears ``stopping`` and publishes it
+    not ready while its proxy listener still accepts connections; the listener closes
+    after that write, never before it."""
+    kube = FakeKube()
+    kube.add_node("pc")
+    app, _ = openai_like_app()
+    loop = asyncio.get_running_loop()
+    #: (what, loop time, whether the proxy listener accepted a connection then)
+    seen: list[tuple[str, float, bool]] = []
+    applied = kube.apply_endpoint_slice
+
+    async def accepts(address: str) -> bool:
+        host, port = address.rsplit(":", 1)
+        try:
+            _reader, writer = await asyncio.open_connection(host, int(port))
+        except OSError:
+            return False
+        writer.close()
+        return True
+
+    async with serve_app(app) as target:
+        async with running_daemon(lender_toml(target)) as lender:
+            await lender.wait_ready()
+            assert lender.daemon.settings.shutdown_delay_s == 0  # the default without k8s
+            address = lender.daemon.bound["chat"]
+
+            async def apply(body: Any, field_manager: str) -> None:
+                await applied(body, field_manager)
+                if (
+                    body["metadata"]["name"] == "vacancyd-chat-pc-chat"
+                    and not body["endpoints"][0]["conditions"]["ready"]
+                ):
+                    seen.append(("published not ready", loop.time(), await accepts(address)))
+
+            kube.apply_endpoint_slice = apply  # type: ignore[method-assign]
+            async with running_companion(companion_toml(lender.api_url), kube):
+                await until(lambda: ready(kube) is True)
+                await until(lambda: lender.state.event_followers == 1)
+                closing = lender.daemon._close_listeners
+
+                async def close(runners: Any) -> None:
+                    if "chat" in runners:
+                        seen.append(("listener closing", loop.time(), await accepts(address)))
+                    await closing(runners)
+
+                lender.daemon._close_listeners = close  # type: ignore[method-assign]
+                seen.append(("SIGTERM", loop.time(), await accepts(address)))
+                await lender.daemon.shutdown()
+                seen.append(("stopped", loop.time(), await accepts(address)))
+                order = list(seen)
+    began = order[0][1]
+    print(
+        "\n".join(f"{what}: +{at - began:.4f} s (listener accepts: {up})" for what, at, up in order)
+    )
+    kinds = [what for what, _, _ in order]
+    published, closed = kinds.index("published not ready"), kinds.index("listener closing")
+    assert published < closed, order
+    assert order[published][2], order  # the listener still answered when it was published
+    assert not order[-1][2]  # and it did close

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import ollama
@@ -243,3 +244,56 @@ async def test_a_change_made_while_its_file_is_being_written_is_written_too(
             async with asyncio.timeout(10):
                 while not await written():  # noqa: ASYNC110 - a file on disk: poll
                     await asyncio.sleep(0.02)
+
+
+def _sparse(path: Path, size: int) -> None:
+    with path.open("wb") as f:
+        f.truncate(size)
+
+
+def _many_holds(path: Path, count: int) -> None:
+    hold = {
+        "job": 1,
+        "upstream": "llama",
+        "resources": ["ram"],
+        "model": None,
+        "charged_mib": None,
+        "reason": "cut_uncertain",
+        "release_by": "admin",
+        "detail": "",
+        "held_since": 1.0,
+    }
+    path.write_text(json.dumps({"version": 1, "holds": [hold] * count}), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("write", "why"),
+    [
+        # 108 MB (sparse: the size of the trial's 400,000 holds), refused from its size alone
+        (lambda p: _sparse(p, 108 * 1024 * 1024), "over the 1048576 byte limit"),
+        (lambda p: _many_holds(p, 1025), "lists 1025 holds, over the limit of 1024"),
+    ],
+)
+async def test_an_oversized_holds_file_is_refused_and_every_resource_refuses(
+    tmp_path: Path, write: Any, why: str
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    path = state_dir / "holds.json"
+    write(path)
+    size = path.stat().st_size
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(llama_config(target, state_dir)) as d:
+        assert why in d.state.state_errors["ram"] and str(path) in d.state.state_errors["ram"]
+        await d.wait_until(lambda: d.state.capacity["ram"].value is not None)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(d.api_url + "/healthz") as r:
+                assert r.status == 200
+            async with s.post(
+                d.proxy_url("llama") + "/v1/chat/completions",
+                json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+            ) as r:
+                assert r.status == 503
+                error = (await r.json())["error"]
+        assert error["code"] == "resource_unmeasured" and why in error["message"]
+    assert path.stat().st_size == size  # never overwritten: the holds in it protect the owner

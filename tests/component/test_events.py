@@ -10,6 +10,8 @@ from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.k8s_lender import READ, lender_toml
 from tests.support.streams import read_event
 from vacancyd.api import events
+from vacancyd.core.policy import ResourceKind, ResourcePolicy
+from vacancyd.state import SharedState
 
 
 async def test_events_needs_the_read_scope() -> None:
@@ -83,3 +85,43 @@ async def test_a_client_that_falls_behind_is_cut_off_not_waited_for() -> None:
         others = [k for k in kinds[:-1] if k != "event: lending"]
         assert events.QUEUE_MAX + 1 <= len(kinds) <= events.QUEUE_MAX + 1 + len(others)
         assert kinds.count("event: lending") < events.QUEUE_MAX + 50
+
+
+def test_recent_events_keep_the_last_hour_and_only_changed_verdicts() -> None:
+    state = SharedState(
+        {"ram": ResourcePolicy("ram", ResourceKind.MEMORY)}, {}, presence_source="test"
+    )
+    now = [1_000_000.0]
+    log = events.EventLog(state, clock=lambda: now[0])
+    state.set_lending(False)
+    verdict = {"up": {"lendable": True, "reason": None, "headroom_mib": 1024}}
+    state.note_lendability(verdict)
+    moved = {"up": {"lendable": True, "reason": None, "headroom_mib": 2048}}
+    state.note_lendability(moved)  # only the headroom moved: not kept
+    now[0] += 3000
+    state.note_lendability({"up": {"lendable": False, "reason": "owner_active"}})
+    assert [e["kind"] for e in log.recent()] == ["lending", "lendable", "lendable"]
+    now[0] += 700  # the first two are now more than an hour old
+    recent = log.recent()
+    assert [e["kind"] for e in recent] == ["lendable"]
+    assert recent[0]["at_wall"] == 1_003_000.0
+    log.unsubscribe()
+    state.set_lending(True)
+    assert len(log.recent()) == 1
+
+
+async def test_recent_events_need_the_read_scope() -> None:
+    app, _ = openai_like_app()
+    async with serve_app(app) as target, running_daemon(lender_toml(target)) as lender:
+        await lender.wait_ready()
+        lender.state.set_lending(False)
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{lender.api_url}/events/recent") as resp:
+                assert resp.status == 401
+            async with http.get(
+                f"{lender.api_url}/events/recent", headers={"Authorization": f"Bearer {READ}"}
+            ) as resp:
+                assert resp.status == 200
+                doc = await resp.json()
+        assert doc["window_s"] == 3600
+        assert any(e["kind"] == "lending" and e["enabled"] is False for e in doc["events"])

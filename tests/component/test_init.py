@@ -129,6 +129,13 @@ async def test_init_finds_each_server_and_gpu_and_writes_a_safe_config(tmp_path:
     assert "nothing listens" in text
     assert "Measuring" in text  # the next step
     assert "found ollama at" in err and "2 GPU(s) from nvidia-smi" in err
+    # Models of unknown size are charged gpu0's whole lendable memory (24576 - 2048 MiB
+    # kept free), never 0; a server listing no models is warned about.
+    assert ups["vllm"].models.default_mib == ups["openai"].models.default_mib == 22528
+    assert "whole lendable card" in text
+    assert ups["ollama"].models.default_mib > 0
+    assert "warning: upstream[1] (comfyui): [upstream.models] default_mib is 0" in err
+    assert "default_mib is 0" not in err.replace("(comfyui): [upstream.models] default_mib", "")
 
 
 async def test_print_writes_nothing_and_existing_files_are_kept(tmp_path: Path) -> None:
@@ -184,3 +191,16 @@ async def test_no_server_no_gpu_still_writes_a_valid_config(tmp_path: Path) -> N
     assert [(r.name, r.kind) for r in settings.resource] == [("ram", "memory")]
     assert settings.upstream == []
     assert "no GPU" in path.read_text() and "No inference server was found" in path.read_text()
+
+
+async def test_without_a_gpu_unknown_footprints_are_zero_with_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "vacancyd.toml"
+    async with serve_app(openai_like_app()[0]) as url:
+        code, _, err, _ = await init(
+            tmp_path, f"--server={url.removeprefix('http://')}", f"--config={path}", smi=False
+        )
+    assert code == 0, err
+    (up,) = load_config(path).upstream
+    assert up.models.default_mib == 0
+    assert "# WARNING: footprints of" in path.read_text()
+    assert "warning: upstream[0] (openai): [upstream.models] default_mib is 0" in err

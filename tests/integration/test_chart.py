@@ -429,3 +429,93 @@ def test_host_side_publishing_gets_the_stale_condition_check() -> None:
         "--set", "staleConditions.staleAfterSeconds=100", check=False,
     )  # fmt: skip
     assert proc.returncode != 0 and "more than twice companion.heartbeatSeconds" in proc.stderr
+
+
+POD_SETTINGS = {
+    "image": {"repository": "registry.example/vacancyd", "tag": "9.9.9"},
+    "resources": {"requests": {"cpu": "50m", "memory": "80Mi"}, "limits": {"memory": "512Mi"}},
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "infra", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}
+                ]
+            }
+        }
+    },
+}
+
+
+def _pods(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The pod spec of every workload the chart renders, by kind and name."""
+    out = {}
+    for d in docs:
+        spec = d.get("spec", {})
+        if d["kind"] == "Deployment":
+            out[f"Deployment/{d['metadata']['name']}"] = spec["template"]["spec"]
+        elif d["kind"] == "CronJob":
+            out[f"CronJob/{d['metadata']['name']}"] = spec["jobTemplate"]["spec"]["template"][
+                "spec"
+            ]
+        elif d["kind"] == "Job":
+            out[f"Job/{d['metadata']['name']}"] = spec["template"]["spec"]
+    return out
+
+
+def render_notes(tmp_path: Path, *values: Path) -> str:
+    """NOTES.txt as ``helm install`` would print it, rendered offline: ``helm install
+    --dry-run`` needs a cluster, so a scratch copy of the chart renders the same file through
+    ``tpl`` into a ConfigMap (with the chart's own helpers)."""
+    scratch = tmp_path / "notes-chart"
+    shutil.copytree(CHART, scratch)
+    shutil.copy(scratch / "templates" / "NOTES.txt", scratch / "files" / "notes.txt")
+    (scratch / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
+        '  notes: {{ tpl (.Files.Get "files/notes.txt") . | quote }}\n'
+    )
+    args = [tool("helm"), "template", "vacancyd", str(scratch), "--show-only"]
+    args += ["templates/zz-notes.yaml"]
+    for v in values:
+        args += ["-f", str(v)]
+    (doc,) = [d for d in yaml.safe_load_all(run(*args).stdout) if d]
+    return str(doc["data"]["notes"])
+
+
+@pytest.mark.parametrize("where", ["top", "companion"])
+def test_pod_settings_are_top_level_and_the_old_companion_keys_still_apply(
+    tmp_path: Path, where: str
+) -> None:
+    """One values layout: image, resources, nodeSelector, tolerations and affinity sit at the
+    top level with the other pod keys; set under companion. (the old layout) they still reach
+    every Pod, and the install notes say to move them."""
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(POD_SETTINGS if where == "top" else {"companion": POD_SETTINGS})
+    )
+    docs = render(CHART / "ci" / "one-lender-values.yaml", "-f", str(values))
+    pods = _pods(docs)
+    assert {k.split("/")[0] for k in pods} == {"Deployment", "CronJob", "Job"}, sorted(pods)
+    for name, pod in pods.items():
+        (container,) = pod["containers"]
+        assert container["image"] == "registry.example/vacancyd:9.9.9", name
+        assert container["resources"] == POD_SETTINGS["resources"], name
+        assert pod["nodeSelector"] == POD_SETTINGS["nodeSelector"], name
+        assert pod["tolerations"] == POD_SETTINGS["tolerations"], name
+    (deploy,) = [p for k, p in pods.items() if k.startswith("Deployment/")]
+    assert deploy["affinity"] == POD_SETTINGS["affinity"]
+    notes = render_notes(tmp_path, CHART / "ci" / "one-lender-values.yaml", values)
+    if where == "companion":
+        assert "DEPRECATED values: companion.image, companion.resources" in notes
+        assert "companion.image.tag -> image.tag" in notes
+    else:
+        assert "DEPRECATED" not in notes
+
+
+def test_an_old_partial_image_override_keeps_the_default_repository() -> None:
+    docs = render(CHART / "ci" / "one-lender-values.yaml", "--set", "companion.image.tag=1.2.3")
+    (deploy,) = [p for k, p in _pods(docs).items() if k.startswith("Deployment/")]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert deploy["containers"][0]["image"] == f"{values['image']['repository']}:1.2.3"
+    assert "image" not in values["companion"]  # the defaults live at the top level only

@@ -1,6 +1,6 @@
 """The real ``openai`` client against a real vacancyd: which refusals it retries.
 
-The SDK retries 429 and 5xx twice by default, sleeping through a Retry-After of up to 60 s,
+The SDK retries 429 and 5xx twice by default, sleeping through a Retry-After of up to 120 s,
 unless the answer carries ``x-should-retry: false``. vacancyd lets it retry only the refusals
 that clear in seconds (``resource_busy``, ``body_budget_exhausted``); every other refusal must
 come back to the caller at once, after exactly one request (docs/litellm.md, "The OpenAI
@@ -36,7 +36,7 @@ async def lender(**kw: object) -> AsyncIterator[tuple[RunningDaemon, openai.Asyn
     app, _ = openai_like_app()
     async with serve_app(app) as url, running_daemon(toml(url, **kw)) as d:  # type: ignore[arg-type]
         await d.wait_ready()
-        # The SDK's defaults: 2 retries, honouring Retry-After up to 60 s.
+        # The SDK's defaults: 2 retries, honouring Retry-After up to 120 s (openai 3.57).
         client = openai.AsyncOpenAI(base_url=d.proxy_url("up") + "/v1", api_key="unused")
         try:
             yield d, client

@@ -17,7 +17,8 @@ import aiohttp
 import pytest
 
 from tests.support.chromium import chromium_page
-from tests.support.daemon import running_daemon
+from tests.support.daemon import running_daemon, serve_app
+from tests.support.held_openai import HeldOpenAI
 from tests.support.lender import config
 
 READ = "read-token-for-the-page-0123"
@@ -75,7 +76,7 @@ async def test_page_renders_and_follows_lending_switch(tmp_path: Path) -> None:
                 "document.getElementById('timeline').textContent.includes('lending')"
                 " && document.getElementById('timeline').textContent"
             )
-            assert '"enabled":false' in timeline.replace(" ", "")
+            assert "Lending switched off" in timeline and "{" not in timeline
             cells = await page.evaluate(
                 "document.querySelector('#upstreams tbody tr').cells[1].textContent"
             )
@@ -161,3 +162,99 @@ async def test_vacancyd_open_logs_the_page_in_once_without_a_pasted_token(tmp_pa
             shown = await page.wait_for("document.getElementById('loginerr').textContent")
             assert "used already or has expired" in shown
             assert await page.wait_for(f"{summary} === 'needs a read token'")
+
+
+TIMELINE = "document.getElementById('timeline').innerText"
+SUMMARY = "document.getElementById('summary').textContent"
+
+
+async def test_page_says_busy_while_every_slot_is_taken(tmp_path: Path) -> None:
+    """The gate would admit, but the only slot is taken and a new request gets 503
+    resource_busy: the page says busy, not lendable, and why."""
+    held = HeldOpenAI()
+    async with (
+        serve_app(held.app()) as target,
+        running_daemon(config(target, adapter="openai")) as d,
+    ):
+        await d.wait_ready()
+        async with aiohttp.ClientSession() as http:
+            first = asyncio.create_task(
+                http.post(
+                    d.proxy_url("up") + "/v1/chat/completions",
+                    json={"model": "tiny", "user": "a", "messages": []},
+                )
+            )
+            await held.until_arrived(1)
+            async with http.post(
+                d.proxy_url("up") + "/v1/chat/completions",
+                json={"model": "tiny", "user": "b", "messages": []},
+            ) as second:
+                assert second.status == 503
+                assert (await second.json())["error"]["code"] == "resource_busy"
+            async with chromium_page(d.api_url + "/") as page:
+                assert await page.wait_for(f"{SUMMARY} === 'busy'")
+                why = await page.evaluate("document.getElementById('why').textContent")
+                assert "every slot is taken (1 of 1)" in why
+                row = await page.evaluate(
+                    "Array.from(document.querySelector('#upstreams tbody tr').cells)"
+                    ".map(c => c.textContent)"
+                )
+                assert row[1] == "busy" and "1 of 1 taken" in row[3]
+                assert await page.evaluate("document.querySelector('#work tbody').rows.length") == 1
+                assert await page.evaluate("document.getElementById('nowork').hidden")
+                await page.screenshot(tmp_path / "busy.png")
+                held.release("a")
+                async with await first as reply:
+                    assert reply.status == 200
+                assert await page.wait_for(f"{SUMMARY} === 'lendable'")
+                assert await page.wait_for("!document.getElementById('nowork').hidden")
+                await page.screenshot(tmp_path / "free-again.png")
+
+
+async def test_page_claims_nothing_before_it_has_data(tmp_path: Path) -> None:
+    toml = config("http://127.0.0.1:9", adapter="openai").replace(
+        "trust_loopback = true",
+        f'trust_loopback = false\n[[server.tokens]]\nname = "page"\ntoken = "{READ}"\n'
+        'scopes = ["read"]',
+    )
+    async with running_daemon(toml) as d:
+        await d.wait_ready()
+        async with chromium_page(d.api_url + "/") as page:
+            assert await page.wait_for(f"{SUMMARY} === 'needs a read token'")
+            shown = await page.evaluate("document.body.innerText")
+            assert "Nobody is borrowing" not in shown
+            assert "lendable" not in shown.replace("lendable\twhy", "")
+            await page.screenshot(tmp_path / "no-data.png")
+
+
+async def test_transitions_read_as_words_and_the_last_hour_shows_on_opening(
+    tmp_path: Path,
+) -> None:
+    async with running_daemon(config("http://127.0.0.1:9", adapter="openai")) as d:
+        await d.wait_ready()
+        async with aiohttp.ClientSession() as http:
+            for enabled in (False, True):  # before the page is opened
+                async with http.put(
+                    d.api_url + "/admin/lending", json={"enabled": enabled}
+                ) as resp:
+                    assert resp.status == 200
+            async with http.get(d.api_url + "/events/recent") as resp:
+                kinds = [e["kind"] for e in (await resp.json())["events"]]
+            assert kinds.count("lending") == 2
+            async with chromium_page(d.api_url + "/") as page:
+                history = await page.wait_for(
+                    f"{TIMELINE}.includes('Lending switched on') && {TIMELINE}"
+                )
+                assert "Lending switched off" in history
+                # newest first
+                assert history.index("Lending switched on") < history.index("Lending switched off")
+                async with http.put(
+                    d.api_url + "/admin/resources/ram", json={"enabled": False}
+                ) as resp:
+                    assert resp.status == 200
+                live = await page.wait_for(
+                    f"{TIMELINE}.includes('Resource ram switched off') && {TIMELINE}"
+                )
+                assert "{" not in live and '"' not in live
+                assert live.index("Resource ram switched off") < live.index("Lending switched on")
+                await page.screenshot(tmp_path / "timeline.png")

@@ -65,3 +65,27 @@ def test_the_rendered_rule_matches_the_chart_file() -> None:
     chart = {r["alert"]: (r["expr"].split(), r.get("for")) for r in rules(CHART_RULES)}
     rendered = {r["alert"]: (r["expr"].split(), r.get("for")) for r in rules(RENDERED)}
     assert chart == rendered
+
+
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+RUNBOOK_BASE = "https://github.com/vacancyd/vacancyd/blob/main/docs/runbooks.md#"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, spaces to dashes, no punctuation."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("path", [CHART_RULES, RENDERED], ids=lambda p: p.name)
+def test_every_alert_links_its_runbook_section(path: Path) -> None:
+    headings = re.findall(r"^## (.+)$", RUNBOOKS.read_text(encoding="utf-8"), flags=re.M)
+    anchors = {_anchor(h) for h in headings}
+    found = rules(path)
+    assert len(found) >= 10
+    for rule in found:
+        url = rule.get("annotations", {}).get("runbook_url", "")
+        assert url.startswith(RUNBOOK_BASE), (rule["alert"], url)
+        anchor = url.removeprefix(RUNBOOK_BASE)
+        assert anchor in anchors, f"{rule['alert']}: docs/runbooks.md has no section #{anchor}"
+        assert anchor == _anchor(rule["alert"])
+    assert len(headings) == len({r["alert"] for r in found})  # no runbook for a rule not there

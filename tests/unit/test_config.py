@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.config import daemon_toml, token, upstream
+from tests.support.config import daemon_toml, resource, token, upstream
 from vacancyd.cli import main
 from vacancyd.config import ConfigError, load_config, load_default_config, parse_config
 
@@ -162,6 +162,28 @@ def test_check_config_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "owner.presence" in err and str(bad) in err
     assert main(["check-config", str(tmp_path / "missing.toml")]) == 1
     assert "cannot read the file" in capsys.readouterr().err
+
+
+def test_check_config_warns_when_unlisted_models_are_charged_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "v.toml"
+    cfg.write_text(
+        daemon_toml(
+            upstream("zero", "http://127.0.0.1:1", models={"footprint_mib": {"a": 1000}}),
+            upstream("sized", "http://127.0.0.1:2", models={"default_mib": 4096}),
+            upstream("bare", "http://127.0.0.1:3"),
+            upstream("cpu-only", "http://127.0.0.1:4", resource="cpu"),
+            resources=(resource("ram"), resource("cpu", "cpu")),
+        )
+    )
+    assert main(["check-config", str(cfg)]) == 0
+    captured = capsys.readouterr()
+    assert "OK" in captured.out
+    warned = [line for line in captured.err.splitlines() if "default_mib is 0" in line]
+    assert len(warned) == 2, captured.err
+    assert "upstream[0] (zero)" in warned[0] and "not among the 1 in footprint_mib" in warned[0]
+    assert "upstream[2] (bare)" in warned[1] and "vacancyd measure" in warned[1]
 
 
 def test_check_config_reads_secrets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -125,3 +125,92 @@ def test_holds_serialisation_and_malformed_entries() -> None:
     ):
         with pytest.raises(ValueError, match=why):
             learned.holds_from_json(bad)
+
+
+def test_an_oversized_file_is_refused_without_being_read(tmp_path: Path) -> None:
+    """A 200 MB file (sparse: no disk used) is refused from its size alone."""
+    path = tmp_path / "holds.json"
+    with path.open("wb") as f:
+        f.truncate(200 * 1024 * 1024)
+    with pytest.raises(durable.StateFileError) as caught:
+        durable.read_state(path, V1)
+    assert "over the 1048576 byte limit" in str(caught.value) and str(path) in str(caught.value)
+    assert caught.value.why.startswith(f"is {200 * 1024 * 1024} bytes")
+
+
+def test_a_fifo_is_refused_instead_of_blocking_the_read(tmp_path: Path) -> None:
+    """A FIFO in place of a state file would block startup until something writes to it."""
+    import threading
+
+    path = tmp_path / "pause.json"
+    os.mkfifo(path)
+    outcome: list[BaseException | None] = []
+
+    def read() -> None:
+        try:
+            durable.read_state(path, V1)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(2)
+    if reader.is_alive():  # it blocked: let it go (a writer that closes at once), then fail
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+        pytest.fail("reading a FIFO state file blocked")
+    (exc,) = outcome
+    assert isinstance(exc, durable.StateFileError) and "not a regular file" in str(exc)
+
+
+def test_deeply_nested_json_is_an_unusable_file_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    path.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(durable.StateFileError, match="nested too deeply"):
+        durable.read_state(path, V1)
+
+
+def test_a_write_over_the_limit_fails_and_keeps_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    durable.write_state(path, {"version": 1})
+    with pytest.raises(OSError) as caught:
+        durable.write_state(path, {"version": 1, "big": "x" * durable.MAX_STATE_BYTES})
+    assert caught.value.errno == errno.EFBIG and "byte limit" in str(caught.value)
+    assert durable.read_state(path, V1) == {"version": 1}
+
+
+def test_too_many_holds_or_learned_entries_are_refused() -> None:
+    hold = {
+        "job": 1,
+        "upstream": "up",
+        "resources": ["ram"],
+        "model": None,
+        "charged_mib": None,
+        "reason": "cut_uncertain",
+        "release_by": "admin",
+        "detail": "",
+        "held_since": 1.0,
+    }
+    assert len(learned.holds_from_json({"holds": [hold] * learned.MAX_HOLDS})) == 1024
+    with pytest.raises(ValueError, match="lists 1025 holds, over the limit of 1024"):
+        learned.holds_from_json({"holds": [hold] * (learned.MAX_HOLDS + 1)})
+    priors = {f"m{i}": 1 for i in range(learned.MAX_LEARNED_ENTRIES + 1)}
+    with pytest.raises(ValueError, match="over the limit"):
+        learned.priors_from_json({"priors": priors})
+    context = {"digest": "d", "num_ctx": None, "dialect": "api", "loads": 1}
+    with pytest.raises(ValueError, match="over the limit"):
+        learned.learning_from_json({"contexts": [context] * (learned.MAX_LEARNED_ENTRIES + 1)})
+
+
+def test_an_oversized_calibration_cache_is_ignored_unread(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from vacancyd.runtime import calibration
+
+    path = calibration.cache_path(tmp_path, "gpu0")
+    path.parent.mkdir(parents=True)
+    with path.open("wb") as f:
+        f.truncate(50 * 1024 * 1024)
+    assert calibration.load_calibrations(tmp_path, ["gpu0"]) == {}
+    assert any("byte limit" in r.getMessage() for r in caplog.records)

@@ -10,6 +10,7 @@ with an optional body ``{"resource": NAME}`` raises an operator reclaim edge (do
 or ``{"until_idle": true}`` (each optionally with ``"reason"``) pauses lending (a null
 field, or ``"until_idle": false``, is refused: a pause until resumed is asked for with ``{}``);
 ``POST /admin/resume`` ends the pause (docs/presence.md "Pausing").
+``GET /events/recent`` (read scope): the last hour of transitions (:class:`events.EventLog`).
 Login links (``vacancyd open``, :mod:`vacancyd.web.logins`): ``POST /login/ticket`` (read
 scope, body ``{}`` or ``{"for_uid": UID}`` from root) -> ``{"ticket", "path",
 "expires_in_s"}``; ``POST /login`` with ``{"ticket": T}`` (no token) -> ``{"token",
@@ -26,7 +27,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
@@ -45,6 +45,7 @@ from vacancyd.web.logins import (
     TicketRefused,
     connection_uid,
 )
+from vacancyd.web.metrics import exposition
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -186,10 +187,10 @@ def make_api(
     async def status(_: web.Request) -> web.Response:
         return web.json_response(render_status(state, started_at))
 
-    async def metrics_view(_: web.Request) -> web.Response:
-        body = generate_latest(metrics.registry)
+    async def metrics_view(request: web.Request) -> web.Response:
+        body, content_type = exposition(metrics.registry, request.headers.get("Accept"))
         resp = web.Response(body=body)
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        resp.headers["Content-Type"] = content_type
         return resp
 
     async def put_lending(request: web.Request) -> web.Response:
@@ -433,6 +434,13 @@ def make_api(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))
     app.router.add_get("/metrics", scoped("read", metrics_view))
+    history = events.EventLog(state)
+
+    async def stop_history(_: web.Application) -> None:
+        history.unsubscribe()
+
+    app.on_cleanup.append(stop_history)
+    app.router.add_get("/events/recent", scoped("read", events.recent_handler(history)))
     app.router.add_get(
         "/events",
         scoped(

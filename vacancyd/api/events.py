@@ -41,12 +41,13 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
 
 from vacancyd import __version__
-from vacancyd.core.events import Shutdown, StateEvent
+from vacancyd.core.events import LendabilityChanged, Shutdown, StateEvent
 from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.state import SharedState
@@ -69,6 +70,60 @@ def format_event(event_id: int, kind: str, data: Mapping[str, object]) -> bytes:
     payload = json.dumps(dict(data), separators=(",", ":"), default=str)
     kind = "".join(ch for ch in kind if ch not in "\r\n") or "message"
     return f"id: {event_id}\nevent: {kind}\ndata: {payload}\n\n".encode()
+
+
+#: Seconds of history ``GET /events/recent`` serves, and the most events it keeps.
+HISTORY_S = 3600.0
+HISTORY_MAX = 500
+
+
+class EventLog:
+    """The last hour of transitions (at most ``HISTORY_MAX``), for the status page to show
+    what happened before it was opened: ``GET /events/recent`` (read scope) answers
+    ``{"window_s": 3600, "events": [{"kind", ...payload, "at_wall"}, ...]}``, oldest first,
+    each as ``/events`` streamed it. Kept in memory only (a restart starts it afresh).
+
+    ``lendable`` events repeat whenever the published headroom moves; one is kept only when
+    some upstream's verdict (lendable, reason) changed, so they cannot push the rest out.
+    ``at_wall`` is wall-clock seconds (``time.time()``), as on the stream."""
+
+    def __init__(self, state: SharedState, clock: Callable[[], float] = time.time) -> None:
+        self._events: deque[dict[str, object]] = deque(maxlen=HISTORY_MAX)
+        self._clock = clock
+        self._verdicts: object = None
+        self.unsubscribe = state.subscribe(self._record)
+
+    def _record(self, event: StateEvent) -> None:
+        data: dict[str, object] = {"kind": event.kind, **event.payload()}
+        if isinstance(event, LendabilityChanged):
+            verdicts = {
+                name: (u.get("lendable"), u.get("reason")) for name, u in event.upstreams.items()
+            }
+            if verdicts == self._verdicts:
+                return
+            self._verdicts = verdicts
+        data["at_wall"] = self._clock()
+        self._events.append(data)
+
+    def recent(self) -> list[dict[str, object]]:
+        """The events of the last ``HISTORY_S`` seconds, oldest first."""
+        cutoff = self._clock() - HISTORY_S
+        while self._events and float(self._events[0]["at_wall"]) < cutoff:  # type: ignore[arg-type]
+            self._events.popleft()
+        return list(self._events)
+
+
+def recent_handler(log_: EventLog) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """``GET /events/recent``."""
+
+    async def recent(_: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            {"window_s": HISTORY_S, "events": log_.recent()},
+            headers={"Cache-Control": "no-store"},
+            dumps=lambda doc: json.dumps(doc, default=str),
+        )
+
+    return recent
 
 
 def install(app: web.Application) -> None:
@@ -104,10 +159,12 @@ def make_handler(
                 headers={"Retry-After": "5"},
             )
         open_streams += 1
+        state.event_followers += 1
         try:
             return await stream(request)
         finally:
             open_streams -= 1
+            state.event_followers -= 1
 
     async def stream(request: web.Request) -> web.StreamResponse:
         closing = request.app[CLOSING]

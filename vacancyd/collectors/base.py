@@ -19,10 +19,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from vacancyd.core.observations import ProbeError
+from vacancyd.core.observations import ProbeError, ProbeFailure
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+#: Counts one failed sample by kind (``vacancyd_collector_errors_total``).
+CountFailure = Callable[[ProbeFailure], None]
+
+
+def _count(count: CountFailure | None, kind: ProbeFailure) -> None:
+    if count is not None:
+        count(kind)
 
 
 async def _wait(wake: asyncio.Event | None, interval_s: float) -> None:
@@ -46,8 +53,10 @@ async def run_probe_loop(
     on_sample: Callable[[T, float], None],
     on_error: Callable[[str, float], None],
     wake: asyncio.Event | None = None,
+    count: CountFailure | None = None,
 ) -> None:
-    """Sample ``probe`` forever in a dedicated thread. Never returns; cancel to stop."""
+    """Sample ``probe`` forever in a dedicated thread. Never returns; cancel to stop.
+    Every failed sample goes to ``on_error`` (its message) and to ``count`` (its kind)."""
     loop = asyncio.get_running_loop()
     executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"probe-{name}")
     stuck: asyncio.Future[T] | None = None
@@ -56,6 +65,7 @@ async def run_probe_loop(
             started = time.monotonic()
             if stuck is not None and not stuck.done():
                 on_error(f"previous probe still running past its {timeout_s:g} s deadline", started)
+                _count(count, ProbeFailure.STUCK)
             else:
                 stuck = None
                 future = loop.run_in_executor(executor, probe)
@@ -65,11 +75,14 @@ async def run_probe_loop(
                 except TimeoutError:
                     stuck = future
                     on_error(f"probe exceeded its {timeout_s:g} s deadline", started)
+                    _count(count, ProbeFailure.TIMEOUT)
                 except ProbeError as exc:
                     on_error(str(exc), started)
+                    _count(count, ProbeFailure.FAILED)
                 except Exception as exc:  # a probe bug must not kill the collector
                     log.exception("probe %s failed unexpectedly", name)
                     on_error(f"probe failed: {exc!r}", started)
+                    _count(count, ProbeFailure.UNEXPECTED)
                 else:
                     on_sample(value, started)
             await _wait(wake, interval_s)
@@ -83,6 +96,7 @@ def sample_now(
     *,
     on_sample: Callable[[T, float], None],
     on_error: Callable[[str, float], None],
+    count: CountFailure | None = None,
 ) -> Callable[[], None]:
     """A call that samples ``probe`` at once, on the calling thread, and records the result
     (stamped with the :func:`time.monotonic` time it started). Only for a probe that cannot
@@ -94,9 +108,11 @@ def sample_now(
             value = probe()
         except ProbeError as exc:
             on_error(str(exc), started)
+            _count(count, ProbeFailure.FAILED)
         except Exception as exc:  # a probe bug must not break the loop callback
             log.exception("probe %s failed unexpectedly", name)
             on_error(f"probe failed: {exc!r}", started)
+            _count(count, ProbeFailure.UNEXPECTED)
         else:
             on_sample(value, started)
 
@@ -120,6 +136,7 @@ async def run_async_probe_loop(
     on_sample: Callable[[T, float], None],
     on_error: Callable[[str, float], None],
     wake: asyncio.Event | None = None,
+    count: CountFailure | None = None,
 ) -> None:
     """Like :func:`run_probe_loop` for an async probe (an HTTP call to an upstream)."""
     while True:
@@ -129,18 +146,23 @@ async def run_async_probe_loop(
                 value = await probe()
         except TimeoutError:
             on_error(f"probe exceeded its {timeout_s:g} s deadline", started)
+            _count(count, ProbeFailure.TIMEOUT)
         except ProbeError as exc:
             on_error(str(exc), started)
+            _count(count, ProbeFailure.FAILED)
         except Exception as exc:
             log.exception("probe %s failed unexpectedly", name)
             on_error(f"probe failed: {exc!r}", started)
+            _count(count, ProbeFailure.UNEXPECTED)
         else:
             on_sample(value, started)
         await _wait(wake, interval_s)
 
 
 __all__ = [
+    "CountFailure",
     "ProbeError",
+    "ProbeFailure",
     "run_async_probe_loop",
     "run_inline_probe_loop",
     "run_probe_loop",

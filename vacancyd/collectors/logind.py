@@ -32,7 +32,7 @@ from typing import Any
 from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 
-from vacancyd.collectors.base import ProbeError
+from vacancyd.collectors.base import CountFailure, ProbeError, ProbeFailure
 from vacancyd.collectors.processes import scan_owner_processes
 from vacancyd.core import presence as rules
 from vacancyd.state import PresenceReading, SharedState
@@ -248,6 +248,30 @@ class LogindClient:
                 watch.cancel()
 
 
+async def local_sessions(
+    bus_address: str | None, timeout_s: float = 2.0
+) -> list[rules.SessionFacts]:
+    """Every session logind lists, read once within ``timeout_s`` seconds (for the
+    ``headless`` warning of check-config and the daemon's start). Raises LogindError (also
+    on the deadline) when logind cannot be asked: no system bus, no logind."""
+    client = LogindClient(bus_address, signals=False)
+    try:
+        async with asyncio.timeout(timeout_s):
+            listed = await client.list_sessions()
+            facts = []
+            for sid, uid, user, _seat, path in listed:
+                try:
+                    props = await client.session_properties(path)
+                except LogindError:  # it closed between the two calls
+                    continue
+                facts.append(rules.parse_session(sid, uid, user, props, rules.PresencePolicy()))
+            return facts
+    except TimeoutError:
+        raise LogindError(f"{client.where} did not answer within {timeout_s:g} s") from None
+    finally:
+        await client.close()
+
+
 class LogindPresence:
     """Takes one presence sample from logind (plus the owner-process scan)."""
 
@@ -351,11 +375,13 @@ async def run_logind_loop(
     interval_s: float,
     timeout_s: float,
     wake: asyncio.Event,
+    count: CountFailure | None = None,
 ) -> None:
     """Sample on every wake-up (a logind signal) and at least every ``interval_s`` seconds.
 
     Each sample has ``timeout_s`` seconds; past it the connection is dropped (a late reply is
-    discarded with it) and the attempt is a failure. Never returns; cancel to stop.
+    discarded with it) and the attempt is a failure. Every failure is also counted by kind
+    (``count``). Never returns; cancel to stop.
     """
     try:
         while True:
@@ -370,13 +396,19 @@ async def run_logind_loop(
                 state.record_presence_failure(
                     f"logind did not answer {step} within {timeout_s:g} s", started
                 )
+                if count is not None:
+                    count(ProbeFailure.TIMEOUT)
             except ProbeError as exc:
                 presence.client.reset()
                 state.record_presence_failure(str(exc), started)
+                if count is not None:
+                    count(ProbeFailure.FAILED)
             except Exception as exc:  # a bug here must not read as an absent owner
                 log.exception("presence sample failed unexpectedly")
                 presence.client.reset()
                 state.record_presence_failure(f"presence sample failed: {exc!r}", started)
+                if count is not None:
+                    count(ProbeFailure.UNEXPECTED)
             else:
                 state.record_presence(reading, started)
             try:

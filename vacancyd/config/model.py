@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -67,6 +68,10 @@ def is_loopback(host: str) -> bool:
 
 #: Secrets are short; a token file larger than this is a mistake (or /dev/urandom).
 SECRET_FILE_MAX_BYTES = 64 * 1024
+#: Seconds a followed lender's listeners keep answering after SIGTERM (the default
+#: ``shutdown_delay_s`` with ``[kubernetes]``, and the least whenever an ``/events`` follower
+#: is connected at the stop): what being published not-ready takes to reach kube-proxy.
+FOLLOWED_SHUTDOWN_DELAY_S = 2.0
 
 
 def read_secret_file(path: Path) -> str:
@@ -83,6 +88,22 @@ def read_secret_file(path: Path) -> str:
     if not secret:
         raise ValueError(f"{path} is empty")
     return secret
+
+
+def secret_path(path: Path, credentials: Path | None) -> Path:
+    """Where a token or credential file is read from.
+
+    Under the systemd unit (``credentials``: the service's ``$CREDENTIALS_DIRECTORY``) a
+    secret file is passed with ``LoadCredential=`` as the credential named after its file
+    name, so ``/etc/vacancyd/tokens/admin.token`` is read from
+    ``$CREDENTIALS_DIRECTORY/admin.token`` when that credential exists; otherwise (no
+    credentials, or none of that name) from ``path`` itself.
+    """
+    if credentials is not None:
+        candidate = credentials / path.name
+        if os.path.exists(candidate):  # False also when the directory cannot be searched
+            return candidate
+    return path
 
 
 def _check_listen(value: str) -> str:
@@ -111,12 +132,13 @@ class TokenSettings(_Model):
             raise ValueError("token must be at least 16 characters")
         return self
 
-    def secret(self) -> str:
-        """The token value; reads ``token_file``. Raises ValueError if it cannot be used."""
+    def secret(self, credentials: Path | None = None) -> str:
+        """The token value; reads ``token_file`` (from ``credentials`` when the service was
+        passed it: :func:`secret_path`). Raises ValueError if it cannot be used."""
         if self.token is not None:
             return self.token.get_secret_value()
         assert self.token_file is not None
-        return read_secret_file(self.token_file)
+        return read_secret_file(secret_path(self.token_file, credentials))
 
 
 class LimitsSettings(_Model):
@@ -168,8 +190,9 @@ class ServerSettings(_Model):
     #: After SIGTERM, the most seconds borrowed work in flight gets to finish (the drain).
     shutdown_grace_s: float = Field(20.0, ge=0, le=3600)
     #: After SIGTERM, the least seconds the listeners keep answering (with refusals) even
-    #: when nothing is in flight; None: 2 with ``[kubernetes]`` (the endpoints' change has to
-    #: reach kube-proxy), else 0.
+    #: when nothing is in flight; None: FOLLOWED_SHUTDOWN_DELAY_S with ``[kubernetes]`` (the
+    #: endpoints' change has to reach kube-proxy), else 0. Whatever it says, a lender with an
+    #: ``/events`` follower at the stop (the companion) keeps them up that long too.
     shutdown_delay_s: float | None = Field(None, ge=0, le=600)
     limits: LimitsSettings = LimitsSettings()
 
@@ -581,15 +604,16 @@ class UpstreamSettings(_Model):
             raise ValueError("exclusive_of lists an upstream twice")
         return self
 
-    def upstream_credential(self) -> str | None:
-        """The credential sent to the upstream as a bearer token, if any.
+    def upstream_credential(self, credentials: Path | None = None) -> str | None:
+        """The credential sent to the upstream as a bearer token, if any; ``credential_file``
+        is read from ``credentials`` when the service was passed it (:func:`secret_path`).
 
         Raises ValueError when ``credential_file`` cannot be used.
         """
         if self.credential is not None:
             return self.credential.get_secret_value()
         if self.credential_file is not None:
-            return read_secret_file(self.credential_file)
+            return read_secret_file(secret_path(self.credential_file, credentials))
         return None
 
 
@@ -825,7 +849,7 @@ class Settings(_Model):
         ``[kubernetes]`` host publishing, else 0; never more than the grace."""
         delay = self.server.shutdown_delay_s
         if delay is None:
-            delay = 2.0 if self.kubernetes is not None else 0.0
+            delay = FOLLOWED_SHUTDOWN_DELAY_S if self.kubernetes is not None else 0.0
         return min(delay, self.server.shutdown_grace_s)
 
     @property

@@ -11,8 +11,10 @@ The pure decisions live in :mod:`vacancyd.core.reclaim`; this module owns the ef
   /status, cuts and cancels, and unloads through the adapter's controller with
   a ten-second deadline. Upstreams reclaim concurrently, on their own tasks, detached
   from the collectors' sampling loops.
-* when the owner veto releases, upstreams with ``warm_model`` that unloaded load it again
-  (off by default).
+* when lending resumes after a reclaim unloaded an upstream with ``warm_model`` — whatever
+  stopped it: the owner's return, a hold (schedule, pause, battery, exclusive app), GPU
+  pressure — that model is loaded again, at most once per :data:`WARM_MIN_INTERVAL_S` per
+  upstream (off by default).
 
 Nothing here raises into the caller: upstream failures are logged and counted.
 """
@@ -43,9 +45,11 @@ from vacancyd.core.reclaim import (
     Wait,
     affected_upstreams,
     decided,
+    lending_resumed,
     open_reclaim,
     plan,
     trigger_cleared,
+    warm_delay_s,
 )
 from vacancyd.state import SharedState
 from vacancyd.web.metrics import Metrics
@@ -56,6 +60,9 @@ log = logging.getLogger(__name__)
 UNLOAD_DEADLINE_S = 10.0
 #: A waiting reclaim re-checks its trigger at least this often (seconds), besides on events.
 RECHECK_S = 0.5
+#: An upstream's warm reloads come at most this often (seconds): lending that stops and
+#: resumes quickly (a flapping hold or pressure edge) does not reload the model each time.
+WARM_MIN_INTERVAL_S = 60.0
 
 
 class Reclaimer:
@@ -81,6 +88,9 @@ class Reclaimer:
         self.reclaims: dict[str, Reclaim] = {}
         self._changed: dict[str, asyncio.Event] = {}
         self._unloaded: set[str] = set()
+        #: Upstreams whose warm reload is scheduled, and when each last had one (monotonic s).
+        self._warming: set[str] = set()
+        self._warmed_at: dict[str, float] = {}
         registry = metrics.registry
         self.m_reclaims = Counter(
             "vacancyd_reclaims",
@@ -126,10 +136,9 @@ class Reclaimer:
         if isinstance(event, VetoChanged):
             if event.active:
                 self.raise_edge(Edge(Trigger.OWNER, event.at, detail=event.detail))
-            else:
-                self._warm_all()
         elif isinstance(event, EdgeRaised):
             self.raise_edge(Edge(event.trigger, event.at, event.resource, event.detail))
+        self._warm_resumed()
         if not isinstance(event, ReclaimChanged):
             for name in list(self._changed):
                 self._wake(name)
@@ -271,6 +280,7 @@ class Reclaimer:
         self.m_unload.labels(name, outcome).observe(elapsed)
         if outcome == "unloaded":
             self._unloaded.add(name)
+            self._warm_resumed()  # lending may have resumed while it was unloading
             log.info("unloaded %s in %.2f s: %s", name, elapsed, detail)
         elif outcome == "skipped":
             log.warning("unload of %s skipped: %s", name, detail)
@@ -279,14 +289,39 @@ class Reclaimer:
 
     # -- warm reload ----------------------------------------------------------------
 
-    def _warm_all(self) -> None:
-        for name, model in self.warm_models.items():
-            current = self.reclaims.get(name)
-            if current is not None and current.is_open:
-                continue  # another trigger (pressure, operator) still holds the upstream
-            if name in self._unloaded and name in self.controllers:
-                self._unloaded.discard(name)
-                self.supervisor.spawn(self._warm(name, model), name=f"warm {name}", essential=False)
+    def _may_warm(self, name: str) -> bool:
+        """``name`` was unloaded by a reclaim and lending on it has resumed."""
+        current = self.reclaims.get(name)
+        if current is not None and current.is_open:
+            return False  # a trigger (owner, hold, pressure, operator) still holds it
+        policy = self.state.upstreams.get(name)
+        return policy is not None and lending_resumed(self.state.snapshot(), policy)
+
+    def _warm_resumed(self) -> None:
+        """Schedule a warm reload for each unloaded upstream with ``warm_model`` on which
+        lending has resumed (called on every state change)."""
+        for name in sorted(self._unloaded & self.warm_models.keys() - self._warming):
+            if name not in self.controllers or not self._may_warm(name):
+                continue
+            self._warming.add(name)
+            delay = warm_delay_s(self._warmed_at.get(name), self.state.clock(), WARM_MIN_INTERVAL_S)
+            self.supervisor.spawn(
+                self._warm_when_due(name, delay), name=f"warm {name}", essential=False
+            )
+
+    async def _warm_when_due(self, name: str, delay_s: float) -> None:
+        """Warm ``name`` after ``delay_s`` seconds (the rate limit), if lending is still on."""
+        try:
+            if delay_s > 0:
+                log.info("warm reload of %s in %.0f s (rate limit)", name, delay_s)
+                await asyncio.sleep(delay_s)
+            if name not in self._unloaded or not self._may_warm(name):
+                return  # stopped again meanwhile: the next resume schedules it
+            self._unloaded.discard(name)
+            self._warmed_at[name] = self.state.clock()
+            await self._warm(name, self.warm_models[name])
+        finally:
+            self._warming.discard(name)
 
     async def _warm(self, name: str, model: str) -> None:
         controller = self.controllers[name]

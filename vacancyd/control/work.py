@@ -113,6 +113,8 @@ class Work:
         self._shown: dict[int, JobState] = {}
         #: Why the newest write of the held jobs failed; None when it did not.
         self._write_error: str | None = None
+        #: The failure last logged: (error, unsaved job ids), so each is logged once.
+        self._logged_failure: tuple[str, frozenset[int]] | None = None
         self._watched: set[int] = set()
         self._upstreams: dict[str, _Upstream] = {}
         self._jobs: dict[int, JobState] = {}
@@ -564,6 +566,7 @@ class Work:
         if self._write_error is not None:
             log.info("held jobs written to the state directory again")
             self._write_error = None
+            self._logged_failure = None
         for job_id in sorted(saved):
             job = self._jobs.get(job_id)
             if job is not None and job.phase is JobPhase.HELD:
@@ -574,13 +577,15 @@ class Work:
     def holds_unsaved(self, error: str) -> None:
         """The newest write of the held jobs failed with ``error`` (it is retried): the
         resources of every hold not yet on disk refuse ``state_write_failed``."""
-        if error != self._write_error and self._unsaved:
+        failure = (error, frozenset(self._unsaved))
+        if self._unsaved and failure != self._logged_failure:
+            self._logged_failure = failure
             resources = sorted(
                 {r for i in self._unsaved if (j := self._jobs.get(i)) for r in j.resources}
             )
             log.error(
-                "held job(s) %s cannot be written to the state directory (%s); %s refuse "
-                "borrowed work (%s) until the write, retried, succeeds",
+                "held job(s) %s cannot be written to the state directory (%s); borrowed work "
+                "on %s is refused (%s) until the write, retried, succeeds",
                 ", ".join(str(i) for i in sorted(self._unsaved)),
                 error,
                 ", ".join(resources),

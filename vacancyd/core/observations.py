@@ -20,6 +20,22 @@ class ProbeError(Exception):
     the message says what failed, for /status and logs."""
 
 
+class ProbeFailure(StrEnum):
+    """Why one sample failed, the ``error`` label of ``vacancyd_collector_errors_total``:
+    a closed set, so a dashboard can count every kind (the message, for /status, says more).
+    """
+
+    #: the probe did not answer within ``[collectors] probe_timeout_s``
+    TIMEOUT = "timeout"
+    #: the previous probe is still running past its deadline, so none was started
+    STUCK = "stuck"
+    #: the probe answered that it could not measure (a :class:`ProbeError`: a lost GPU, an
+    #: upstream that refused or answered something unreadable, D-Bus unreachable)
+    FAILED = "failed"
+    #: the probe raised something it should not have (a bug; the log has the traceback)
+    UNEXPECTED = "unexpected"
+
+
 class Quality(StrEnum):
     UNKNOWN = "unknown"
     READY = "ready"

@@ -286,3 +286,35 @@ def trigger_cleared(reclaim: Reclaim, snap: Snapshot, upstream: UpstreamPolicy) 
         if gate.decide_resource(view, name, snap.now) is not None:
             return False
     return True
+
+
+def lending_resumed(snap: Snapshot, upstream: UpstreamPolicy) -> bool:
+    """Would ``upstream`` lend again as far as everything that makes a reclaim unload goes?
+
+    True when the daemon is not stopping, lending is switched on, no owner hold (schedule,
+    pause, battery, exclusive app) covers the upstream, the owner checks admit it as a
+    reclaim's stand-down does (``strict``: a host-scoped upstream needs the veto released),
+    and no GPU it depends on has its pressure guard engaged. Capacity and the rest of the
+    gate are not asked: a warm reload is what makes the next borrower's request cheap, not a
+    promise that it is admitted.
+    """
+    if snap.stopping or not snap.lending_enabled:
+        return False
+    if decide_holds(snap.holds, upstream.resources) is not None:
+        return False
+    if gate.decide_owner(snap, upstream, strict=True) is not None:
+        return False
+    for name in upstream.resources:
+        view = snap.resources.get(name)
+        if view is not None and view.pressure is not None and view.pressure.engaged:
+            return False
+    return True
+
+
+def warm_delay_s(last_warm_at: float | None, now: float, min_interval_s: float) -> float:
+    """Seconds to wait before the next warm reload of an upstream whose previous one was at
+    ``last_warm_at`` (monotonic s; None: never), so reloads come at most every
+    ``min_interval_s`` seconds however often lending stops and resumes."""
+    if last_warm_at is None:
+        return 0.0
+    return max(0.0, last_warm_at + min_interval_s - now)

@@ -40,7 +40,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -49,6 +49,8 @@ from vacancyd.core import conditions
 from vacancyd.core.conditions import LenderState, StatusFormatError
 from vacancyd.k8s.api import K8sApiError, KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
+from vacancyd.web.access import AccessLogger
+from vacancyd.web.metrics import exposition
 from vacancyd.web.tls import TlsError, client_context, verify_failure
 
 log = logging.getLogger(__name__)
@@ -429,9 +431,10 @@ def make_health_app(followers: list[LenderFollower]) -> web.Application:
             }
         )
 
-    async def metrics(_: web.Request) -> web.Response:
-        resp = web.Response(body=generate_latest(registry))
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    async def metrics(request: web.Request) -> web.Response:
+        body, content_type = exposition(registry, request.headers.get("Accept"))
+        resp = web.Response(body=body)
+        resp.headers["Content-Type"] = content_type
         return resp
 
     app.router.add_get("/healthz", healthz)
@@ -484,7 +487,13 @@ class Companion:
         )
         watcher.add_done_callback(self._task_done)
         self._tasks.append(watcher)
-        self._runner = web.AppRunner(make_health_app(self.followers), handle_signals=False)
+        self._runner = web.AppRunner(
+            make_health_app(self.followers),
+            handle_signals=False,
+            # the daemon's access-line shape (vacancyd/web/access.py), route class api
+            access_log=logging.getLogger("vacancyd.access.companion"),
+            access_log_class=AccessLogger.bind("companion"),
+        )
         await self._runner.setup()
         host, port = split_listen(self.settings.listen)
         site = web.TCPSite(self._runner, host, port)

@@ -10,7 +10,6 @@ ignores a cache written for another card. See docs/calibration.md.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -36,16 +35,11 @@ def load_calibrations(state_dir: Path, resources: Iterable[str]) -> dict[str, di
     for name in resources:
         path = cache_path(state_dir, name)
         try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+            data = durable.read_json(path)  # bounded: never blocks startup on a huge file
+        except durable.StateFileError as exc:
+            log.warning("resource %s: calibration cache ignored: %s", name, exc)
             continue
-        except OSError as exc:
-            log.warning("resource %s: cannot read calibration cache %s: %s", name, path, exc)
-            continue
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            log.warning("resource %s: corrupt calibration cache %s ignored: %s", name, path, exc)
+        if data is None:
             continue
         if not isinstance(data, dict):
             log.warning("resource %s: calibration cache %s is not an object; ignored", name, path)

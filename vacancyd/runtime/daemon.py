@@ -30,6 +30,9 @@ Task tree (names as they appear in logs):
 * ``trace post-release sample`` — the span of a post-release fresh sample, with
   ``[telemetry]`` (not essential)
 * ``SIGHUP config check`` — re-reads the configuration on SIGHUP (not essential)
+* ``headless check`` — with ``presence = "headless"``, asks logind once whether someone sits
+  at a local desktop and warns if so (not essential)
+* ``service status`` — under systemd, keeps ``STATUS=`` current (not essential)
 * ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` / ``kubernetes uninstall watcher`` —
   host-side publishing when ``[kubernetes]`` is configured (not essential: the API server
@@ -79,14 +82,20 @@ from vacancyd.collectors.base import (
 )
 from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
 from vacancyd.config.load import ConfigError, load_config
-from vacancyd.config.model import ResourceSettings, Settings, is_loopback, split_listen
+from vacancyd.config.model import (
+    FOLLOWED_SHUTDOWN_DELAY_S,
+    ResourceSettings,
+    Settings,
+    is_loopback,
+    split_listen,
+)
 from vacancyd.config.policies import (
     pressure_policy,
     reclaim_policy,
     resource_policy,
     upstream_policy,
 )
-from vacancyd.config.secrets import Secrets, read_secrets
+from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
 from vacancyd.config.zone import resolve_zone
 from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
@@ -102,6 +111,7 @@ from vacancyd.core.observations import CapacityReading
 from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.core.snapshot import ServerState
+from vacancyd.core.status import service_status_line
 from vacancyd.k8s.host import HostPublisher
 from vacancyd.proxy.app import Proxy, Upstream, make_server
 from vacancyd.proxy.client import UpstreamClient
@@ -114,6 +124,7 @@ from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
 from vacancyd.web.access import AccessLogger, RefusalLog
 from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.framing import lenient_parser_problem
 from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import (
@@ -134,6 +145,9 @@ SHUTDOWN_GRACE_S = 20.0
 #: Once the drain is over, how long requests still being answered (refusals, pass-through
 #: reads) and WebSocket closing handshakes get before their connections close (seconds).
 CLOSE_TIMEOUT_S = 1.0
+#: After a second SIGTERM/SIGINT, how long requests still being answered get before their
+#: connections are reset (seconds), instead of CLOSE_TIMEOUT_S.
+HURRIED_CLOSE_S = 0.2
 #: How often the drain looks whether the borrowed work in flight has finished (seconds).
 DRAIN_POLL_S = 0.05
 
@@ -372,11 +386,23 @@ class Daemon:
         forwarding); tracked and held jobs no longer have a borrower connection to wait for."""
         return [j for j in self.work if j.phase in (JobPhase.ADMITTED, JobPhase.FORWARDING)]
 
+    def service_status(self) -> str:
+        """The line ``systemctl status`` shows: lendable or why not, and the jobs running."""
+        _, why = self.state.ready(self.state.clock())
+        jobs = [j for j in self.work if j.phase.live]
+        held = sum(1 for j in jobs if j.phase is JobPhase.HELD)
+        return service_status_line(
+            lendability.summary(self.state),
+            running=len(jobs) - held,
+            held=held,
+            not_ready=why,
+        )
+
     async def start(self) -> None:
         """Bind every listener and start every loop. Raises StartupError / ConfigError."""
         settings = self.settings
         started_at = self.state.clock()
-        secrets = read_secrets(settings)
+        secrets = read_secrets(settings, credentials=credentials_directory())
         tokens = read_tokens(secrets)
         server = settings.server
         if server.tls_cert_file is not None and server.tls_key_file is not None:
@@ -542,6 +568,9 @@ class Daemon:
         self.supervisor.spawn(self._watch_targets(), name="target listeners", essential=False)
         self.supervisor.spawn(
             lendability.watch(self.state), name="lendability watcher", essential=False
+        )
+        self.supervisor.spawn(
+            warn_if_headless_at_a_desk(settings), name="headless check", essential=False
         )
         self._start_kubernetes(started_at)
 
@@ -824,6 +853,7 @@ class Daemon:
                 on_sample=lambda s, t: state.record_server(name, s, t),
                 on_error=lambda e, t: state.record_server_failure(name, e, t),
                 wake=state.sample_wanted(f"server:{name}"),
+                count=self.metrics.collector_failures(f"server:{name}"),
             ),
             name=f"observer {name}",
             essential=True,
@@ -839,11 +869,14 @@ class Daemon:
             probe = _capacity_probe(res, self.settings, self._gpus)
             on_sample = partial(state.record_capacity, name)
             on_error = partial(state.record_capacity_failure, name)
+            count = self.metrics.collector_failures(f"capacity:{name}")
             if probe is system.sample_memory:
                 # /proc/meminfo is kernel memory, not a disk or a driver: every sample,
                 # the one a release asks for included, is taken on the loop, not handed to a
                 # thread and back (and one source keeps the samples in the order taken).
-                sample = sample_now(name, probe, on_sample=on_sample, on_error=on_error)
+                sample = sample_now(
+                    name, probe, on_sample=on_sample, on_error=on_error, count=count
+                )
                 state.sample_inline(name, sample)
                 self.supervisor.spawn(
                     run_inline_probe_loop(sample, interval_s=cfg.poll_s),
@@ -860,6 +893,7 @@ class Daemon:
                     on_sample=on_sample,
                     on_error=on_error,
                     wake=state.sample_wanted(name),
+                    count=count,
                 ),
                 name=f"collector {name}",
                 essential=True,
@@ -885,6 +919,7 @@ class Daemon:
                     timeout_s=cfg.probe_timeout_s,
                     on_sample=state.record_presence,
                     on_error=state.record_presence_failure,
+                    count=self.metrics.collector_failures("presence"),
                 ),
                 name="collector presence",
                 essential=True,
@@ -918,6 +953,7 @@ class Daemon:
                 interval_s=cfg.poll_s,
                 timeout_s=cfg.probe_timeout_s,
                 wake=wake,
+                count=self.metrics.collector_failures("presence"),
             ),
             name="collector presence",
             essential=True,
@@ -948,6 +984,7 @@ class Daemon:
                     ),
                     on_error=lambda e, t, n=name: state.record_pressure_failure(n, e, t),  # type: ignore[misc]
                     wake=state.sample_wanted(f"pressure:{name}"),
+                    count=self.metrics.collector_failures(f"pressure:{name}"),
                 ),
                 name=f"pressure {name}",
                 essential=True,
@@ -999,8 +1036,10 @@ class Daemon:
            ready, not serving) before anything closes.
         3. The drain: borrowed work in flight may finish, for at most
            ``[server] shutdown_grace_s``; the listeners stay up for at least
-           ``shutdown_delay_s`` even when nothing is in flight. A second SIGTERM/SIGINT
-           ends it at once (:meth:`hurry`).
+           ``shutdown_delay_s`` even when nothing is in flight, and at least
+           ``FOLLOWED_SHUTDOWN_DELAY_S`` whenever an ``/events`` follower (the companion)
+           heard ``stopping``, so it publishes the lender not ready before a listener
+           closes. A second SIGTERM/SIGINT ends it at once (:meth:`hurry`).
         4. What is left is cut unmistakably: WebSocket tunnels get a 1001 (Going Away)
            close frame on both legs; replies still streaming have their connections reset.
            ``/events`` followers get ``shutdown`` as the last event of their stream.
@@ -1010,6 +1049,17 @@ class Daemon:
         settings = self.settings
         grace_s = settings.server.shutdown_grace_s
         delay_s = settings.shutdown_delay_s
+        followers = self.state.event_followers
+        if followers and delay_s < FOLLOWED_SHUTDOWN_DELAY_S:
+            # A follower (the companion) publishes this lender not ready when it hears
+            # `stopping`: the listeners outlast that, whatever the configuration says.
+            delay_s = min(FOLLOWED_SHUTDOWN_DELAY_S, grace_s)
+            log.info(
+                "%d /events follower(s) hear `stopping` first: the listeners keep answering "
+                "for %g s (a second SIGTERM ends that now)",
+                followers,
+                delay_s,
+            )
         in_flight = self.in_flight()
         self.state.set_stopping(grace_s, len(in_flight))
         self.supervisor.stopping()  # listeners closing from here on are not failures
@@ -1038,12 +1088,12 @@ class Daemon:
         # The proxy listeners close together; the API listener goes last so /healthz and
         # /readyz answer until the end (and /events followers have their last event).
         api = self._runners.pop("api", None)
-        await asyncio.gather(*(runner.cleanup() for runner in self._runners.values()))
+        await self._close_listeners(self._runners)
         self._refusal_log.flush()  # the last window's refusal counts are not lost
         if self.kubernetes is not None:
             await self.kubernetes.stop()
         if api is not None:
-            await api.cleanup()
+            await self._close_listeners({"api": api})
         await self.owner.flush()  # a pause save in flight is written, not cancelled
         await self.supervisor.stop()
         if self.tracing is not None:
@@ -1054,6 +1104,7 @@ class Daemon:
             await session.close()
         for upstream_client in self._clients:
             await upstream_client.close()
+        log.info("stopped %.3f s after the stop began", loop.time() - began)
 
     async def _drain(self, began: float, grace_s: float, delay_s: float) -> None:
         """Wait (loop time ``began`` + at most ``grace_s`` s, at least ``delay_s`` s) until
@@ -1076,6 +1127,33 @@ class Daemon:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(DRAIN_POLL_S, grace_s - elapsed)):
                     await self._hurry.wait()
+
+    async def _close_listeners(self, runners: Mapping[str, web.BaseRunner]) -> None:
+        """Close ``runners`` together: requests still being answered get up to
+        ``CLOSE_TIMEOUT_S``, unless the stop is hurried (a second SIGTERM/SIGINT, before or
+        during the close): then they get ``HURRIED_CLOSE_S`` and their connections are
+        reset, so the daemon exits at once instead of waiting out the close timeout."""
+        closing: asyncio.Future[Any] = asyncio.gather(
+            *(runner.cleanup() for runner in runners.values())
+        )
+        hurry: asyncio.Future[Any] = asyncio.get_running_loop().create_task(
+            self._hurry.wait(), name="hurry"
+        )
+        try:
+            await asyncio.wait({closing, hurry}, return_when=asyncio.FIRST_COMPLETED)
+            if not closing.done():
+                with contextlib.suppress(TimeoutError):
+                    # a moment for what is about to end on its own (/events' last event)
+                    async with asyncio.timeout(HURRIED_CLOSE_S):
+                        await asyncio.shield(closing)
+            if not closing.done():
+                reset = sum(
+                    guard.reset_busy() for name, guard in self._guards.items() if name in runners
+                )
+                log.info("closing: %d connection(s) still answering were reset", reset)
+            await closing
+        finally:
+            hurry.cancel()
 
     async def _cut_what_is_left(self) -> int:
         """End the tunnels with 1001, then reset the proxy connections still answering a
@@ -1110,7 +1188,7 @@ async def recheck_config(path: Path | None) -> bool:
         return True
 
     def check() -> None:
-        read_secrets(load_config(path), str(path))
+        read_secrets(load_config(path), str(path), credentials_directory())
 
     try:
         await asyncio.to_thread(check)
@@ -1128,12 +1206,34 @@ async def recheck_config(path: Path | None) -> bool:
     return True
 
 
+async def warn_if_headless_at_a_desk(settings: Settings) -> str | None:
+    """Log (and return) a warning when presence is ``headless`` on a machine where logind
+    lists a local graphical session. Never raises: no logind means nothing to warn about."""
+    if settings.owner.presence != "headless":
+        return None
+    from vacancyd.collectors.logind import LogindError, local_sessions
+
+    try:
+        sessions = await local_sessions(settings.owner.bus_address)
+    except LogindError as exc:
+        log.debug("headless check: %s", exc)
+        return None
+    warning = presence_rules.headless_warning(sessions)
+    if warning:
+        log.warning("%s", warning)
+    return warning
+
+
 async def run_daemon(settings: Settings, config_path: Path | None = None) -> int:
     """Run until SIGTERM/SIGINT. Returns the process exit code.
 
     SIGHUP re-reads and validates ``config_path`` and logs the verdict
     (:func:`recheck_config`); it never stops the daemon.
     """
+    parser_problem = lenient_parser_problem()
+    if parser_problem is not None:
+        log.error("%s", parser_problem)
+        return 2
     memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
@@ -1155,7 +1255,14 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
         except (StartupError, ConfigError) as exc:
             log.error("%s", exc)
             return 2
-        sdnotify.notify(f"READY=1\nSTATUS=lending through {len(settings.upstream)} listener(s)")
+        line = daemon.service_status()
+        sdnotify.notify(f"READY=1\nSTATUS={line}")
+        if sdnotify.enabled():
+            daemon.supervisor.spawn(
+                sdnotify.status_updates(daemon.service_status, sent=line),
+                name="service status",
+                essential=False,
+            )
         ping_s = sdnotify.watchdog_interval_s()
         if ping_s is not None:
             daemon.supervisor.spawn(sdnotify.watchdog(ping_s), name="watchdog", essential=False)

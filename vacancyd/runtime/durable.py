@@ -6,12 +6,16 @@ fsynced, renamed over the old file, and the directory is fsynced, so a crash (or
 at any moment leaves either the old file or the new one, never a mix.
 
 Reading distinguishes "absent" (None: nothing was learned yet) from "present but unusable":
-a file that cannot be read, is not JSON, is not an object, or has a version this vacancyd
-does not know (for example one written by a newer release) raises :class:`StateFileError`
-naming the file. Callers then refuse what depends on it rather than guess; see
-docs/footprints.md ("Durable state"). A file that cannot be written (read-only directory,
-full disk) raises ``OSError`` from :func:`write_state`; the daemon logs it and keeps serving
-from memory.
+a file that cannot be read, is not a regular file (a FIFO would block the read forever), is
+larger than its limit (:data:`MAX_STATE_BYTES` unless the caller gives another), is not JSON
+or nested too deeply, is not an object, or has a version this vacancyd does not know (for
+example one written by a newer release) raises :class:`StateFileError` naming the file. The
+limit keeps startup quick whatever the state directory holds: a file is never read past it.
+A write whose content would exceed the limit fails like a full disk (``OSError``, EFBIG), so
+vacancyd never writes a file it would refuse to read back. Callers then refuse what depends
+on it rather than guess; see docs/footprints.md ("Durable state"). A file that cannot be
+written (read-only directory, full disk) raises ``OSError`` from :func:`write_state`; the
+daemon logs it, retries, and keeps serving from memory.
 
 Layout under ``state_dir``: ``calibration/RESOURCE.json`` (GPU pressure calibration),
 ``residency/UPSTREAM.json`` (the Ollama learned context map), ``footprints/UPSTREAM.json``
@@ -21,12 +25,17 @@ Layout under ``state_dir``: ``calibration/RESOURCE.json`` (GPU pressure calibrat
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+#: The largest state file read or written, in bytes, unless the caller names another limit.
+MAX_STATE_BYTES = 1024 * 1024
 
 
 class StateFileError(Exception):
@@ -38,23 +47,75 @@ class StateFileError(Exception):
         self.why = why
 
 
-def read_state(path: Path, versions: frozenset[int] | set[int]) -> dict[str, Any] | None:
-    """The object in ``path``, or None when the file does not exist.
+def read_text(path: Path, max_bytes: int = MAX_STATE_BYTES) -> str | None:
+    """The UTF-8 text of ``path``, or None when it does not exist; never reads more than
+    ``max_bytes`` + 1 bytes and never blocks on a FIFO or device.
 
-    ``versions``: the format versions the caller understands. Raises
-    :class:`StateFileError` for an unreadable, truncated or corrupt file, one that is not a
-    JSON object, or one whose ``version`` is not in ``versions``.
+    Raises :class:`StateFileError` for a file that is not a regular file, is over
+    ``max_bytes``, cannot be read or is not UTF-8.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return None  # nothing there (NotADirectory: not even the directory it would be in)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise StateFileError(path, f"cannot be read: {exc}") from exc
+    except OSError as exc:
+        raise StateFileError(path, f"cannot be read: {exc.strerror or exc}") from exc
     try:
-        data = json.loads(text)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise StateFileError(path, "cannot be read: it is not a regular file")
+        if info.st_size > max_bytes:
+            raise StateFileError(path, _too_large(info.st_size, max_bytes))
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:  # it grew while being read
+            raise StateFileError(path, _too_large(size, max_bytes))
+        return b"".join(chunks).decode("utf-8")
+    except OSError as exc:
+        raise StateFileError(path, f"cannot be read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise StateFileError(path, f"cannot be read: it is not UTF-8 text ({exc})") from exc
+    finally:
+        os.close(fd)
+
+
+def _too_large(size: int, max_bytes: int) -> str:
+    return f"is {size} bytes, over the {max_bytes} byte limit for this file; it was not read"
+
+
+def read_json(path: Path, max_bytes: int = MAX_STATE_BYTES) -> Any:
+    """The JSON value in ``path`` (None when the file does not exist), read within
+    ``max_bytes``. Raises :class:`StateFileError` as :func:`read_text` does, and for text
+    that is not JSON or nests too deeply to parse."""
+    text = read_text(path, max_bytes)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
     except ValueError as exc:
         raise StateFileError(path, f"is corrupt or truncated (not valid JSON: {exc})") from exc
+    except RecursionError:
+        raise StateFileError(path, "is not usable JSON (nested too deeply)") from None
+
+
+def read_state(
+    path: Path, versions: frozenset[int] | set[int], max_bytes: int = MAX_STATE_BYTES
+) -> dict[str, Any] | None:
+    """The object in ``path``, or None when the file does not exist.
+
+    ``versions``: the format versions the caller understands; ``max_bytes``: the file's size
+    limit. Raises :class:`StateFileError` for an unreadable, oversized, truncated or corrupt
+    file, one that is not a JSON object, or one whose ``version`` is not in ``versions``.
+    """
+    data = read_json(path, max_bytes)
+    if data is None:
+        return None
     if not isinstance(data, dict):
         raise StateFileError(path, "is not a JSON object")
     version = data.get("version")
@@ -70,9 +131,16 @@ def read_state(path: Path, versions: frozenset[int] | set[int]) -> dict[str, Any
     return data
 
 
-def write_state(path: Path, data: Mapping[str, Any]) -> None:
-    """Replace ``path`` with ``data`` as JSON, atomically. Raises OSError when it cannot."""
-    write_text(path, json.dumps(data, separators=(",", ":")))
+def write_state(path: Path, data: Mapping[str, Any], max_bytes: int = MAX_STATE_BYTES) -> None:
+    """Replace ``path`` with ``data`` as JSON, atomically. Raises OSError when it cannot,
+    EFBIG when the JSON would be over ``max_bytes`` (the old file is kept)."""
+    text = json.dumps(data, separators=(",", ":"))
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise OSError(
+            errno.EFBIG, f"would be {size} bytes, over the {max_bytes} byte limit for {path.name}"
+        )
+    write_text(path, text)
 
 
 def write_text(path: Path, text: str) -> None:

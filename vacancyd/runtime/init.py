@@ -5,8 +5,8 @@ asked, in this order, the question only one kind of server answers:
 
 1. Ollama: ``GET /api/version`` -> ``{"version": str}``; its models from ``GET /api/tags``;
 2. ComfyUI: ``GET /system_stats`` -> ``{"system": {...}, "devices": [...]}``;
-3. llama-server: ``GET /props`` -> an object with ``default_generation_settings`` (and
-   ``GET /health``); its model from ``GET /v1/models``;
+3. llama-server: ``GET /props`` -> an object with ``default_generation_settings``; its
+   model from ``GET /v1/models``;
 4. vLLM: ``GET /version`` -> ``{"version": str}``; its models from ``GET /v1/models``, and
    whether its sleep routes exist from ``GET /is_sleeping``;
 5. any OpenAI-compatible server: ``GET /v1/models`` -> ``{"data": [{"id": ...}]}``.
@@ -40,6 +40,7 @@ import aiohttp
 
 from vacancyd.collectors.nvidia import GpuInfo, list_gpus
 from vacancyd.config import ConfigError, parse_config
+from vacancyd.config.advice import config_warnings
 
 #: The ports local inference servers listen on by default.
 DEFAULT_CANDIDATES = (
@@ -244,8 +245,9 @@ def render_config(
         "# The API (status, metrics, admin) stays on loopback; use an SSH tunnel to reach it.",
         'listen = "127.0.0.1:9470"',
         "",
-        "# Under the systemd unit (a dynamic user), pass these files with LoadCredential= and",
-        "# name /run/credentials/vacancyd.service/NAME.token here instead (docs/install.md).",
+        "# These files stay root-only: under the systemd unit, `vacancyd install-service`",
+        "# passes each one to the service as a credential named after the file, so keep",
+        "# their file names distinct and run it again after changing them (docs/install.md).",
         "[[server.tokens]]",
         'name = "admin"               # vacancyd status / pause / resume: --token-file this',
         f"token_file = {_toml_str(str(token_dir / 'admin.token'))}",
@@ -264,10 +266,13 @@ def render_config(
         '# exclusive_apps = [{ name = "steam", scope = "gpu" }]',
         "",
     ]
+    #: MiB charged for a model of unknown size: the primary GPU's whole lendable memory,
+    #: so such a model is lent only while that card is otherwise free (0 without a GPU).
+    whole_card = 0
     if found.gpus:
         primary = "gpu0"
         for g in found.gpus:
-            keep = int(min(2048, max(512, g.total_mib * 0.1)))
+            keep = _keep_free_mib(g.total_mib)
             lines += [
                 "[[resource]]",
                 f'name = "gpu{g.index}"',
@@ -279,6 +284,8 @@ def render_config(
                 "",
             ]
         primary = f"gpu{found.gpus[0].index}"
+        total = found.gpus[0].total_mib
+        whole_card = int((total - _keep_free_mib(total)) // 256 * 256)
     else:
         primary = "ram"
         lines += ["[[resource]]", 'name = "ram"', 'kind = "memory"', "min_free_mib = 2048", ""]
@@ -316,12 +323,22 @@ def render_config(
                 + ", ".join(f"{_toml_str(m)} = {_footprint(v)}" for m, v in sized.items())
                 + " }",
             ]
+        elif s.models and whole_card:
+            lines += [
+                "",
+                "[upstream.models]",
+                f"# footprints of {', '.join(s.models)} are unknown: until you measure them",
+                "# (vacancyd measure), each is charged the whole lendable card, so it is lent",
+                "# only while the card is otherwise free.",
+                f"default_mib = {whole_card}",
+            ]
         elif s.models:
             lines += [
                 "",
                 "[upstream.models]",
-                f"# footprints of {', '.join(s.models)} are unknown: measure them and set",
-                "# default_mib (0 checks only the resource's min_free_mib)",
+                f"# WARNING: footprints of {', '.join(s.models)} are unknown. With 0, a model",
+                "# is charged nothing and only the resource's min_free_mib protects the owner:",
+                "# measure them (vacancyd measure) and set default_mib before lending.",
                 "default_mib = 0",
             ]
         lines.append("")
@@ -332,6 +349,11 @@ def render_config(
             "",
         ]
     return "\n".join(lines)
+
+
+def _keep_free_mib(total_mib: float) -> int:
+    """MiB of a GPU kept free for the owner: 10 % of it, at least 512, at most 2048."""
+    return int(min(2048, max(512, total_mib * 0.1)))
 
 
 def _writable_dir(path: Path) -> None:
@@ -416,7 +438,7 @@ def run_init(
         when=dt.datetime.now().astimezone(),
     )
     try:
-        parse_config(text, "<vacancyd init>")
+        settings = parse_config(text, "<vacancyd init>")
     except ConfigError as exc:  # a bug here, never the user's: say so plainly
         raise InitError(
             f"the generated config does not validate (please report this): {exc}"
@@ -430,6 +452,7 @@ def run_init(
         if found.gpus
         else f"no GPU: {found.gpu_error}"
     )
+    report += [f"warning: {advice}" for advice in config_warnings(settings)]
     if not to_stdout:
         report += write_config(text, path, force=force)
         report.append(f"next: vacancyd check-config {path}, then measure footprints")

@@ -50,6 +50,12 @@ log = logging.getLogger(__name__)
 VERSION = 1
 VERSIONS = frozenset({VERSION})
 
+#: The most holds ``holds.json`` may list; a file with more is refused like a corrupt one
+#: (every resource refuses). Each hold keeps a reservation, so a real daemon holds far fewer.
+MAX_HOLDS = 1024
+#: The most entries a learned context map or a priors file may have when read back.
+MAX_LEARNED_ENTRIES = 4096
+
 #: A failed write is tried again after this many seconds, doubling up to RETRY_MAX_S.
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 10.0
@@ -113,6 +119,8 @@ def holds_from_json(data: Mapping[str, Any]) -> list[SavedHold]:
     raw = data.get("holds")
     if not isinstance(raw, list):
         raise ValueError("'holds' is not a list")
+    if len(raw) > MAX_HOLDS:
+        raise ValueError(f"lists {len(raw)} holds, over the limit of {MAX_HOLDS}")
     out = []
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
@@ -205,6 +213,8 @@ def learning_from_json(data: Mapping[str, Any]) -> ContextLearning:
     raw = data.get("contexts")
     if not isinstance(raw, list):
         raise ValueError("'contexts' is not a list")
+    if len(raw) > MAX_LEARNED_ENTRIES:
+        raise ValueError(f"lists {len(raw)} contexts, over the limit of {MAX_LEARNED_ENTRIES}")
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
             raise ValueError(f"contexts[{i}] is not an object")
@@ -227,6 +237,11 @@ def learning_from_json(data: Mapping[str, Any]) -> ContextLearning:
     raw_mf = data.get("modelfile_num_ctx", {})
     if not isinstance(raw_mf, dict):
         raise ValueError("'modelfile_num_ctx' is not an object")
+    if len(raw_mf) > MAX_LEARNED_ENTRIES:
+        raise ValueError(
+            f"'modelfile_num_ctx' has {len(raw_mf)} entries, over the limit of "
+            f"{MAX_LEARNED_ENTRIES}"
+        )
     for digest, value in raw_mf.items():
         if value is not None and not _positive_int(value):
             raise ValueError(f"modelfile_num_ctx[{digest!r}] is not a positive integer or null")
@@ -243,6 +258,8 @@ def priors_from_json(data: Mapping[str, Any]) -> dict[str, int]:
     raw = data.get("priors")
     if not isinstance(raw, dict):
         raise ValueError("'priors' is not an object")
+    if len(raw) > MAX_LEARNED_ENTRIES:
+        raise ValueError(f"has {len(raw)} priors, over the limit of {MAX_LEARNED_ENTRIES}")
     out: dict[str, int] = {}
     for model, mib in raw.items():
         if not _positive_int(mib):
@@ -402,11 +419,13 @@ class LearnedSaver:
                     self.holds_failed(f"{path}: {message}")
                 if self.errors.get(str(path)) != message:
                     log.error(
-                        "cannot write durable state %s: %s; what was learned is kept in memory "
-                        "and lost on restart until the state directory is writable (the write "
-                        "is retried)",
+                        "cannot write durable state %s: %s; %s (the write is retried)",
                         path,
                         message,
+                        "the held jobs in it are kept in memory"
+                        if kind == "holds"
+                        else "what was learned is kept in memory and lost on restart until "
+                        "the state directory is writable",
                     )
                 self.errors[str(path)] = message
             else:

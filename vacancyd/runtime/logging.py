@@ -75,6 +75,16 @@ def configure(level: str = "info", fmt: str = "plain") -> None:
         handler.setFormatter(TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     else:
         raise ValueError(f"unknown log format {fmt!r} (plain or json)")
+    # Neither format shows where a call was made from, nor the thread, process or task: not
+    # collecting them saves about a fifth of every record's cost (the "Optimization" section
+    # of Python's logging HOWTO names these switches), and the access line is written once
+    # per request.
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    if sys.version_info >= (3, 12):
+        logging.logAsyncioTasks = False
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)

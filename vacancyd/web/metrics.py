@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -20,15 +20,25 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, InfoMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from vacancyd import __version__
+from vacancyd.core.observations import ProbeFailure
 from vacancyd.core.reasons import Credit, CreditCode
 
 #: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
 #: seconds to minutes.
 REQUEST_BUCKETS_S = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+    """(body, Content-Type) of a scrape of ``registry`` in the format the ``Accept`` header
+    asks for: OpenMetrics 1.0 (``application/openmetrics-text``) when it is asked for, else
+    the Prometheus text format 0.0.4 (prometheus_client's own negotiation)."""
+    encode, content_type = choose_encoder(accept or "")
+    return encode(registry), content_type
 
 
 class BuildCollector(Collector):
@@ -66,6 +76,11 @@ class LoopCounter(Collector):
         """Count one event for ``labels`` (one value per label name, in order)."""
         counts = self._counts
         counts[labels] = counts.get(labels, 0) + 1
+
+    def touch(self, *labels: str) -> None:
+        """Export ``labels``' series at 0 before its first event, so that ``rate()`` and
+        ``increase()`` see the first one."""
+        self._counts.setdefault(labels, 0)
 
     def value(self, *labels: str) -> int:
         """The count for ``labels`` so far (0 when never counted)."""
@@ -169,12 +184,20 @@ class Metrics:
             "upstream_failed, cut, not_forwarded.",
             ("upstream", "outcome"),
         )
+        self.collector_errors = LoopCounter(
+            "vacancyd_collector_errors",
+            "Failed samples of the collectors and probes, by collector (capacity:RESOURCE, "
+            "pressure:RESOURCE, server:UPSTREAM, presence) and error (timeout, stuck, failed, "
+            "unexpected).",
+            ("collector", "error"),
+        )
         for counter in (
             self.decisions,
             self.auth_decisions,
             self.proxied,
             self.upstream_errors,
             self.jobs,
+            self.collector_errors,
         ):
             self.registry.register(counter)
         self.wake_seconds = Histogram(
@@ -242,6 +265,18 @@ class Metrics:
     def request(self, upstream: str, route_class: str, code: str) -> None:
         """One request answered by ``upstream``'s listener (``vacancyd_proxy_requests``)."""
         self.proxied.inc(upstream, route_class, code)
+
+    def collector_error(self, collector: str, error: str) -> None:
+        """One failed sample of ``collector`` (``vacancyd_collector_errors_total``); ``error``
+        is a :class:`~vacancyd.core.observations.ProbeFailure` value."""
+        self.collector_errors.inc(collector, error)
+
+    def collector_failures(self, collector: str) -> Callable[[ProbeFailure], None]:
+        """What a probe loop calls to count ``collector``'s failed samples; every kind's
+        series is exported (at 0) from now on."""
+        for kind in ProbeFailure:
+            self.collector_errors.touch(collector, kind.value)
+        return lambda kind: self.collector_errors.inc(collector, kind.value)
 
     def upstream_error(self, upstream: str, stage: str) -> None:
         """A forwarded request that failed at ``stage`` (``vacancyd_upstream_errors``)."""

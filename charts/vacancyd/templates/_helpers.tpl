@@ -72,3 +72,30 @@ app.kubernetes.io/component: companion
   name: {{ . | quote }}
 {{- end }}
 {{- end -}}
+
+{{- /*
+Pod settings: image, resources, nodeSelector, tolerations and affinity are top-level values.
+They used to live under companion.; a key still set there wins (the image merged over the
+top-level one), and NOTES.txt says which to move (vacancyd.deprecatedPodKeys).
+Use: $pod := include "vacancyd.podValues" . | fromYaml
+*/ -}}
+{{- define "vacancyd.podValues" -}}
+{{- $old := .Values.companion | default dict -}}
+{{- $image := deepCopy (.Values.image | default dict) -}}
+{{- if $old.image }}{{- $image = mergeOverwrite $image (deepCopy $old.image) -}}{{- end }}
+image:
+  {{- toYaml $image | nindent 2 }}
+{{- range $key := list "resources" "nodeSelector" "tolerations" "affinity" }}
+{{ $key }}:
+  {{- toYaml (ternary (get $old $key) (get $.Values $key) (hasKey $old $key)) | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "vacancyd.deprecatedPodKeys" -}}
+{{- $old := .Values.companion | default dict -}}
+{{- $found := list -}}
+{{- range $key := list "image" "resources" "nodeSelector" "tolerations" "affinity" }}
+{{- if hasKey $old $key }}{{ $found = append $found (printf "companion.%s" $key) }}{{ end }}
+{{- end -}}
+{{- join ", " $found -}}
+{{- end -}}

@@ -1,10 +1,11 @@
 {{- /*
-The Pod of a one-shot upkeep command (vacancyd k8s ...): the companion's image and the pod
-and container security settings of the companion, so it is admitted where the companion is.
+The Pod of a one-shot upkeep command (vacancyd k8s ...): the chart's image and the pod
+and container settings the companion has, so it is admitted where the companion is.
 Called with (dict "root" $ "name" NAME "serviceAccount" SA "args" LIST).
 */ -}}
 {{- define "vacancyd.upkeepPod" -}}
 {{- $root := .root -}}
+{{- $pod := include "vacancyd.podValues" $root | fromYaml -}}
 metadata:
   labels:
     {{- include "vacancyd.labels" $root | nindent 4 }}
@@ -24,8 +25,8 @@ spec:
     {{- toYaml $root.Values.podSecurityContext | nindent 4 }}
   containers:
     - name: {{ .name }}
-      image: "{{ $root.Values.companion.image.repository }}:{{ $root.Values.companion.image.tag | default $root.Chart.AppVersion }}"
-      imagePullPolicy: {{ $root.Values.companion.image.pullPolicy }}
+      image: "{{ $pod.image.repository }}:{{ $pod.image.tag | default $root.Chart.AppVersion }}"
+      imagePullPolicy: {{ $pod.image.pullPolicy }}
       args:
         {{- toYaml .args | nindent 8 }}
       {{- with $root.Values.extraEnv }}
@@ -35,12 +36,12 @@ spec:
       securityContext:
         {{- toYaml $root.Values.securityContext | nindent 8 }}
       resources:
-        {{- toYaml $root.Values.companion.resources | nindent 8 }}
-  {{- with $root.Values.companion.nodeSelector }}
+        {{- toYaml $pod.resources | nindent 8 }}
+  {{- with $pod.nodeSelector }}
   nodeSelector:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $root.Values.companion.tolerations }}
+  {{- with $pod.tolerations }}
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
