@@ -200,9 +200,58 @@ def test_systemd_notify_ready_and_stopping(tmp_path: Path, proc_env: dict[str, s
             code, _ = get_json(f"http://127.0.0.1:{api}/healthz")
             assert code == 200
             p.send_signal(signal.SIGTERM)
-            assert sock.recv(4096).decode() == "STOPPING=1"
+            # STATUS= updates may come first (the service status line, kept current)
+            message = sock.recv(4096).decode()
+            while message.startswith("STATUS="):
+                message = sock.recv(4096).decode()
+            assert message == "STOPPING=1"
             p.communicate(timeout=15)
             assert p.returncode == 0
         finally:
             if p.poll() is None:
                 p.kill()
+
+
+def test_systemd_status_line_follows_lendability(tmp_path: Path, proc_env: dict[str, str]) -> None:
+    """STATUS= (what `systemctl status` shows) is kept current: it says whether the upstream
+    is lent or why not, and how many jobs run, and changes when lending is switched off."""
+    api = free_port()
+    cfg = tmp_path / "v.toml"
+    cfg.write_text(
+        single_upstream_toml(
+            api=api,
+            proxy=free_port(),
+            target=f"http://127.0.0.1:{free_port()}",
+            state_dir=tmp_path / "state",
+        )
+    )
+    sock_path = str(tmp_path / "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(sock_path)
+        sock.settimeout(20)
+        p = subprocess.Popen(
+            vacancyd("run", "--config", str(cfg)),
+            env={**proc_env, "NOTIFY_SOCKET": sock_path},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            ready = sock.recv(4096).decode()
+            assert ready.startswith("READY=1\nSTATUS=") and "0 jobs running" in ready, ready
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{api}/admin/lending",
+                data=b'{"enabled": false}',
+                method="PUT",
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request) as r:
+                assert r.status == 200
+            while True:  # the line changes within a few seconds, to the new reason
+                message = sock.recv(4096).decode()
+                assert message.startswith("STATUS="), message
+                if "lending_disabled" in message:
+                    break
+            assert message == "STATUS=not lending: up (lending_disabled); 0 jobs running"
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=15)

@@ -155,22 +155,48 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     When the only problems are secret files that do not exist yet, they are warnings (exit
     0) unless ``--strict``: a config can be checked before its tokens are put in place. Any
     other problem is an error (exit 1), and then every problem is listed, missing files too.
+    Under the systemd unit (``$CREDENTIALS_DIRECTORY`` set) secret files are read from the
+    service's credentials. ``--service`` runs the same check as the service will (its user,
+    its credentials); ``--signal PID`` sends SIGHUP to PID after a successful check (the
+    unit's ``ExecReload=``). A ``headless`` presence on a machine with a local graphical
+    session is warned about.
     """
-    from vacancyd.config.secrets import missing_secret_files, read_secrets, without_missing_files
+    if args.service:
+        return _check_config_as_service(args)
+    from vacancyd.config.secrets import (
+        credentials_directory,
+        missing_secret_files,
+        read_secrets,
+        without_missing_files,
+    )
 
+    credentials = credentials_directory()
+    # systemd shows a unit's credentials to its main process only; under ExecReload= the
+    # directory is named but hidden. The daemon re-checks its secrets itself on SIGHUP.
+    hidden = credentials is not None and not os.access(credentials, os.R_OK | os.X_OK)
     missing: list[tuple[str, Path]] = []
     try:
         settings = load_config(args.file)
         try:
-            read_secrets(settings, str(args.file))
+            if hidden:
+                print(
+                    f"{args.file}: secret files not checked here: this process cannot see the "
+                    f"service's credentials ({credentials}); the daemon checks them on SIGHUP",
+                    file=sys.stderr,
+                )
+            else:
+                read_secrets(settings, str(args.file), credentials)
         except ConfigError as everything:
-            missing = missing_secret_files(settings)
+            missing = missing_secret_files(settings, credentials)
             if args.strict or not missing:
                 raise
             try:
-                read_secrets(without_missing_files(settings), str(args.file))
+                read_secrets(
+                    without_missing_files(settings, credentials), str(args.file), credentials
+                )
             except ConfigError:
                 raise everything from None
+        _check_tls_files(settings, str(args.file))
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
@@ -184,12 +210,74 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
     for advice in config_warnings(settings):
         print(f"{args.file}: warning: {advice}", file=sys.stderr)
+    headless = _headless_warning(settings)
+    if headless:
+        print(f"{args.file}: warning: {headless}", file=sys.stderr)
     print(
         f"{args.file}: OK ({len(settings.resource)} resource(s), "
         f"{len(settings.upstream)} upstream(s); API on {settings.server.listen})"
         + (f"; {len(missing)} secret file(s) still to create" if missing else "")
     )
+    if args.signal is not None:
+        import signal
+
+        try:
+            os.kill(args.signal, signal.SIGHUP)
+        except OSError as exc:
+            print(f"vacancyd check-config: cannot signal {args.signal}: {exc}", file=sys.stderr)
+            return 1
+        print(f"sent SIGHUP to {args.signal}")
     return 0
+
+
+def _check_tls_files(settings: Settings, source: str) -> None:
+    """Load the API's TLS certificate and key as the daemon will; raises ConfigError."""
+    server = settings.server
+    if server.tls_cert_file is None or server.tls_key_file is None:
+        return
+    from vacancyd.web.tls import TlsError, TlsFiles, server_context
+
+    try:
+        server_context(
+            TlsFiles(server.tls_cert_file, server.tls_key_file, server.tls_client_ca_file)
+        )
+    except TlsError as exc:
+        raise ConfigError(source, [f"server.tls_cert_file / tls_key_file: {exc}"]) from exc
+
+
+def _headless_warning(settings: Settings) -> str | None:
+    """The warning for ``presence = "headless"`` where logind lists a local graphical
+    session; None when there is none or logind cannot be asked."""
+    if settings.owner.presence != "headless":
+        return None
+    from vacancyd.collectors.logind import LogindError, local_sessions
+    from vacancyd.core.presence import headless_warning
+
+    try:
+        sessions = asyncio.run(local_sessions(settings.owner.bus_address))
+    except LogindError:
+        return None
+    return headless_warning(sessions)
+
+
+def _check_config_as_service(args: argparse.Namespace) -> int:
+    from vacancyd.runtime.service import SERVICE_USER, ServiceError, check_as_service
+
+    if os.geteuid() != 0:
+        print("vacancyd check-config --service: needs root (run it with sudo)", file=sys.stderr)
+        return 1
+    if not args.file.is_absolute():
+        args.file = args.file.absolute()
+    try:
+        done = check_as_service(args.file, strict=args.strict)
+    except ServiceError as exc:
+        print(f"vacancyd check-config --service: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    if done.returncode == 0:
+        print(f"(checked as the service: user {SERVICE_USER}, secret files as credentials)")
+    return done.returncode
 
 
 def _opener(tls: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
@@ -566,7 +654,8 @@ def cmd_open(args: argparse.Namespace) -> int:
 def _service(args: argparse.Namespace) -> Any:
     from vacancyd.runtime.service import Service
 
-    return Service(root=args.root, config=args.config)
+    # Below another root (an image being built) nothing may act on this host's systemd.
+    return Service(root=args.root, config=args.config, manage=args.root.resolve() == Path("/"))
 
 
 def cmd_install_service(args: argparse.Namespace) -> int:
@@ -973,6 +1062,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a token or credential file that is missing is an error",
     )
+    check.add_argument(
+        "--service",
+        action="store_true",
+        help="check it as the systemd service will see it: as its user, with the secret "
+        "files passed as credentials (needs root)",
+    )
+    check.add_argument(
+        "--signal",
+        type=int,
+        metavar="PID",
+        help="after a successful check, send SIGHUP to PID (the unit's ExecReload)",
+    )
     check.set_defaults(func=cmd_check_config)
 
     for verb, helptext, func in (
@@ -992,13 +1093,15 @@ def build_parser() -> argparse.ArgumentParser:
             "--config",
             type=Path,
             default=Path("/etc/vacancyd/vacancyd.toml"),
-            help="config file the service runs with (created from the default if missing)",
+            help="config file the service runs with (default /etc/vacancyd/vacancyd.toml; "
+            "`vacancyd init` writes it)",
         )
         svc.add_argument(
             "--root",
             type=Path,
             default=Path("/"),
-            help="install below this directory instead of / (images, tests); no root needed",
+            help="install below this directory instead of / (images): files only, never "
+            "systemctl; no root needed",
         )
         if verb == "install-service":
             svc.add_argument(

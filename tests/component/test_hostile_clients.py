@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
@@ -171,6 +172,75 @@ async def test_probes_are_answered_and_the_cap_is_exact_when_the_listener_is_ful
         finally:
             for sock in burst:
                 sock.close()
+
+
+def guard_of(d: RunningDaemon, listener: str) -> Any:
+    site = next(iter(d.daemon._runners[listener].sites))
+    assert isinstance(site, GuardedTCPSite)
+    return site.guard
+
+
+#: Budgets that make one kind of refusal happen after four idle connections, and where
+#: those four (and the refused fifth) come from.
+REFUSALS = {
+    "connections": (
+        {
+            "max_connections": 4,
+            "max_unauthenticated_connections": 4,
+            "max_unauthenticated_per_peer": 100,
+        },
+        ["127.0.1.1", "127.0.1.2", "127.0.1.3", "127.0.1.4"],
+        "127.0.1.5",
+    ),
+    "unauthenticated": (
+        {"max_unauthenticated_connections": 4, "max_unauthenticated_per_peer": 100},
+        ["127.0.1.1", "127.0.1.2", "127.0.1.3", "127.0.1.4"],
+        "127.0.1.5",
+    ),
+    "peer": (
+        {"max_unauthenticated_connections": 8, "max_unauthenticated_per_peer": 2},
+        ["127.0.0.2"] * 4,
+        "127.0.0.2",
+    ),
+}
+
+
+@pytest.mark.parametrize("why", sorted(REFUSALS))
+async def test_every_connection_refusal_is_a_json_503_and_never_a_traceback(
+    why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On either event loop (uvloop's transports are not ``asyncio.Transport``s) a connection
+    over a budget gets the documented 503, and a probe on a full API listener its answer."""
+    limits, fillers, source = REFUSALS[why]
+    async with lender(limits=limits) as (d, _seen):
+        held: list[socket.socket] = []
+        try:
+            for listener in ("up", "api"):
+                for address in fillers:
+                    held.append(await open_from(address, addr(d, listener)))
+                guard = guard_of(d, listener)
+                await d.wait_until(lambda g=guard: g.open == len(fillers))  # type: ignore[misc]
+            request = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+            data = await raw(addr(d, "up"), request.encode(), source=source)
+            assert data.startswith(b"HTTP/1.1 503 "), data[:80]
+            head = data.split(b"\r\n\r\n", 1)[0]
+            assert b"Retry-After: " in head and b"Connection: close" in head
+            error = json_of(data)["error"]
+            assert (error["code"], error["limit"]) == ("connection_limit", why)
+            health = await raw(addr(d, "api"), b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", source)
+            if why == "peer":  # a flooding address is answered at once, probe or not
+                assert json_of(health)["error"]["limit"] == "peer"
+            else:
+                assert health.startswith(b"HTTP/1.1 200 "), health[:80]
+                assert json_of(health)["status"] == "ok"
+            refused = d.daemon.metrics.connections_refused
+            assert refused.labels("up", why)._value.get() == 1
+            assert refused.labels("api", why)._value.get() == 1
+        finally:
+            for sock in held:
+                sock.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
 
 
 async def test_events_subscribers_have_their_own_cap() -> None:

@@ -248,6 +248,30 @@ class LogindClient:
                 watch.cancel()
 
 
+async def local_sessions(
+    bus_address: str | None, timeout_s: float = 2.0
+) -> list[rules.SessionFacts]:
+    """Every session logind lists, read once within ``timeout_s`` seconds (for the
+    ``headless`` warning of check-config and the daemon's start). Raises LogindError (also
+    on the deadline) when logind cannot be asked: no system bus, no logind."""
+    client = LogindClient(bus_address, signals=False)
+    try:
+        async with asyncio.timeout(timeout_s):
+            listed = await client.list_sessions()
+            facts = []
+            for sid, uid, user, _seat, path in listed:
+                try:
+                    props = await client.session_properties(path)
+                except LogindError:  # it closed between the two calls
+                    continue
+                facts.append(rules.parse_session(sid, uid, user, props, rules.PresencePolicy()))
+            return facts
+    except TimeoutError:
+        raise LogindError(f"{client.where} did not answer within {timeout_s:g} s") from None
+    finally:
+        await client.close()
+
+
 class LogindPresence:
     """Takes one presence sample from logind (plus the owner-process scan)."""
 

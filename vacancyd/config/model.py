@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -89,6 +90,22 @@ def read_secret_file(path: Path) -> str:
     return secret
 
 
+def secret_path(path: Path, credentials: Path | None) -> Path:
+    """Where a token or credential file is read from.
+
+    Under the systemd unit (``credentials``: the service's ``$CREDENTIALS_DIRECTORY``) a
+    secret file is passed with ``LoadCredential=`` as the credential named after its file
+    name, so ``/etc/vacancyd/tokens/admin.token`` is read from
+    ``$CREDENTIALS_DIRECTORY/admin.token`` when that credential exists; otherwise (no
+    credentials, or none of that name) from ``path`` itself.
+    """
+    if credentials is not None:
+        candidate = credentials / path.name
+        if os.path.exists(candidate):  # False also when the directory cannot be searched
+            return candidate
+    return path
+
+
 def _check_listen(value: str) -> str:
     host, _ = split_listen(value)
     if host != "localhost":
@@ -115,12 +132,13 @@ class TokenSettings(_Model):
             raise ValueError("token must be at least 16 characters")
         return self
 
-    def secret(self) -> str:
-        """The token value; reads ``token_file``. Raises ValueError if it cannot be used."""
+    def secret(self, credentials: Path | None = None) -> str:
+        """The token value; reads ``token_file`` (from ``credentials`` when the service was
+        passed it: :func:`secret_path`). Raises ValueError if it cannot be used."""
         if self.token is not None:
             return self.token.get_secret_value()
         assert self.token_file is not None
-        return read_secret_file(self.token_file)
+        return read_secret_file(secret_path(self.token_file, credentials))
 
 
 class LimitsSettings(_Model):
@@ -586,15 +604,16 @@ class UpstreamSettings(_Model):
             raise ValueError("exclusive_of lists an upstream twice")
         return self
 
-    def upstream_credential(self) -> str | None:
-        """The credential sent to the upstream as a bearer token, if any.
+    def upstream_credential(self, credentials: Path | None = None) -> str | None:
+        """The credential sent to the upstream as a bearer token, if any; ``credential_file``
+        is read from ``credentials`` when the service was passed it (:func:`secret_path`).
 
         Raises ValueError when ``credential_file`` cannot be used.
         """
         if self.credential is not None:
             return self.credential.get_secret_value()
         if self.credential_file is not None:
-            return read_secret_file(self.credential_file)
+            return read_secret_file(secret_path(self.credential_file, credentials))
         return None
 
 

@@ -2,15 +2,80 @@
 
 Used by ``vacancyd check-config`` (so validation covers token and credential files) and by
 the daemon at start (which refuses to start on any problem).
+
+Under the systemd unit the secret files stay root-only: ``vacancyd install-service`` passes
+each one with ``LoadCredential=NAME:PATH``, NAME being the file's name
+(:func:`credential_plan`), and the daemon reads ``$CREDENTIALS_DIRECTORY/NAME`` in place of
+PATH (:func:`vacancyd.config.model.secret_path`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from vacancyd.config.load import ConfigError
-from vacancyd.config.model import Settings
+from vacancyd.config.model import Settings, secret_path
+
+#: The variable systemd sets for a service it passes credentials to (LoadCredential=).
+CREDENTIALS_ENV = "CREDENTIALS_DIRECTORY"
+
+
+def credentials_directory() -> Path | None:
+    """The service's credentials directory (``$CREDENTIALS_DIRECTORY``), or None."""
+    value = os.environ.get(CREDENTIALS_ENV)
+    return Path(value) if value else None
+
+
+def secret_files(settings: Settings) -> list[tuple[str, Path]]:
+    """(key, path) for every token and credential file the settings name, in order; ``key``
+    as in ``server.tokens[0].token_file``."""
+    files: list[tuple[str, Path]] = []
+    for i, t in enumerate(settings.server.tokens):
+        if t.token_file is not None:
+            files.append((f"server.tokens[{i}].token_file", t.token_file))
+    for i, up in enumerate(settings.upstream):
+        if up.credential_file is not None:
+            files.append((f"upstream[{i}].credential_file ({up.name})", up.credential_file))
+    return files
+
+
+def credential_plan(settings: Settings, source: str = "configuration") -> dict[str, Path]:
+    """Credential name -> secret file, as the systemd unit passes them (``LoadCredential=``).
+
+    The name is the file's name. Raises :class:`ConfigError` when two different files share
+    a name (the service could not tell them apart: rename one) or a path is not absolute.
+    """
+    plan: dict[str, Path] = {}
+    first: dict[str, str] = {}
+    problems: list[str] = []
+    for key, path in secret_files(settings):
+        if not path.is_absolute():
+            problems.append(f"{key}: {path} must be an absolute path for the systemd service")
+            continue
+        name = path.name
+        if name in plan and plan[name] != path:
+            problems.append(
+                f"{key}: {path} has the same file name as {plan[name]} ({first[name]}); the "
+                "service receives secret files by file name, so rename one of them"
+            )
+            continue
+        plan[name] = path
+        first.setdefault(name, key)
+    if problems:
+        raise ConfigError(source, problems)
+    return plan
+
+
+def _not_passed(path: Path, credentials: Path | None) -> str:
+    """A hint for a secret file the service cannot read and was not passed."""
+    if credentials is None or secret_path(path, credentials) != path:
+        return ""
+    return (
+        f" (the service was not passed it as the credential {path.name!r}: run "
+        "`sudo vacancyd install-service` again after changing the secret files of its config)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,8 +87,11 @@ class Secrets:
     credentials: dict[str, str]
 
 
-def read_secrets(settings: Settings, source: str = "configuration") -> Secrets:
-    """Read token and credential files. Raises :class:`ConfigError` listing every problem:
+def read_secrets(
+    settings: Settings, source: str = "configuration", credentials: Path | None = None
+) -> Secrets:
+    """Read token and credential files (from ``credentials``, the service's credentials
+    directory, when it holds them). Raises :class:`ConfigError` listing every problem:
     unreadable, non-regular, oversized or empty files, tokens shorter than 16 characters,
     and two tokens with the same secret (which would make their scopes ambiguous)."""
     problems: list[str] = []
@@ -31,9 +99,10 @@ def read_secrets(settings: Settings, source: str = "configuration") -> Secrets:
     seen: dict[str, int] = {}
     for i, t in enumerate(settings.server.tokens):
         try:
-            secret = t.secret()
+            secret = t.secret(credentials)
         except ValueError as exc:
-            problems.append(f"server.tokens[{i}].token_file: {exc}")
+            hint = _not_passed(t.token_file, credentials) if t.token_file else ""
+            problems.append(f"server.tokens[{i}].token_file: {exc}{hint}")
             continue
         if len(secret) < 16:
             problems.append(f"server.tokens[{i}]: token shorter than 16 characters")
@@ -46,42 +115,45 @@ def read_secrets(settings: Settings, source: str = "configuration") -> Secrets:
             continue
         seen[secret] = i
         tokens.append((t.name, secret, frozenset(t.scopes)))
-    credentials: dict[str, str] = {}
+    upstream_credentials: dict[str, str] = {}
     for i, up in enumerate(settings.upstream):
         try:
-            credential = up.upstream_credential()
+            credential = up.upstream_credential(credentials)
         except ValueError as exc:
-            problems.append(f"upstream[{i}].credential_file ({up.name}): {exc}")
+            hint = _not_passed(up.credential_file, credentials) if up.credential_file else ""
+            problems.append(f"upstream[{i}].credential_file ({up.name}): {exc}{hint}")
             continue
         if credential is not None:
-            credentials[up.name] = credential
+            upstream_credentials[up.name] = credential
     if problems:
         raise ConfigError(source, problems)
-    return Secrets(tuple(tokens), credentials)
+    return Secrets(tuple(tokens), upstream_credentials)
 
 
-def missing_secret_files(settings: Settings) -> list[tuple[str, Path]]:
+def missing_secret_files(
+    settings: Settings, credentials: Path | None = None
+) -> list[tuple[str, Path]]:
     """(where, path) for every token or credential file the settings name that does not
-    exist (yet). ``where`` is the key, as in ``server.tokens[0].token_file``."""
-    missing: list[tuple[str, Path]] = []
-    for i, t in enumerate(settings.server.tokens):
-        if t.token_file is not None and not t.token_file.exists():
-            missing.append((f"server.tokens[{i}].token_file", t.token_file))
-    for i, up in enumerate(settings.upstream):
-        if up.credential_file is not None and not up.credential_file.exists():
-            missing.append((f"upstream[{i}].credential_file ({up.name})", up.credential_file))
-    return missing
+    exist (yet), neither as a credential in ``credentials`` nor at its path. ``where`` is
+    the key, as in ``server.tokens[0].token_file``."""
+    return [
+        (key, path)
+        for key, path in secret_files(settings)
+        if not secret_path(path, credentials).exists()
+    ]
 
 
-def without_missing_files(settings: Settings) -> Settings:
+def without_missing_files(settings: Settings, credentials: Path | None = None) -> Settings:
     """A copy of ``settings`` minus the tokens and credentials whose files do not exist, so
     the files that do exist can still be checked (``vacancyd check-config``)."""
-    tokens = [t for t in settings.server.tokens if t.token_file is None or t.token_file.exists()]
+
+    def there(path: Path | None) -> bool:
+        return path is None or secret_path(path, credentials).exists()
+
+    tokens = [t for t in settings.server.tokens if there(t.token_file)]
     server = settings.server.model_copy(update={"tokens": tokens})
     upstreams = [
-        up
-        if up.credential_file is None or up.credential_file.exists()
-        else up.model_copy(update={"credential_file": None})
+        up if there(up.credential_file) else up.model_copy(update={"credential_file": None})
         for up in settings.upstream
     ]
     return settings.model_copy(update={"server": server, "upstream": upstreams})

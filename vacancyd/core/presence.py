@@ -442,3 +442,21 @@ def count_kinds(sessions: Iterable[Mapping[str, object]]) -> dict[str, int]:
         if isinstance(kind, str) and kind in counts:
             counts[kind] += 1
     return counts
+
+
+def headless_warning(sessions: Iterable[SessionFacts]) -> str | None:
+    """Why ``presence = "headless"`` is wrong on this machine, or None.
+
+    ``headless`` means nobody ever sits at this machine, so it lends whoever is at the desk;
+    a local graphical session (the only kind ``headless`` could wrongly ignore that logind
+    can prove) says someone does.
+    """
+    desks = [s for s in sessions if s.kind is SessionKind.GRAPHICAL and not s.remote]
+    if not desks:
+        return None
+    listed = ", ".join(f"session {s.id} of {s.user} ({s.type})" for s in desks)
+    return (
+        'presence is "headless", which lends while someone sits at this machine, but logind '
+        f'lists a local graphical session ({listed}); set [owner] presence = "auto" so '
+        "lending stops while the owner is at the desk (docs/presence.md)"
+    )

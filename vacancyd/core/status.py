@@ -16,7 +16,7 @@ from the live state beside it, so for one document they cannot disagree.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -610,3 +610,38 @@ class StatusDocument:
         if self.pools:
             doc["pools"] = {name: p.to_json() for name, p in self.pools.items()}
         return doc
+
+
+def service_status_line(
+    upstreams: Mapping[str, Mapping[str, object]],
+    *,
+    running: int,
+    held: int,
+    not_ready: Sequence[str],
+) -> str:
+    """The one line the service manager shows (sd_notify ``STATUS=``, ``systemctl status``).
+
+    ``upstreams``: per upstream name, ``{"lendable": bool, "reason": str | None}`` (the
+    lendability summary); ``running``: borrowed jobs admitted, forwarding or tracked;
+    ``held``: jobs held for an uncertain outcome; ``not_ready``: why ``/readyz`` fails
+    ([] when ready). For example ``lendable: ollama; not lending: comfyui (owner_active);
+    1 job running``.
+    """
+    parts: list[str] = []
+    if not_ready:
+        parts.append("not ready: " + ", ".join(not_ready))
+    lendable = [name for name, up in upstreams.items() if up.get("lendable")]
+    if lendable:
+        parts.append("lendable: " + ", ".join(lendable))
+    refused = [
+        f"{name} ({up.get('reason') or 'refused'})"
+        for name, up in upstreams.items()
+        if not up.get("lendable")
+    ]
+    if refused:
+        parts.append("not lending: " + ", ".join(refused))
+    jobs = f"{running} job{'' if running == 1 else 's'} running"
+    if held:
+        jobs += f", {held} held"
+    parts.append(jobs)
+    return "; ".join(parts)

@@ -30,6 +30,9 @@ Task tree (names as they appear in logs):
 * ``trace post-release sample`` — the span of a post-release fresh sample, with
   ``[telemetry]`` (not essential)
 * ``SIGHUP config check`` — re-reads the configuration on SIGHUP (not essential)
+* ``headless check`` — with ``presence = "headless"``, asks logind once whether someone sits
+  at a local desktop and warns if so (not essential)
+* ``service status`` — under systemd, keeps ``STATUS=`` current (not essential)
 * ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
 * ``kubernetes feeder`` / ``kubernetes publisher`` / ``kubernetes uninstall watcher`` —
   host-side publishing when ``[kubernetes]`` is configured (not essential: the API server
@@ -92,7 +95,7 @@ from vacancyd.config.policies import (
     resource_policy,
     upstream_policy,
 )
-from vacancyd.config.secrets import Secrets, read_secrets
+from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
 from vacancyd.config.zone import resolve_zone
 from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
@@ -108,6 +111,7 @@ from vacancyd.core.observations import CapacityReading
 from vacancyd.core.power import PowerPolicy
 from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.core.snapshot import ServerState
+from vacancyd.core.status import service_status_line
 from vacancyd.k8s.host import HostPublisher
 from vacancyd.proxy.app import Proxy, Upstream, make_server
 from vacancyd.proxy.client import UpstreamClient
@@ -382,11 +386,23 @@ class Daemon:
         forwarding); tracked and held jobs no longer have a borrower connection to wait for."""
         return [j for j in self.work if j.phase in (JobPhase.ADMITTED, JobPhase.FORWARDING)]
 
+    def service_status(self) -> str:
+        """The line ``systemctl status`` shows: lendable or why not, and the jobs running."""
+        _, why = self.state.ready(self.state.clock())
+        jobs = [j for j in self.work if j.phase.live]
+        held = sum(1 for j in jobs if j.phase is JobPhase.HELD)
+        return service_status_line(
+            lendability.summary(self.state),
+            running=len(jobs) - held,
+            held=held,
+            not_ready=why,
+        )
+
     async def start(self) -> None:
         """Bind every listener and start every loop. Raises StartupError / ConfigError."""
         settings = self.settings
         started_at = self.state.clock()
-        secrets = read_secrets(settings)
+        secrets = read_secrets(settings, credentials=credentials_directory())
         tokens = read_tokens(secrets)
         server = settings.server
         if server.tls_cert_file is not None and server.tls_key_file is not None:
@@ -552,6 +568,9 @@ class Daemon:
         self.supervisor.spawn(self._watch_targets(), name="target listeners", essential=False)
         self.supervisor.spawn(
             lendability.watch(self.state), name="lendability watcher", essential=False
+        )
+        self.supervisor.spawn(
+            warn_if_headless_at_a_desk(settings), name="headless check", essential=False
         )
         self._start_kubernetes(started_at)
 
@@ -1169,7 +1188,7 @@ async def recheck_config(path: Path | None) -> bool:
         return True
 
     def check() -> None:
-        read_secrets(load_config(path), str(path))
+        read_secrets(load_config(path), str(path), credentials_directory())
 
     try:
         await asyncio.to_thread(check)
@@ -1185,6 +1204,24 @@ async def recheck_config(path: Path | None) -> bool:
         path,
     )
     return True
+
+
+async def warn_if_headless_at_a_desk(settings: Settings) -> str | None:
+    """Log (and return) a warning when presence is ``headless`` on a machine where logind
+    lists a local graphical session. Never raises: no logind means nothing to warn about."""
+    if settings.owner.presence != "headless":
+        return None
+    from vacancyd.collectors.logind import LogindError, local_sessions
+
+    try:
+        sessions = await local_sessions(settings.owner.bus_address)
+    except LogindError as exc:
+        log.debug("headless check: %s", exc)
+        return None
+    warning = presence_rules.headless_warning(sessions)
+    if warning:
+        log.warning("%s", warning)
+    return warning
 
 
 async def run_daemon(settings: Settings, config_path: Path | None = None) -> int:
@@ -1218,7 +1255,14 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
         except (StartupError, ConfigError) as exc:
             log.error("%s", exc)
             return 2
-        sdnotify.notify(f"READY=1\nSTATUS=lending through {len(settings.upstream)} listener(s)")
+        line = daemon.service_status()
+        sdnotify.notify(f"READY=1\nSTATUS={line}")
+        if sdnotify.enabled():
+            daemon.supervisor.spawn(
+                sdnotify.status_updates(daemon.service_status, sent=line),
+                name="service status",
+                essential=False,
+            )
         ping_s = sdnotify.watchdog_interval_s()
         if ping_s is not None:
             daemon.supervisor.spawn(sdnotify.watchdog(ping_s), name="watchdog", essential=False)

@@ -2,7 +2,9 @@
 
 When systemd starts vacancyd with ``NOTIFY_SOCKET`` set, the daemon sends ``READY=1`` once
 every listener is bound (so dependent units and ``systemctl start`` wait for real readiness)
-and ``STOPPING=1`` when it begins shutting down. Without ``NOTIFY_SOCKET`` nothing is sent.
+and ``STOPPING=1`` when it begins shutting down; meanwhile :func:`status_updates` keeps
+``STATUS=`` (what ``systemctl status`` shows) current. Without ``NOTIFY_SOCKET`` nothing is
+sent.
 A failed send is logged and otherwise ignored: notification must never stop the daemon.
 
 With ``WatchdogSec=`` in the unit, systemd sets ``WATCHDOG_USEC`` (and ``WATCHDOG_PID``);
@@ -17,8 +19,14 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+
+def enabled() -> bool:
+    """Whether a service manager listens (``NOTIFY_SOCKET`` is set)."""
+    return bool(os.environ.get("NOTIFY_SOCKET"))
 
 
 def notify(message: str) -> bool:
@@ -63,3 +71,23 @@ async def watchdog(interval_s: float) -> None:
     while True:
         notify("WATCHDOG=1")
         await asyncio.sleep(interval_s)
+
+
+#: Seconds between re-reads of the service status line; a change shows at most this late.
+STATUS_PERIOD_S = 2.0
+
+
+async def status_updates(
+    describe: Callable[[], str], *, sent: str | None = None, period_s: float = STATUS_PERIOD_S
+) -> None:
+    """Keep ``STATUS=`` current: send ``describe()`` whenever it differs from the line last
+    sent (``sent``: the one sent with ``READY=1``), checked every ``period_s`` seconds, so
+    ``systemctl status`` says whether the lender lends, why not, and how many jobs run.
+    Runs until cancelled."""
+    last = sent
+    while True:
+        await asyncio.sleep(period_s)
+        line = describe()
+        if line != last:
+            notify(f"STATUS={line}")
+            last = line

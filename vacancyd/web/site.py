@@ -40,7 +40,7 @@ import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -113,8 +113,7 @@ class _Refused(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = _stream(transport)
         if not self._read_probe:
             self._answer(_FULL[self._why])
             return
@@ -415,7 +414,6 @@ class _PeerChecked(_Guarded):
             why = "peer"
         if why is not None:
             refused = guard._refuse(why)
-            assert isinstance(transport, asyncio.Transport)
             transport.set_protocol(refused)
             refused.connection_made(transport)
             return
@@ -423,6 +421,14 @@ class _PeerChecked(_Guarded):
         self.counted = True
         guard.connections.add(self)
         super().connection_made(transport)
+
+
+def _stream(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """``transport`` as the stream transport it is. uvloop's TCP and TLS transports have
+    every method of ``asyncio.Transport`` but are not subclasses of it (nor of
+    ``asyncio.BaseTransport``), so an ``isinstance`` check would refuse them: the type is
+    asserted for the checker only, never tested at run time."""
+    return cast(asyncio.Transport, transport)
 
 
 _LINGER_RESET = struct.pack("ii", 1, 0)
