@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Any
@@ -122,6 +124,72 @@ async def test_a_slow_header_flood_from_one_peer_leaves_others_served() -> None:
                 sock.close()
 
 
+async def test_a_flood_does_not_lock_out_its_own_address() -> None:
+    """Every local client is 127.0.0.1: a slow-header flood from one address must not lock
+    the owner's admin calls, its health checks or a borrower out because they share it. A
+    newcomer takes the place of the address's oldest idle connection instead."""
+    async with lender() as (d, _seen):
+        flood: list[socket.socket] = []
+        try:
+            for listener in ("up", "api"):
+                for _ in range(300):
+                    sock = await open_from("127.0.0.2", addr(d, listener))
+                    with suppress(BlockingIOError):
+                        sock.send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")  # never finished
+                    flood.append(sock)
+            await asyncio.sleep(0.3)
+            served: dict[str, int] = {}
+            for source in ("127.0.0.2", "127.0.0.3"):
+                connector = aiohttp.TCPConnector(local_addr=(source, 0), force_close=True)
+                async with aiohttp.ClientSession(connector=connector) as http:
+                    for _ in range(5):
+                        for what, method, url, headers in (
+                            ("healthz", "GET", d.api_url + "/healthz", {}),
+                            (
+                                "admin",
+                                "GET",
+                                d.api_url + "/status",
+                                {"Authorization": f"Bearer {ADMIN}"},
+                            ),
+                            ("borrow", "GET", d.proxy_url("up") + "/v1/models", AUTH),
+                        ):
+                            async with http.request(method, url, headers=headers) as r:
+                                key = f"{what} from {source}"
+                                served[key] = served.get(key, 0) + (r.status == 200)
+            assert served == {
+                f"{what} from {source}": 5
+                for source in ("127.0.0.2", "127.0.0.3")
+                for what in ("healthz", "admin", "borrow")
+            }
+            # the flood itself stays within its share: its newest connections displaced
+            # its oldest, never another address's
+            for listener in ("up", "api"):
+                guard = guard_of(d, listener)
+                assert guard.per_peer["127.0.0.2"] <= guard.limits.max_unauthenticated // 2
+            refused = d.daemon.metrics.connections_refused
+            assert refused.labels("up", "peer")._value.get() >= 300 - 64
+            # the displaced ones were told why (on either loop), none was reset
+            answers: Counter[Any] = Counter()
+            for sock in flood:
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    answers["open"] += 1
+                except ConnectionResetError:
+                    answers["reset"] += 1
+                else:
+                    limit = (
+                        json_of(data)["error"]["limit"]
+                        if data.startswith(b"HTTP/1.1 503 ")
+                        else data[:20]
+                    )
+                    answers[limit] += 1
+            assert answers["reset"] == 0 and answers["peer"] >= 2 * (300 - 64), answers
+        finally:
+            for sock in flood:
+                sock.close()
+
+
 async def test_probes_are_answered_and_the_cap_is_exact_when_the_listener_is_full() -> None:
     limits = {
         "max_connections": 32,
@@ -171,6 +239,67 @@ async def test_probes_are_answered_and_the_cap_is_exact_when_the_listener_is_ful
         finally:
             for sock in burst:
                 sock.close()
+
+
+def guard_of(d: RunningDaemon, listener: str) -> Any:
+    site = next(iter(d.daemon._runners[listener].sites))
+    assert isinstance(site, GuardedTCPSite)
+    return site.guard
+
+
+#: Budgets that make one kind of refusal happen after four idle connections, and where
+#: those four (and the refused fifth) come from.
+REFUSALS = {
+    "connections": (
+        {
+            "max_connections": 4,
+            "max_unauthenticated_connections": 4,
+            "max_unauthenticated_per_peer": 100,
+        },
+        ["127.0.1.1", "127.0.1.2", "127.0.1.3", "127.0.1.4"],
+        "127.0.1.5",
+    ),
+    "unauthenticated": (
+        {"max_unauthenticated_connections": 4, "max_unauthenticated_per_peer": 100},
+        ["127.0.1.1", "127.0.1.2", "127.0.1.3", "127.0.1.4"],
+        "127.0.1.5",
+    ),
+}
+
+
+@pytest.mark.parametrize("why", sorted(REFUSALS))
+async def test_every_connection_refusal_is_a_json_503_and_never_a_traceback(
+    why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On either event loop (uvloop's transports are not ``asyncio.Transport``s) a connection
+    over a budget gets the documented 503, and a probe on a full API listener its answer."""
+    limits, fillers, source = REFUSALS[why]
+    async with lender(limits=limits) as (d, _seen):
+        held: list[socket.socket] = []
+        try:
+            for listener in ("up", "api"):
+                for address in fillers:
+                    held.append(await open_from(address, addr(d, listener)))
+                guard = guard_of(d, listener)
+                await d.wait_until(lambda g=guard: g.open == len(fillers))  # type: ignore[misc]
+            request = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+            data = await raw(addr(d, "up"), request.encode(), source=source)
+            assert data.startswith(b"HTTP/1.1 503 "), data[:80]
+            head = data.split(b"\r\n\r\n", 1)[0]
+            assert b"Retry-After: " in head and b"Connection: close" in head
+            error = json_of(data)["error"]
+            assert (error["code"], error["limit"]) == ("connection_limit", why)
+            health = await raw(addr(d, "api"), b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", source)
+            assert health.startswith(b"HTTP/1.1 200 "), health[:80]
+            assert json_of(health)["status"] == "ok"
+            refused = d.daemon.metrics.connections_refused
+            assert refused.labels("up", why)._value.get() == 1
+            assert refused.labels("api", why)._value.get() == 1
+        finally:
+            for sock in held:
+                sock.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
 
 
 async def test_events_subscribers_have_their_own_cap() -> None:

@@ -32,12 +32,16 @@ async def hold_listener(name: str, server: asyncio.AbstractServer) -> None:
     """Run as long as ``server`` accepts connections; raises :class:`ListenerClosed` when it
     stops for any reason other than this task being cancelled. Spawned as an essential task
     per listener, so a listener that dies stops the daemon with a nonzero exit."""
+    loop = asyncio.get_running_loop()
+    # asyncio's serve_forever ends (cancelled) when the server closes; uvloop's never does,
+    # so the server's closing is awaited beside it and whichever ends first counts.
+    serving = loop.create_task(server.serve_forever())
+    closed = loop.create_task(server.wait_closed())
     try:
-        await server.serve_forever()
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
+        await asyncio.wait((serving, closed), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in (serving, closed):
+            waiter.cancel()
     raise ListenerClosed(f"{name} stopped accepting connections")
 
 

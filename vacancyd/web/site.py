@@ -11,6 +11,12 @@ connections have budgets of their own, so anonymous clients cannot fill a listen
   those are in use, at most ``max_unauthenticated_per_peer`` from one address (so a client
   that opens a burst of connections on an idle listener is not refused, while a flood from
   one address can hold at most half the pool);
+* an address that holds its share does not lock out the next client from the same address
+  (every local client is 127.0.0.1): a new connection from it takes the place of that
+  address's oldest connection that is not in the middle of a request, which is answered 503
+  (or, between requests, just closed). Only when every one of them is busy is the newcomer
+  refused. So a slow-header flood never starves a request that arrives whole, such as the
+  owner's admin call or a ``/healthz`` probe sharing the flooder's address;
 * each is closed ``unauthenticated_timeout_s`` after it opened (gracefully: a response in
   progress finishes first), so a slow-header connection holds its place briefly;
 * a connection must complete its first request's headers within ``header_read_timeout_s``,
@@ -40,7 +46,7 @@ import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -113,8 +119,7 @@ class _Refused(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = _stream(transport)
         if not self._read_probe:
             self._answer(_FULL[self._why])
             return
@@ -179,6 +184,7 @@ class _Guarded(asyncio.Protocol):
         self._peer = peer
         guard.unauthenticated += 1
         guard.per_peer[peer] += 1
+        guard.waiting.setdefault(peer, {})[self] = None
         loop = asyncio.get_running_loop()
         limits = guard.limits
         self._timers = [
@@ -202,6 +208,44 @@ class _Guarded(asyncio.Protocol):
         guard.per_peer[peer] -= 1
         if guard.per_peer[peer] <= 0:
             del guard.per_peer[peer]
+        waiting = guard.waiting.get(peer)
+        if waiting is not None:
+            waiting.pop(self, None)
+            if not waiting:
+                del guard.waiting[peer]
+
+    @property
+    def displaceable(self) -> bool:
+        """Unauthenticated and between requests: aiohttp's handler is waiting for the next
+        request's head (none parsed, none being handled or answered, not upgraded). A
+        connection accepted so recently that its handler has not started yet is not."""
+        inner = self.inner
+        return (
+            not self.authenticated
+            and getattr(inner, "_waiter", None) is not None
+            and not getattr(inner, "_messages", True)
+            and not self.upgraded
+        )
+
+    def displace(self, why: str) -> None:
+        """Give this connection's place to a newcomer from its address: counted out of
+        every budget now (so the counts stay exact), answered ``503`` if no request on it
+        has completed yet (its first request's head is still arriving), else just closed."""
+        self._count_out()
+        transport = self.inner.transport
+        if transport is not None and not transport.is_closing():
+            if getattr(self.inner, "_request_count", 1) == 0:
+                transport.write(_FULL[why])
+        self.inner.force_close()
+
+    def _count_out(self) -> None:
+        if self.counted:
+            self.guard.open -= 1
+            self.guard.connections.discard(self)
+            self.counted = False
+        if self._peer is not None and not self.authenticated:
+            self._leave_unauthenticated()
+        self.authenticated = True  # counted out once
 
     def _unauthenticated_expired(self) -> None:
         if not self.authenticated:
@@ -290,13 +334,7 @@ class _Guarded(asyncio.Protocol):
         if self._next_head_timer is not None:
             self._next_head_timer.cancel()
             self._next_head_timer = None
-        if self.counted:
-            self.guard.open -= 1
-            self.guard.connections.discard(self)
-            self.counted = False
-        if self._peer is not None and not self.authenticated:
-            self._leave_unauthenticated()
-        self.authenticated = True  # counted out once
+        self._count_out()
         self.inner.connection_lost(exc)
 
 
@@ -355,9 +393,26 @@ class ConnectionGuard:
         self.open = 0
         self.unauthenticated = 0
         self.per_peer: Counter[str] = Counter()
+        #: Each address's unauthenticated connections, oldest first.
+        self.waiting: dict[str, dict[_Guarded, None]] = {}
         self.probe_readers = 0
         #: The admitted connections now open.
         self.connections: set[_Guarded] = set()
+
+    def displace_for(self, peer: str, why: str) -> bool:
+        """Make room for a new connection from ``peer`` that a budget (``why``:
+        ``unauthenticated`` or ``peer``) would refuse: when ``peer`` already holds its
+        share (``max_unauthenticated_per_peer``), its oldest displaceable connection gives
+        its place up. Returns whether one did; never touches another address's."""
+        if self.per_peer[peer] < self.limits.max_unauthenticated_per_peer:
+            return False
+        for conn in self.waiting.get(peer, {}):
+            if conn.displaceable:
+                if self.on_refused is not None:
+                    self.on_refused(why)
+                conn.displace(why)
+                return True
+        return False
 
     def reset_busy(self) -> int:
         """Reset (TCP RST) every open connection that is in the middle of a request, so
@@ -413,9 +468,10 @@ class _PeerChecked(_Guarded):
             and guard.unauthenticated >= limits.max_unauthenticated // 2
         ):
             why = "peer"
+        if why in ("unauthenticated", "peer") and guard.displace_for(peer, why):
+            why = None
         if why is not None:
             refused = guard._refuse(why)
-            assert isinstance(transport, asyncio.Transport)
             transport.set_protocol(refused)
             refused.connection_made(transport)
             return
@@ -423,6 +479,14 @@ class _PeerChecked(_Guarded):
         self.counted = True
         guard.connections.add(self)
         super().connection_made(transport)
+
+
+def _stream(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """``transport`` as the stream transport it is. uvloop's TCP and TLS transports have
+    every method of ``asyncio.Transport`` but are not subclasses of it (nor of
+    ``asyncio.BaseTransport``), so an ``isinstance`` check would refuse them: the type is
+    asserted for the checker only, never tested at run time."""
+    return cast(asyncio.Transport, transport)
 
 
 _LINGER_RESET = struct.pack("ii", 1, 0)
