@@ -37,7 +37,7 @@ from vacancyd.core.status import (
 )
 
 names = st.sampled_from(["a", "b", "gpu0", "ram", "chat"])
-text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+text = st.text(st.characters(codec="utf-8"), max_size=12)
 tenths = st.integers(0, 10**7).map(lambda i: i / 10)
 thousandths = st.integers(0, 1000).map(lambda i: i / 1000)
 opt = st.none().__or__
