@@ -107,7 +107,7 @@ def test_trusted_proxies_must_be_addresses() -> None:
     from vacancyd.config import parse_config
     from vacancyd.config.load import ConfigError
 
-    with pytest.raises(ConfigError, match="server.trusted_proxies: 'nginx' is not an IP address"):
+    with pytest.raises(ConfigError, match=r"server\.trusted_proxies: 'nginx' is not an IP"):
         parse_config(
             daemon_toml(
                 upstream("up", "http://127.0.0.1:1"), server={"trusted_proxies": ["nginx"]}

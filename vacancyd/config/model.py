@@ -209,8 +209,7 @@ class ServerSettings(_Model):
                 ipaddress.ip_network(entry, strict=False)
             except ValueError:
                 raise ValueError(
-                    f"{entry!r} is not an IP address or network "
-                    "(such as 127.0.0.1 or 10.0.0.0/8)"
+                    f"{entry!r} is not an IP address or network (such as 127.0.0.1 or 10.0.0.0/8)"
                 ) from None
         return value
 
