@@ -85,7 +85,7 @@ async def test_a_loopback_proxy_relaying_for_a_remote_client_is_not_the_owner() 
 async def test_a_named_trusted_proxy_is_believed_about_its_client() -> None:
     async with lender({"trusted_proxies": ["127.0.0.1"]}) as (d, _seen):
         admin = d.api_url + "/status"
-        cases = (
+        cases: tuple[tuple[str, dict[str, str], int], ...] = (
             ("127.0.0.1", {"X-Forwarded-For": "203.0.113.7"}, 401),
             ("127.0.0.1", {"X-Forwarded-For": "203.0.113.7, 127.0.0.1"}, 401),
             ("127.0.0.1", {"Forwarded": 'for="[2001:db8::1]:4711"'}, 401),

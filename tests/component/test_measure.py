@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.config import daemon_toml, upstream
+from tests.support.config import daemon_toml, gpu, upstream
 from tests.support.daemon import running_daemon, serve_app
 from tests.support.fake_ollama import FakeOllama, ModelSpec
 from tests.support.gpu import Gpu, Scenario
@@ -38,13 +38,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def config(target: str, api: int = 0, footprints: Mapping[str, int] | None = None) -> str:
-    """One Ollama upstream ``up``; ``footprints`` (MiB by model, 1 MiB each for ``small``,
+def config(
+    target: str, api: int = 0, footprints: Mapping[str, int] | None = None, on_gpu: bool = True
+) -> str:
+    """One Ollama upstream ``up`` on the GPU ``gpu0`` (``on_gpu``; else on system memory,
+    ``ram``); ``footprints`` (MiB by model, 1 MiB each for ``small``,
     ``huge`` and ``ghost`` by default) are what ``vacancyd measure`` is asked to measure."""
     if footprints is None:
         footprints = {"small": 1, "huge": 1, "ghost": 1}
+    if not on_gpu:
+        return daemon_toml(
+            upstream("up", target, adapter="ollama", models={"footprint_mib": footprints}),
+            server={"listen": f"127.0.0.1:{api}"},
+        )
     return daemon_toml(
-        upstream("up", target, adapter="ollama", models={"footprint_mib": footprints}),
+        upstream(
+            "up", target, adapter="ollama", resource="gpu0", models={"footprint_mib": footprints}
+        ),
+        resources=(gpu("gpu0", 0),),
         server={"listen": f"127.0.0.1:{api}"},
     )
 
@@ -88,6 +99,29 @@ async def test_measure_writes_what_fits_reports_the_rest_and_unloads(nvml: Scena
     assert '# "huge:latest": not written: spilled' in text
     assert '# "ghost:latest": not written: no such model' in text
     assert "[upstream.models.footprint_mib]" in text
+
+
+async def test_on_a_memory_resource_the_whole_size_is_the_footprint() -> None:
+    """A CPU-only host (``size_vram`` 0) measured on a memory resource: ``size`` is what the
+    model takes, not a spill to report."""
+    ollama = FakeOllama(models=("small:latest",), specs={"small:latest": FITS}, cpu_only=True)
+    async with serve_app(ollama.app()) as target:
+        toml = daemon_toml(
+            upstream("up", target, adapter="ollama", models={"footprint_mib": {"small": 1}})
+        )
+        settings = parse_config(toml, "<test>")
+        results = await measure.run_measure(
+            settings,
+            upstreams=[],
+            models=[],
+            num_ctx=4096,
+            headroom_mib=100,
+            lender_status=IDLE,
+        )
+    (small,) = results
+    assert small.footprint_mib == 3_000 + 400 + 100, small  # weights + 4096 tokens of cache
+    assert small.note == ""
+    assert ollama.loaded == {}
 
 
 async def test_a_model_the_owner_loaded_is_read_and_left_alone(nvml: Scenario) -> None:
@@ -168,7 +202,8 @@ async def test_nothing_to_measure_is_an_error_naming_why() -> None:
 
 async def test_the_command_fails_when_there_is_nothing_to_measure(tmp_path: Path) -> None:
     path = tmp_path / "vacancyd.toml"
-    path.write_text(config("http://127.0.0.1:9", api=free_port(), footprints={}), encoding="utf-8")
+    toml = config("http://127.0.0.1:9", api=free_port(), footprints={}, on_gpu=False)
+    path.write_text(toml, encoding="utf-8")
     out = tmp_path / "footprints.toml"
     async with running_daemon(path.read_text(encoding="utf-8")) as d:
         await d.wait_ready()

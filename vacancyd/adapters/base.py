@@ -190,6 +190,14 @@ class Adapter:
     #: Top-level body fields ``read_options`` reads, built in full (every other field is
     #: skipped unbuilt; see vacancyd.adapters.bodyparse).
     body_fields: frozenset[str] = frozenset()
+    #: Path prefixes of the server's native routes whose errors are flat
+    #: (``{"error": "<sentence>"}``, Ollama's ``/api/``): vacancyd's own errors and refusals
+    #: on them take that shape (vacancyd.core.refusal), so the server's own client reads them.
+    flat_error_prefixes: tuple[str, ...] = ()
+    #: Rewrites a borrowed work body so it keeps its model loaded for at most the given
+    #: seconds after it ends (Ollama's ``keep_alive``): (route, body, max seconds) -> the
+    #: body to forward, in pauseable steps. None for servers without a keep-alive.
+    cap_keep_alive: Callable[[Route, bytes, float], bodyparse.Steps[bytes]] | None = None
 
     @property
     def observable(self) -> bool:

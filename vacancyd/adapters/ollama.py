@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,6 +32,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from vacancyd.adapters import bodyparse
 from vacancyd.adapters.base import Adapter, UpstreamError
 from vacancyd.core import residency
 from vacancyd.core.classify import Route, RouteClass, RouteTable, route
@@ -419,6 +421,87 @@ def read_options(
     return num_ctx, tuple(sorted(extra)), dialect
 
 
+# -- keep-alive cap ------------------------------------------------------------------------
+
+#: Native routes whose request struct has ``KeepAlive *api.Duration`` (``GenerateRequest``,
+#: ``ChatRequest``, ``EmbedRequest``, ``EmbeddingRequest``). The ``/v1`` shims take none:
+#: their requests keep the server's default (``OLLAMA_KEEP_ALIVE``).
+KEEP_ALIVE_ROUTES = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
+#: Go's ``time.Duration(math.MaxInt64)`` in seconds: what a negative keep-alive means.
+FOREVER_S = (2**63 - 1) / 1e9
+
+_GO_DURATION = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+_GO_UNITS["h"] = 3600.0
+
+
+def keep_alive_s(value: object) -> float | None:
+    """Seconds a ``keep_alive`` value keeps a model loaded, as Ollama reads it
+    (``api.Duration.UnmarshalJSON``): a number is seconds, a string a Go duration
+    (``"5m"``, ``"1h30m"``, ``"0"``), and anything negative means forever
+    (:data:`FOREVER_S`). None for a value Ollama refuses (it answers 400 itself)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return FOREVER_S if value < 0 else min(float(value), FOREVER_S)
+    if not isinstance(value, str):
+        return None
+    text = value
+    sign = 1.0
+    if text[:1] in ("-", "+"):
+        sign = -1.0 if text[0] == "-" else 1.0
+        text = text[1:]
+    if text == "0":
+        return 0.0
+    parts = _GO_DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    seconds = sign * sum(float(n) * _GO_UNITS[u] for n, u in parts)
+    return FOREVER_S if seconds < 0 else min(seconds, FOREVER_S)
+
+
+def cap_keep_alive_steps(route_: Route, body: bytes, max_s: float) -> bodyparse.Steps[bytes]:
+    """A native work body whose ``keep_alive`` is at most ``max_s`` seconds, so a borrowed
+    request cannot keep its model in the owner's memory longer (docs/configuration.md,
+    ``keep_alive_max_s``).
+
+    A body that asks for ``max_s`` or less is returned as it is; one that asks for more,
+    for forever (a negative number, ``"-1m"``) or for nothing (the server's default,
+    ``OLLAMA_KEEP_ALIVE``, may be forever) gets ``"keep_alive": max_s`` appended after its
+    own keys: Go's decoder lets the last of two keys win, whatever their case. A body
+    Ollama would refuse anyway (not a JSON object, a keep-alive it cannot read) and the
+    other routes pass unchanged. Runs in pauseable steps (vacancyd.adapters.bodyparse).
+    """
+    if route_.pattern not in KEEP_ALIVE_ROUTES or not body or body.isspace():
+        return body
+    try:
+        fields = yield from bodyparse.json_fields_steps(body, ("keep_alive",))
+    except bodyparse.BodyParseError:
+        return body
+    raw = fields.get("keep_alive")
+    if raw is not None:
+        asked = keep_alive_s(raw)
+        if asked is None or asked <= max_s:
+            return body
+    end = len(body)
+    while end and body[end - 1] in b" \t\r\n":
+        end -= 1
+    if body[end - 1 : end] != b"}":
+        return body
+    inside = body.index(b"{") + 1  # the body is one JSON object: read_facts checked it
+    while inside < end and body[inside] in b" \t\r\n":
+        inside += 1
+    empty = inside == end - 1
+    value = int(max_s) if float(max_s).is_integer() else max_s
+    extra = f'"keep_alive":{json.dumps(value)}'.encode()
+    return body[: end - 1] + (extra if empty else b"," + extra) + b"}"
+
+
+def cap_keep_alive(route_: Route, body: bytes, max_s: float) -> bytes:
+    """:func:`cap_keep_alive_steps`, run at once."""
+    return bodyparse.run(cap_keep_alive_steps(route_, body, max_s))
+
+
 ADAPTER = Adapter(
     name="ollama",
     table=TABLE,
@@ -427,4 +510,6 @@ ADAPTER = Adapter(
     make_observer=make_observer,
     read_options=read_options,
     body_fields=frozenset({"options", "shift"}),
+    flat_error_prefixes=("/api/",),
+    cap_keep_alive=cap_keep_alive_steps,
 )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vacancyd.api.status import build_status
+from vacancyd.api.status import read_status
 from vacancyd.core.holds import HoldKind
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
@@ -38,7 +38,7 @@ class StateCollector(Collector):
         self._state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield from render_gauges(build_status(self._state))
+        yield from render_gauges(read_status(self._state))
 
 
 def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:

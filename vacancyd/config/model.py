@@ -509,6 +509,9 @@ class UpstreamSettings(_Model):
     completion_timeout_s: float | None = Field(None, ge=0, le=7 * 86400)
     yield_on_veto: StrictBool = False
     warm_model: str | None = Field(None, min_length=1, max_length=300)
+    #: Longest an Ollama model may stay loaded after a borrowed request (its ``keep_alive``),
+    #: in seconds; longer requests, "forever" and none at all are capped to it.
+    keep_alive_max_s: float = Field(300.0, ge=0, le=86400, strict=True)
     #: Seconds the upstream may send nothing for a borrowed job (before its reply, or
     #: between two pieces of it) before the job is given up and held; 0: no limit.
     upstream_silence_s: float = Field(DEFAULT_UPSTREAM_SILENCE_S, ge=0, le=86400, strict=True)
@@ -592,6 +595,8 @@ class UpstreamSettings(_Model):
             )
         if self.warm_model is not None and self.adapter != "ollama":
             raise ValueError("warm_model applies only to adapter = 'ollama'")
+        if "keep_alive_max_s" in self.model_fields_set and self.adapter != "ollama":
+            raise ValueError("keep_alive_max_s applies only to adapter = 'ollama'")
         if self.detached_work_timeout_s is not None and self.adapter != "llamacpp":
             raise ValueError(
                 "detached_work_timeout_s applies only to adapter = 'llamacpp' (the one server "

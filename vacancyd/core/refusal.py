@@ -7,6 +7,12 @@ Body shape, shared by every error vacancyd itself produces::
 
 ``source`` lets a client tell a lender's refusal from an error the upstream returned.
 Refusals use ``type = "no_vacancy"`` and ``code`` = the gate's reason.
+
+Routes whose server speaks a flat error shape of its own (Ollama's native ``/api/...``
+routes answer ``{"error": "<sentence>"}``, and its client reads the sentence from there) get
+the ``flat`` form instead: the sentence under ``error`` and every other field beside it::
+
+    {"error": str, "type": str, "code": str, "source": "vacancyd", ...extra}
 """
 
 from __future__ import annotations
@@ -33,9 +39,12 @@ SDK_RETRYABLE: frozenset[Reason] = frozenset({Reason.RESOURCE_BUSY, Reason.BODY_
 
 
 def error_body(
-    message: str, type_: ErrorType, code: ErrorCode | Reason, **extra: Any
+    message: str, type_: ErrorType, code: ErrorCode | Reason, *, flat: bool = False, **extra: Any
 ) -> dict[str, Any]:
-    """The JSON body for any error vacancyd answers itself."""
+    """The JSON body for any error vacancyd answers itself (``flat``: the native form of a
+    server whose errors are ``{"error": "<sentence>"}``, see the module docstring)."""
+    if flat:
+        return {"error": message, "type": type_, "code": code, "source": SOURCE, **extra}
     error: dict[str, Any] = {
         "message": message,
         "type": type_,
@@ -55,9 +64,14 @@ def retry_after(refusal: Refuse, max_s: int | None = None) -> int:
 
 
 def render_refusal(
-    refusal: Refuse, upstream: str, status: int = 503, retry_after_max_s: int | None = None
+    refusal: Refuse,
+    upstream: str,
+    status: int = 503,
+    retry_after_max_s: int | None = None,
+    flat: bool = False,
 ) -> tuple[int, dict[str, str], dict[str, Any]]:
-    """(status, headers, body) for a gate or ledger refusal on ``upstream``.
+    """(status, headers, body) for a gate or ledger refusal on ``upstream``; ``flat`` renders
+    the body in the flat shape (module docstring).
 
     ``status`` is the upstream's ``refusal_status`` (503 or 429). ``retry_after_max_s`` caps
     the Retry-After hint (the upstream's ``retry_after_max_s``); the body's ``retry_after_s``
@@ -79,7 +93,7 @@ def render_refusal(
     if refusal.credit is not None:
         extra["residency_credit"] = {"applied": refusal.credit.applied, "why": refusal.credit.why}
     body = error_body(
-        f"No vacancy: {refusal.detail}", ErrorType.NO_VACANCY, refusal.reason, **extra
+        f"No vacancy: {refusal.detail}", ErrorType.NO_VACANCY, refusal.reason, flat=flat, **extra
     )
     return status, headers, body
 
@@ -100,7 +114,11 @@ RENDERED_CACHE_SIZE = 512
 
 
 def render_refusal_bytes(
-    refusal: Refuse, upstream: str, status: int = 503, retry_after_max_s: int | None = None
+    refusal: Refuse,
+    upstream: str,
+    status: int = 503,
+    retry_after_max_s: int | None = None,
+    flat: bool = False,
 ) -> RenderedRefusal:
     """:func:`render_refusal`, serialized, and remembered per distinct refusal value (every
     field counts, ``extra`` included); a refusal whose ``extra`` holds an unhashable value
@@ -115,11 +133,12 @@ def render_refusal_bytes(
         upstream,
         status,
         retry_after_max_s,
+        flat,
     )
     try:
         hash(key)
     except TypeError:
-        return _serialize(refusal, upstream, status, retry_after_max_s)
+        return _serialize(refusal, upstream, status, retry_after_max_s, flat)
     return _rendered(key)
 
 
@@ -133,19 +152,20 @@ _Key = tuple[
     str,
     int,
     int | None,
+    bool,
 ]
 
 
 @functools.lru_cache(maxsize=RENDERED_CACHE_SIZE)
 def _rendered(key: _Key) -> RenderedRefusal:
-    reason, retry_after_s, detail, resource, credit, extra, upstream, status, cap = key
+    reason, retry_after_s, detail, resource, credit, extra, upstream, status, cap, flat = key
     refusal = Refuse(reason, retry_after_s, detail, resource, credit, dict(extra))
-    return _serialize(refusal, upstream, status, cap)
+    return _serialize(refusal, upstream, status, cap, flat)
 
 
 def _serialize(
-    refusal: Refuse, upstream: str, status: int, retry_after_max_s: int | None
+    refusal: Refuse, upstream: str, status: int, retry_after_max_s: int | None, flat: bool
 ) -> RenderedRefusal:
-    code, headers, body = render_refusal(refusal, upstream, status, retry_after_max_s)
+    code, headers, body = render_refusal(refusal, upstream, status, retry_after_max_s, flat)
     headers["Content-Type"] = "application/json; charset=utf-8"
     return RenderedRefusal(code, headers, json.dumps(body).encode())

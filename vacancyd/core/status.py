@@ -1,7 +1,8 @@
 """The typed status document: one picture of the lender that ``/status``, ``/metrics`` and
 the Kubernetes publisher all render from.
 
-Built once per read by :func:`vacancyd.api.status.build_status`. Values are raw (seconds,
+Built once per read by :func:`vacancyd.core.statusbuild.build_status` from inputs that
+:func:`vacancyd.api.status.read_status` gathers. Values are raw (seconds,
 MiB, 0–1 ratios; ages are monotonic-clock differences); :meth:`StatusDocument.to_json` rounds
 them for the JSON document whose shape is described in :mod:`vacancyd.api.status`. A few
 fields exist for metrics only and are not in the JSON (marked below).

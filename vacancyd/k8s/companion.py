@@ -45,8 +45,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd.config.model import CompanionSettings, LenderSettings, split_listen
-from vacancyd.core import conditions
-from vacancyd.core.conditions import LenderState, StatusFormatError
+from vacancyd.core.lender import LenderState, Phase, StatusFormatError, lender_from_status
 from vacancyd.k8s.api import K8sApiError, KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
 from vacancyd.web.access import AccessLogger
@@ -153,7 +152,7 @@ class LenderFollower:
             since = self.last_seen if self.last_seen is not None else self.started_at
             assert since is not None
             overdue = since + self._timeout_s
-            unreachable = self.lender.phase is conditions.Phase.UNREACHABLE
+            unreachable = self.lender.phase is Phase.UNREACHABLE
             if now >= overdue and not unreachable:
                 self._publish(
                     LenderState.unreachable(
@@ -186,7 +185,7 @@ class LenderFollower:
                     text = (await resp.text())[:200]
                     raise ValueError(f"HTTP {resp.status}: {text}")
                 doc = await resp.json(content_type=None)
-            lender = conditions.lender_from_status(doc)
+            lender = lender_from_status(doc)
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ValueError) else str(exc)
             if isinstance(exc, StatusFormatError):

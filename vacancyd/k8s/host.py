@@ -2,7 +2,7 @@
 
 The feeder builds this daemon's status document (in-process, no HTTP) on every state
 transition and every ``resync_s`` seconds, reads it as the companion reads ``/status``
-(:func:`~vacancyd.core.conditions.lender_from_status` on its JSON, so both modes publish
+(:func:`~vacancyd.core.lender.lender_from_status` on its JSON, so both modes publish
 the same thing for the same document) and hands the result to a :class:`Publisher`. A
 transition only sets an event, so the collectors and the gate never wait on the API server;
 the feeder and the publisher are supervised as non-essential tasks, so no Kubernetes failure
@@ -19,8 +19,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from vacancyd.config.model import KubernetesSettings
-from vacancyd.core import conditions
-from vacancyd.core.conditions import LenderState, StatusFormatError
+from vacancyd.core import endpoints
+from vacancyd.core.lender import LenderState, StatusFormatError, lender_from_status
 from vacancyd.core.status import PublisherStatus, StatusDocument
 from vacancyd.k8s.api import KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def lender_name(settings: KubernetesSettings) -> str:
     """This host's name in EndpointSlices: ``lender``, else ``node``, else the host name."""
-    return conditions.dns_name(settings.lender or settings.node or socket.gethostname())
+    return endpoints.dns_name(settings.lender or settings.node or socket.gethostname())
 
 
 def _connect(settings: KubernetesSettings) -> Callable[[], Any]:
@@ -93,7 +93,7 @@ class HostPublisher:
     def lender(self) -> LenderState:
         """The state to publish, read from one status document as the companion reads
         ``/status``. Raises :class:`StatusFormatError` (a bug: it is our own document)."""
-        return conditions.lender_from_status(self._build().to_json())
+        return lender_from_status(self._build().to_json())
 
     def start(self, spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[Any]]) -> None:
         """Start the feeder and the publisher with ``spawn(coro, name)`` (non-essential)."""

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vacancyd.core import conditions
+from vacancyd.core import endpoints, nodeconditions
 from vacancyd.k8s.api import K8sApiError, KubeApi
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ async def mark_stale(
     for node in nodes:
         try:
             version, current = await api.read_node_status(node)
-            patch = conditions.stale_patch(current, wall(), stale_after_s)
+            patch = nodeconditions.stale_patch(current, wall(), stale_after_s)
             if patch is None:
                 out.unchanged.append(node)
                 continue
@@ -89,17 +89,17 @@ async def mark_stale(
             node,
             ", ".join(kinds),
             stale_after_s,
-            conditions.PUBLISHER_STALE,
+            nodeconditions.PUBLISHER_STALE,
         )
         out.changed.append(node)
     return out
 
 
 def _selector(lenders: Sequence[str]) -> list[str]:
-    base = f"{conditions.MANAGED_BY_LABEL}={conditions.MANAGED_BY}"
+    base = f"{endpoints.MANAGED_BY_LABEL}={endpoints.MANAGED_BY}"
     if not lenders:
         return [base]
-    return [f"{base},{conditions.LENDER_LABEL}={conditions.dns_name(n)}" for n in lenders]
+    return [f"{base},{endpoints.LENDER_LABEL}={endpoints.dns_name(n)}" for n in lenders]
 
 
 async def cleanup(
@@ -120,13 +120,13 @@ async def cleanup(
     """
     out = Outcome()
     if stand_down_s > 0:
-        await api.apply_endpoint_slice(conditions.uninstall_marker(namespace), CLEANUP_MANAGER)
+        await api.apply_endpoint_slice(endpoints.uninstall_marker(namespace), CLEANUP_MANAGER)
         log.info("uninstall marker written; waiting %.0f s for publishers to stop", stand_down_s)
         await asyncio.sleep(stand_down_s)
     names: set[str] = set()
     for selector in _selector(lenders):
         names.update(await api.list_endpoint_slices(namespace, selector))
-    names.discard(conditions.UNINSTALL_MARKER)
+    names.discard(endpoints.UNINSTALL_MARKER)
     for name in sorted(names):
         try:
             await api.delete_endpoint_slice(namespace, name)
@@ -138,7 +138,7 @@ async def cleanup(
     for node in nodes:
         try:
             current = await api.get_node_conditions(node)
-            patch = conditions.cleanup_patch(current)
+            patch = nodeconditions.cleanup_patch(current)
             if patch is None:
                 out.unchanged.append(f"node/{node}")
                 continue
@@ -154,7 +154,7 @@ async def cleanup(
         out.changed.append(f"node/{node}")
     if stand_down_s > 0:
         try:
-            await api.delete_endpoint_slice(namespace, conditions.UNINSTALL_MARKER)
+            await api.delete_endpoint_slice(namespace, endpoints.UNINSTALL_MARKER)
         except K8sApiError as exc:
             out.errors.append(f"{exc} ({exc.hint})")
     return out

@@ -1,6 +1,6 @@
 """Write one lender's state to Kubernetes: Node conditions and EndpointSlices.
 
-A :class:`Publisher` is fed :class:`~vacancyd.core.conditions.LenderState` values through
+A :class:`Publisher` is fed :class:`~vacancyd.core.lender.LenderState` values through
 :meth:`Publisher.update`, which only stores the value and wakes the publisher's own task: the
 caller (the gate's side of the daemon, or the companion's follower) never waits for the API
 server. The task writes
@@ -15,7 +15,7 @@ server. The task writes
 Node conditions and slices are written side by side in one pass; the wake-up signal is
 cleared before a pass, so an update that arrives while a pass waits on the API server is
 written right after it. A return to lendable is published only after
-``lendable_stable_s`` seconds of it (:class:`~vacancyd.core.conditions.LendableDamper`);
+``lendable_stable_s`` seconds of it (:class:`~vacancyd.core.lender.LendableDamper`);
 not-lendable is published at once.
 
 Failed writes are retried with exponential backoff (1 s doubling, capped at
@@ -37,8 +37,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vacancyd.core import conditions
-from vacancyd.core.conditions import LenderState, SliceTarget
+from vacancyd.core import endpoints, nodeconditions
+from vacancyd.core.endpoints import SliceTarget
+from vacancyd.core.lender import LendableDamper, LenderState, Phase
 from vacancyd.k8s.api import K8sApiError, KubeApi
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ class Publisher:
     calls: dict[str, int] = field(default_factory=dict)
     _api: KubeApi | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
-    _damper: conditions.LendableDamper = field(init=False)
+    _damper: LendableDamper = field(init=False)
     _damped_until: float | None = None
     #: Set by :meth:`stand_down` (an uninstall is removing what we wrote): write nothing more.
     stood_down: bool = False
@@ -154,7 +155,7 @@ class Publisher:
         self._connect = _Part(f"Kubernetes API client for {who}")
         self._node = _Part(f"Node {self.target.node} conditions for {who}")
         self._slices = _Part(f"EndpointSlices for {who} in {self.target.namespace}")
-        self._damper = conditions.LendableDamper(self.lendable_stable_s)
+        self._damper = LendableDamper(self.lendable_stable_s)
         self._changed.set()
 
     def _now(self) -> float:
@@ -336,12 +337,12 @@ class Publisher:
         assert node is not None
         self._count("read")
         current = await self._call(f"get node {node}", api.get_node_conditions(node))
-        if only_existing and conditions.cleanup_patch(current) is None:
+        if only_existing and nodeconditions.cleanup_patch(current) is None:
             log.info("node %s has no vacancyd conditions (removed?): not writing them back", node)
             return
-        desired = conditions.node_conditions(lender)
-        patch = conditions.condition_patch(desired, current, self.wall())
-        retired = conditions.retired_conditions(current)
+        desired = nodeconditions.node_conditions(lender)
+        patch = nodeconditions.condition_patch(desired, current, self.wall())
+        retired = nodeconditions.retired_conditions(current)
         if retired:
             log.info("node %s: removing conditions vacancyd no longer sets: %s", node, retired)
             patch["status"]["conditions"] += [
@@ -366,9 +367,9 @@ class Publisher:
             if up.port is None:
                 continue
             for service in target.services(name):
-                flags = conditions.endpoint_conditions(lender, name, direct=service.direct)
+                flags = endpoints.endpoint_conditions(lender, name, direct=service.direct)
                 out.append(
-                    conditions.endpoint_slice(
+                    endpoints.endpoint_slice(
                         lender=target.lender,
                         upstream=name,
                         namespace=target.namespace,
@@ -398,8 +399,8 @@ class Publisher:
         """
         namespace = self.target.namespace
         selector = (
-            f"{conditions.MANAGED_BY_LABEL}={conditions.MANAGED_BY},"
-            f"{conditions.LENDER_LABEL}={conditions.dns_name(self.target.lender)}"
+            f"{endpoints.MANAGED_BY_LABEL}={endpoints.MANAGED_BY},"
+            f"{endpoints.LENDER_LABEL}={endpoints.dns_name(self.target.lender)}"
         )
         self._count("read")
         existing = await self._call(
@@ -412,7 +413,7 @@ class Publisher:
         errors: list[K8sApiError] = []
         for body in desired:
             name = body["metadata"]["name"]
-            if conditions.slice_up_to_date(body, existing.get(name)):
+            if endpoints.slice_up_to_date(body, existing.get(name)):
                 continue
             if only_existing and name not in existing:
                 continue
@@ -424,7 +425,7 @@ class Publisher:
                 )
             except K8sApiError as exc:
                 errors.append(exc)
-        if lender.phase is not conditions.Phase.STARTING:
+        if lender.phase is not Phase.STARTING:
             # Before the first reading the upstream list is unknown: delete nothing yet.
             wanted = {b["metadata"]["name"] for b in desired}
             for name in sorted(set(existing) - wanted):
@@ -458,7 +459,7 @@ class Publisher:
         returns whether the write went through.
         """
         lender = self.latest
-        if lender.phase is conditions.Phase.STARTING:
+        if lender.phase is Phase.STARTING:
             return True  # nothing observed: publish nothing new
         if not lender.terminating:
             lender = lender.as_terminating(detail)
@@ -530,7 +531,7 @@ async def watch_uninstall(
     cancelled (it idles after standing down); API failures are logged once and retried."""
     api: KubeApi | None = None
     last_error: str | None = None
-    selector = f"{conditions.UNINSTALL_LABEL}=true"
+    selector = f"{endpoints.UNINSTALL_LABEL}=true"
     try:
         while True:
             try:
@@ -546,7 +547,7 @@ async def watch_uninstall(
                 last_error = text
             else:
                 last_error = None
-                if conditions.uninstall_in_progress(markers, wall()):
+                if endpoints.uninstall_in_progress(markers, wall()):
                     for publisher in publishers:
                         publisher.stand_down()
                     await asyncio.Event().wait()  # stood down for good: idle until cancelled

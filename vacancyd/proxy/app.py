@@ -32,6 +32,7 @@ from yarl import URL
 
 from vacancyd.adapters.base import Adapter, BadRequest, Controller, UpstreamError, Waker
 from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES, run_cooperatively
+from vacancyd.adapters.bodyparse import run as run_steps
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
 from vacancyd.control.work import Work
 from vacancyd.core import gate
@@ -167,7 +168,25 @@ class Proxy:
         #: runtime-checkable Protocol's isinstance costs more than the rest of the check).
         self._waker: Waker | None = controller if isinstance(controller, Waker) else None
         self._templates: dict[int, tuple[RenderedRefusal, reply.Template]] = {}
-        self._last_refusal: tuple[Refuse, reply.Template, str] | None = None
+        self._last_refusal: tuple[Refuse, bool, reply.Template, str] | None = None
+
+    def _flat(self, request: web.BaseRequest) -> bool:
+        """Whether vacancyd's errors on this request take the server's flat native shape."""
+        prefixes = self.upstream.adapter.flat_error_prefixes
+        return bool(prefixes) and request.path.startswith(prefixes)
+
+    def _json_error(
+        self,
+        request: web.BaseRequest,
+        status: int,
+        message: str,
+        type_: ErrorType,
+        code: ErrorCode | Reason,
+        **extra: Any,
+    ) -> web.Response:
+        """:func:`json_error` in the shape the request's route speaks (:meth:`_flat`)."""
+        body = error_body(message, type_, code, flat=self._flat(request), **extra)
+        return web.json_response(body, status=status)
 
     # -- entry point ---------------------------------------------------------------------
 
@@ -229,7 +248,8 @@ class Proxy:
         if c.klass is RouteClass.RESULTS and self.controller is not None:
             assert c.route is not None
             if not self.controller.allows_result(c.route, c.path):
-                return json_error(
+                return self._json_error(
+                    request,
                     404,
                     f"{c.path} does not name work borrowed through this lender",
                     ErrorType.NOT_FOUND,
@@ -243,7 +263,8 @@ class Proxy:
             if allow_management:
                 return self._upgrade_refusal(request, c)
             reads = self.upstream.adapter.table.borrower_reads()
-            return json_error(
+            return self._json_error(
+                request,
                 403,
                 f"{request.method} {c.path} is not a borrower route on this lender "
                 f"({'a management route' if c.klass is RouteClass.MANAGEMENT else c.why}); "
@@ -252,7 +273,8 @@ class Proxy:
                 ErrorCode.MANAGEMENT_DENIED,
                 borrower_reads=reads,
             )
-        return json_error(
+        return self._json_error(
+            request,
             501,
             f"{request.method} {c.path} is not a route vacancyd's {self.upstream.adapter.name!r} "
             f"adapter recognizes ({c.why}); if the server really has it, report it to the "
@@ -303,7 +325,9 @@ class Proxy:
                 idle_timeout_s=self.limits.body_idle_timeout_s,
             )
         except bodies.BodyError as exc:
-            response = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+            response = self._json_error(
+                request, exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code
+            )
             response.force_close()  # never leave an unread body on a kept-alive connection
             return response
         try:
@@ -347,7 +371,9 @@ class Proxy:
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
-            answer = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+            answer = self._json_error(
+                request, exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code
+            )
         else:
             refusal = self._early_refusal()
             if refusal is not None:
@@ -360,13 +386,14 @@ class Proxy:
 
     def _refusal_response(self, request: web.BaseRequest, refusal: Refuse) -> web.StreamResponse:
         name = self.upstream.name
+        flat = self._flat(request)
         last = self._last_refusal
-        if last is not None and last[0] is refusal:
-            template, reason = last[1], last[2]  # a switch's refusal: one shared value
+        if last is not None and last[0] is refusal and last[1] is flat:
+            template, reason = last[2], last[3]  # a switch's refusal: one shared value
         else:
-            template = self._template(refusal)
+            template = self._template(refusal, flat)
             reason = refusal.reason.value
-            self._last_refusal = (refusal, template, reason)
+            self._last_refusal = (refusal, flat, template, reason)
         request[observe.REFUSAL] = refusal
         self.metrics.decision(name, "refused", reason)
         if refusal.credit is not None:
@@ -382,12 +409,13 @@ class Proxy:
             )
         return template.reply(request)
 
-    def _template(self, refusal: Refuse) -> reply.Template:
-        """The serialized reply for ``refusal``, kept per distinct rendering (a flood of the
-        same refusal is one dictionary lookup after the first)."""
+    def _template(self, refusal: Refuse, flat: bool) -> reply.Template:
+        """The serialized reply for ``refusal`` (in the flat shape when ``flat``), kept per
+        distinct rendering (a flood of the same refusal is one dictionary lookup after the
+        first)."""
         settings = self.upstream.settings
         rendered = render_refusal_bytes(
-            refusal, self.upstream.name, settings.refusal_status, settings.retry_after_max_s
+            refusal, self.upstream.name, settings.refusal_status, settings.retry_after_max_s, flat
         )
         kept = self._templates.get(id(rendered))
         if kept is not None and kept[0] is rendered:
@@ -417,7 +445,8 @@ class Proxy:
         assert c.route is not None
         name = self.upstream.name
         if tunnel.is_upgrade(request):
-            return json_error(
+            return self._json_error(
+                request,
                 501,
                 f"{c.path} is a work route; vacancyd does not tunnel WebSocket work",
                 ErrorType.NOT_IMPLEMENTED,
@@ -425,7 +454,8 @@ class Proxy:
             )
         origin = request.headers.get("Origin")
         if origin is not None and origin.rstrip("/").lower() not in self.allowed_origins:
-            response = json_error(
+            response = self._json_error(
+                request,
                 403,
                 f"borrowed work from the web page {origin!r} is not allowed on {name!r} "
                 "(the upstream's allowed_origins)",
@@ -438,7 +468,10 @@ class Proxy:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:
             return await self._answer_and_drain(
-                request, json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+                request,
+                self._json_error(
+                    request, exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code
+                ),
             )
         early = self._early_refusal()
         if early is not None:
@@ -457,7 +490,9 @@ class Proxy:
                 return await self._refuse(
                     request, Refuse.of(Reason.BODY_BUDGET_EXHAUSTED, str(exc))
                 )
-            response = json_error(exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+            response = self._json_error(
+                request, exc.status, str(exc), ErrorType.INVALID_REQUEST, exc.code
+            )
             if exc.status == 408:
                 response.force_close()
                 return response
@@ -467,7 +502,7 @@ class Proxy:
             try:
                 facts = await self._read_facts(c, body, request.headers.get("Content-Type", ""))
             except BadRequest as exc:
-                return json_error(400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
+                return self._json_error(request, 400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             runs = self
             if self.members:
                 chosen = self.work.choose(list(self.members), facts)
@@ -482,6 +517,13 @@ class Proxy:
             request[observe.JOB] = job
             self.metrics.decision(name, "admitted")
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
+            cap = runs.upstream.adapter.cap_keep_alive
+            if cap is not None:
+                steps = cap(c.route, body, runs.upstream.settings.keep_alive_max_s)
+                if len(body) <= SMALL_JSON_BYTES:
+                    body = run_steps(steps)
+                else:
+                    body = await run_cooperatively(steps)
             key: str | None = None
             if runs.controller is not None:
                 body, key = runs.controller.prepare(c.route, body)
@@ -611,7 +653,7 @@ class Proxy:
         )
         settings = self.upstream.settings
         rendered = render_refusal_bytes(
-            refusal, name, settings.refusal_status, settings.retry_after_max_s
+            refusal, name, settings.refusal_status, settings.retry_after_max_s, self._flat(request)
         )
         request[observe.REFUSAL] = refusal
         self.metrics.decision(name, "cancelled", refusal.reason.value)
@@ -649,7 +691,7 @@ class Proxy:
             self._urls[key] = url
         return url
 
-    async def _wake(self, waker: Waker) -> web.Response | None:
+    async def _wake(self, request: web.BaseRequest, waker: Waker) -> web.Response | None:
         """Wake a server a reclaim put to sleep before forwarding borrowed work to it; a 502
         when it cannot be woken."""
         name = self.upstream.name
@@ -659,7 +701,8 @@ class Proxy:
             why = str(exc) or "timed out"
             self.metrics.wake_seconds.labels(name, "failed").observe(0)
             log.warning("upstream %s could not be woken: %s", name, why)
-            return json_error(
+            return self._json_error(
+                request,
                 502,
                 f"the upstream server of {name!r} is asleep and could not be woken ({why})",
                 ErrorType.UPSTREAM,
@@ -684,7 +727,7 @@ class Proxy:
     ) -> web.StreamResponse:
         up = self.upstream
         if exchange is not None and self._waker is not None:
-            failed = await self._wake(self._waker)
+            failed = await self._wake(request, self._waker)
             if failed is not None:
                 exchange.failed = Ending.UPSTREAM_FAILED
                 return failed
@@ -723,7 +766,8 @@ class Proxy:
             what = "could not be reached" if unreachable else "did not send a valid HTTP response"
             if exchange is not None:
                 exchange.failed = Ending.UPSTREAM_FAILED
-            return json_error(
+            return self._json_error(
+                request,
                 502,
                 f"the upstream server of {up.name!r} {what} ({exc.__class__.__name__}: {exc})",
                 ErrorType.UPSTREAM,
@@ -823,7 +867,8 @@ class Proxy:
         if begun is not None:
             self._cut(request)
             return begun
-        return json_error(
+        return self._json_error(
+            request,
             504,
             f"the upstream server of {name!r} sent nothing for {self.silence_s:g} s; "
             "vacancyd gave up waiting",
@@ -856,7 +901,8 @@ class Proxy:
         if exchange.response is not None:
             self._cut(request)
             return exchange.response
-        return json_error(
+        return self._json_error(
+            request,
             504,
             f"the upstream server of {name!r} sent nothing for {self.silence_s:g} s; "
             "vacancyd gave up waiting and keeps its resources reserved in case it is still "

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -57,7 +57,7 @@ def decide(work: Work, upstream: str, model: str | None) -> Refuse | None:
     return work.would_admit(upstream, RequestFacts(model=model))
 
 
-def _not_found(message: str, code: ErrorCode, **extra: object) -> web.Response:
+def _not_found(message: str, code: ErrorCode, **extra: Any) -> web.Response:
     return web.json_response(
         error_body(message, ErrorType.NOT_FOUND, code, **extra),
         status=404,

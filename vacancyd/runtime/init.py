@@ -319,9 +319,10 @@ def render_config(
                 "",
                 f"[upstream.models]   # size on disk + {FOOTPRINT_FACTOR - 1:.0%}: measure them",
                 f"default_mib = {max(_footprint(v) for v in sized.values())}",
-                "footprint_mib = { "
-                + ", ".join(f"{_toml_str(m)} = {_footprint(v)}" for m, v in sized.items())
-                + " }",
+                "",
+                "# `vacancyd measure` prints a table with this header: it replaces this one",
+                "[upstream.models.footprint_mib]",
+                *(f"{_toml_str(m)} = {_footprint(v)}" for m, v in sized.items()),
             ]
         elif s.models and whole_card:
             lines += [

@@ -14,7 +14,7 @@ import asyncio
 from typing import Any
 
 from vacancyd.core import gate
-from vacancyd.core.conditions import quantize_mib
+from vacancyd.core.lender import quantize_mib
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.state import SharedState

@@ -3,11 +3,12 @@
 For every model of the chosen upstreams (the footprint table's models, or ``--model``):
 
 * Ollama: unless it is already loaded with the context asked for, load it with a one-token
-  ``POST /api/generate`` carrying ``options.num_ctx``, then read ``GET /api/ps``: its
-  ``size_vram`` is the on-card footprint. A model whose ``size_vram`` is smaller than its
-  ``size`` spilled part of itself to system memory: it does not fit, and is reported, not
-  written. What this command loaded it unloads again (``keep_alive: 0``), also when
-  interrupted.
+  ``POST /api/generate`` carrying ``options.num_ctx``, then read ``GET /api/ps``. On an
+  upstream whose resource is a GPU, its ``size_vram`` is the on-card footprint, and a model
+  whose ``size_vram`` is smaller than its ``size`` spilled part of itself to system memory:
+  it does not fit, and is reported, not written. On a memory (or cpu) resource the model
+  runs from system memory, so its whole ``size`` is the footprint. What this command loaded
+  it unloads again (``keep_alive: 0``), also when interrupted.
 * OpenAI-compatible servers (``openai``, ``llamacpp``, ``vllm``): the GPU's free memory
   (NVML) before and after a one-token completion; the drop is the footprint. A server that
   had loaded the model already shows no drop, which is reported: measure such a server by
@@ -98,7 +99,11 @@ def render_toml(results: Sequence[Measurement], headroom_mib: int) -> str:
     for m in results:
         by_upstream.setdefault(m.upstream, []).append(m)
     for upstream, items in by_upstream.items():
-        lines += ["", f'# [[upstream]] name = "{upstream}"', "[upstream.models.footprint_mib]"]
+        lines += [
+            "",
+            f'# [[upstream]] name = "{upstream}": replaces its [upstream.models.footprint_mib]',
+            "[upstream.models.footprint_mib]",
+        ]
         for m in items:
             if m.footprint_mib is None:
                 lines.append(f'# "{m.model}": not written: {m.note}')
@@ -126,10 +131,15 @@ def _say(out: TextIO) -> Progress:
 class OllamaMeasurer:
     """Loads, reads and unloads models on one Ollama server."""
 
-    def __init__(self, session: aiohttp.ClientSession, target: URL, say: Progress) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, target: URL, say: Progress, on_gpu: bool = True
+    ) -> None:
         self.session = session
         self.target = target
         self.say = say
+        #: The upstream's resource is a GPU (footprint from ``size_vram``); else system
+        #: memory (footprint from ``size``).
+        self.on_gpu = on_gpu
         self.loaded_by_us: set[str] = set()
 
     async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -190,6 +200,8 @@ class OllamaMeasurer:
             resident = (await self.ps()).get(name)
             if resident is None:
                 raise MeasureError(f"{upstream}: {name} loaded but /api/ps does not list it")
+        if not self.on_gpu:
+            return self._in_memory(upstream, name, num_ctx, headroom, resident)
         vram, size = resident.size_vram_mib, resident.size_mib
         if vram is None:
             raise MeasureError(f"{upstream}: /api/ps gives no size_vram for {name}")
@@ -204,6 +216,20 @@ class OllamaMeasurer:
         else:
             self.say(f"{upstream}: {name} takes {vram:.0f} MiB -> footprint {footprint} MiB")
         return Measurement(upstream, name, footprint, vram, num_ctx, resident.digest, note)
+
+    def _in_memory(
+        self, upstream: str, name: str, num_ctx: int, headroom: int, resident: ResidentModel
+    ) -> Measurement:
+        """A model on a memory resource: all of ``size`` is in system memory, wherever the
+        server put it (``size_vram`` is 0 on a CPU-only host)."""
+        size = resident.size_mib
+        if size is None:
+            raise MeasureError(f"{upstream}: /api/ps gives no size for {name}")
+        footprint = math.ceil(size) + headroom
+        self.say(
+            f"{upstream}: {name} takes {size:.0f} MiB of system memory -> footprint {footprint} MiB"
+        )
+        return Measurement(upstream, name, footprint, size, num_ctx, resident.digest)
 
     async def unload_ours(self) -> None:
         """Unload what this measurer loaded and wait (briefly) until it is gone."""
@@ -307,7 +333,8 @@ async def run_measure(
                 continue
             target = URL(str(up.target))
             if up.adapter == "ollama":
-                measurer = OllamaMeasurer(session, target, say)
+                kind = next((r.kind for r in settings.resource if r.name == up.resource), "gpu")
+                measurer = OllamaMeasurer(session, target, say, on_gpu=kind == "gpu")
                 try:
                     for i, name in enumerate(names, 1):
                         say(f"{up.name}: model {i}/{len(names)}: {name}")
