@@ -421,6 +421,7 @@ class Daemon:
             server_names=server.server_names,
             allowed_origins=server.allowed_origins,
             logins=Logins(),
+            trusted_proxies=server.trusted_proxies,
         )
         limits = server.limits
         self.tracing = start_tracing(
