@@ -9,9 +9,10 @@ fields exist for metrics only and are not in the JSON (marked below).
 
 Every reader renders the same document: ``GET /status`` is :meth:`StatusDocument.to_json`,
 each ``/metrics`` gauge of the lender is read from its fields
-(:func:`vacancyd.api.metrics.render_gauges`), and the Kubernetes publisher turns its JSON
-into the Node conditions and EndpointSlices (``vacancyd.core.conditions.lender_from_status``;
-the in-cluster companion reads the same JSON over HTTP). Nothing any of them shows is read
+(:func:`vacancyd.api.metrics.render_gauges`), and the host-side Kubernetes publisher reads
+it into the lender state its Node conditions and EndpointSlices come from
+(``vacancyd.core.lender.lender_from_document``; the in-cluster companion reads the same
+state from the JSON over HTTP, ``lender_from_status``). Nothing any of them shows is read
 from the live state beside it, so for one document they cannot disagree.
 """
 
