@@ -12,8 +12,9 @@ Order for every request: authenticate (borrow scope) -> classify -> by class:
   borrower gets 503 with the edge's reason, after them the connection is aborted so the
   stream never ends cleanly. The forwarding runs on its own task so a cut closes the
   upstream connection at once, even while the borrower is stalled.
-* pass-through and borrower results: forwarded unconditionally; WebSocket upgrades on them
-  are tunneled (:mod:`vacancyd.proxy.tunnel`).
+* pass-through and borrower results: forwarded unconditionally; a WebSocket upgrade is
+  tunneled only on a route the adapter lists as a WebSocket (ComfyUI's ``/ws`` progress
+  channel; :mod:`vacancyd.proxy.tunnel`) and refused (501) on every other route.
 * management and unlisted GET/HEAD: 403 ``management_denied`` unless ``management = "allow"``.
 * any other unlisted method: 501, always.
 """
