@@ -94,6 +94,12 @@ async def test_a_named_trusted_proxy_is_believed_about_its_client() -> None:
             ("127.0.0.1", {"X-Forwarded-For": "127.0.0.1"}, 200),  # a local client
             ("127.0.0.1", {"Forwarded": "for=127.0.0.5"}, 200),
             ("127.0.0.1", {"X-Real-IP": "::1"}, 200),
+            # a proxy that sets X-Real-IP (or Forwarded) and passes its client's own
+            # X-Forwarded-For through: the remote client must not pass for a local one
+            ("127.0.0.1", {"X-Forwarded-For": "127.0.0.1", "X-Real-IP": "203.0.113.7"}, 401),
+            ("127.0.0.1", {"X-Forwarded-For": "::1", "Forwarded": "for=203.0.113.7"}, 401),
+            ("127.0.0.1", {"Forwarded": "for=127.0.0.1", "X-Real-IP": "bogus"}, 401),
+            ("127.0.0.1", {"X-Forwarded-For": "127.0.0.1", "X-Real-IP": "127.0.0.1"}, 200),
             ("127.0.0.2", {"X-Forwarded-For": "127.0.0.1"}, 401),  # not the named proxy
             ("127.0.0.2", {}, 200),  # relays for nobody: a local client itself
         )
@@ -193,6 +199,8 @@ async def test_management_routes_refuse_before_inviting_the_body() -> None:
             # the API's admin switches: no token, or a token without the admin scope
             (d.api_url, b"PUT /admin/lending", b"", b"401"),
             (d.api_url, b"PUT /admin/lending", borrower, b"403"),
+            (d.api_url, b"PUT /admin/debug", borrower, b"403"),
+            (d.api_url, b"POST /admin/reclaim", b"", b"401"),
         )
         for target, line, auth, status in cases:
             head = await head_after_expect(

@@ -105,14 +105,19 @@ def _forwarded_for(value: str) -> list[str]:
     return nodes
 
 
-def relayed_client(
+def relayed_clients(
     headers: Mapping[str, str] | CIMultiDictProxy[str],
     trusted: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network],
-) -> str | None:
-    """The address of the client a trusted proxy relayed a request for: the right-most
-    address in ``X-Forwarded-For`` (else ``Forwarded``'s ``for=``, else a single-address
-    header such as ``X-Real-IP``) that is not itself in ``trusted``, or the left-most when
-    all are. None when no header names a client or an entry is not an address."""
+) -> list[str | None]:
+    """The client each client-address header of a relayed request names, one entry per
+    header that names any: for ``X-Forwarded-For`` (all its lines) and ``Forwarded``'s
+    ``for=`` nodes the right-most address not itself in ``trusted`` (the left-most when all
+    are), for a single-address header such as ``X-Real-IP`` its address. An entry is None
+    when a node is not an address. Empty when no header names a client.
+
+    Every header is read, not only the first present: a proxy overwrites the header it
+    sets and may pass the others through from its client as they came, so any one of them
+    may be the client's own claim."""
     getall = getattr(headers, "getall", None)
 
     def values(name: str) -> list[str]:
@@ -121,17 +126,25 @@ def relayed_client(
         value = headers.get(name)
         return [] if value is None else [value]
 
-    chain = [n.strip() for v in values("X-Forwarded-For") for n in v.split(",") if n.strip()]
-    if not chain:
-        chain = [n for v in values("Forwarded") for n in _forwarded_for(v)]
-    if not chain:
-        for name in sorted(CLIENT_ADDRESS_HEADERS - {"forwarded", "x-forwarded-for"}):
-            chain = [v.strip() for v in values(name) if v.strip()]
-            if chain:
-                break
-    if not chain:
-        return None
+    chains = [
+        [n.strip() for v in values("X-Forwarded-For") for n in v.split(",") if n.strip()],
+        [n for v in values("Forwarded") for n in _forwarded_for(v)],
+    ]
+    for name in sorted(CLIENT_ADDRESS_HEADERS - {"forwarded", "x-forwarded-for"}):
+        chains.append([v.strip() for v in values(name) if v.strip()])
     nets = tuple(trusted)
+    clients: list[str | None] = []
+    for chain in chains:
+        if chain:
+            clients.append(_chain_client(chain, nets))
+    return clients
+
+
+def _chain_client(
+    chain: list[str], nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+) -> str | None:
+    """The right-most address of ``chain`` not in ``nets`` (the left-most when all are);
+    None when a node is not an address."""
     addresses = []
     for node in chain:
         try:
@@ -244,7 +257,8 @@ class Authenticator:
     def loopback_client(self, request: web.BaseRequest) -> bool:
         """Whether the client that sent ``request`` is on this host: the TCP peer is on
         loopback and either no forwarding header says a proxy relayed the request, or the
-        peer is one of ``trusted_proxies`` and the client it names is on loopback too."""
+        peer is one of ``trusted_proxies`` and every client-address header it sent names a
+        client on loopback (one naming a remote client or no address makes it remote)."""
         if not is_loopback_peer(request):
             return False
         headers = request.headers
@@ -253,8 +267,8 @@ class Authenticator:
         peer = ipaddress.ip_address((request.remote or "").split("%", 1)[0])
         if not any(peer in net for net in self._proxies):
             return False
-        client = relayed_client(headers, self._proxies)
-        return client is not None and _is_loopback_address(client)
+        clients = relayed_clients(headers, self._proxies)
+        return bool(clients) and all(c is not None and _is_loopback_address(c) for c in clients)
 
     def host_allowed(self, request: web.BaseRequest) -> bool:
         """Whether ``Host`` names this host: an IP literal, a single-label name (``localhost``,
