@@ -5,6 +5,7 @@ lender state as the companion's reading of its JSON."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -58,7 +59,7 @@ def test_a_wrong_value_is_named_by_its_path() -> None:
         StatusDocument.from_json(bad_quality)
 
 
-GPU = {
+GPU: dict[str, Any] = {
     "kind": "gpu",
     "enabled": True,
     "quality": "ready",
@@ -72,7 +73,7 @@ GPU = {
     "held_by": None,
     "pressure": None,
 }
-MINIMAL = {
+MINIMAL: dict[str, Any] = {
     "version": "1",
     "uptime_s": None,
     "ready": True,
