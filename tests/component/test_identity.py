@@ -199,6 +199,8 @@ async def test_management_routes_refuse_before_inviting_the_body() -> None:
             # the API's admin switches: no token, or a token without the admin scope
             (d.api_url, b"PUT /admin/lending", b"", b"401"),
             (d.api_url, b"PUT /admin/lending", borrower, b"403"),
+            (d.api_url, b"PUT /admin/debug", borrower, b"403"),
+            (d.api_url, b"POST /admin/reclaim", b"", b"401"),
         )
         for target, line, auth, status in cases:
             head = await head_after_expect(

@@ -51,6 +51,12 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+#: The ``Expect: 100-continue`` handler of the admin mutations (``expect_handler=`` of a route
+#: added by ``extra_routes``): refuses a request without the admin scope before its body.
+EXPECT_ADMIN: web.AppKey[ExpectHandler] = web.AppKey("expect_admin")
+
+
 class PauseControl(Protocol):
     """What the pause routes need (``vacancyd.control.owner.OwnerControls``)."""
 
@@ -192,6 +198,8 @@ def make_api(
             return denied
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
+
+    app[EXPECT_ADMIN] = expect_admin
 
     def add_mutation(method: str, path: str, handler: Handler) -> None:
         app.router.add_route(method, path, mutation(handler), expect_handler=expect_admin)
