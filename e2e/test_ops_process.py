@@ -107,11 +107,17 @@ def test_watchdog_pings_from_the_event_loop(tmp_path: Path, proc_env: dict[str, 
             text=True,
         )
         try:
-            messages = [sock.recv(4096).decode() for _ in range(5)]
+
+            def recv() -> str:  # STATUS= updates (the service status line) may come between
+                while (message := sock.recv(4096).decode()).startswith("STATUS="):
+                    pass
+                return message
+
+            messages = [recv() for _ in range(5)]
             assert messages[0].startswith("READY=1")
             assert messages[1:] == ["WATCHDOG=1"] * 4
             p.send_signal(signal.SIGTERM)
-            while (msg := sock.recv(4096).decode()) == "WATCHDOG=1":
+            while (msg := recv()) == "WATCHDOG=1":
                 pass
             assert msg == "STOPPING=1"
             p.communicate(timeout=15)

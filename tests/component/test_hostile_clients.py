@@ -302,6 +302,41 @@ async def test_every_connection_refusal_is_a_json_503_and_never_a_traceback(
     assert errors == [], [r.getMessage() for r in errors]
 
 
+async def test_a_refused_client_reads_its_503_even_while_still_sending() -> None:
+    """Closing a socket whose client is still sending makes the kernel reset the connection,
+    which can destroy the 503 before the client reads it: each of 100 clients sending its
+    request as the refusal goes out must read the whole 503."""
+    limits = {"max_connections": 2, "max_unauthenticated_connections": 2}
+    async with lender(limits=limits) as (d, _seen):
+        target = addr(d, "up")
+        held = [await open_from(f"127.0.1.{i}", target) for i in (1, 2)]
+        guard = guard_of(d, "up")
+        await d.wait_until(lambda: guard.open == 2)
+        request = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        answers: Counter[str] = Counter()
+        try:
+            for i in range(100):
+                reader, writer = await asyncio.open_connection(
+                    *target, local_addr=(f"127.0.2.{i + 1}", 0)
+                )
+                try:
+                    writer.write(request.encode())
+                    for _ in range(20):  # headers still coming while the refusal is sent
+                        writer.write(b"X-Filler: " + b"y" * 200 + b"\r\n")
+                        await asyncio.sleep(0)
+                    writer.write(b"\r\n")
+                    data = await asyncio.wait_for(reader.read(), 10)
+                    answers[data[:12].decode() or "closed"] += 1
+                except (ConnectionError, RuntimeError) as exc:  # reset, or written to after it
+                    answers[type(exc).__name__] += 1
+                finally:
+                    writer.close()
+        finally:
+            for sock in held:
+                sock.close()
+        assert answers == {"HTTP/1.1 503": 100}
+
+
 async def test_events_subscribers_have_their_own_cap() -> None:
     async with lender(limits={"max_event_subscribers": 2}) as (d, _seen):
         async with aiohttp.ClientSession() as http:

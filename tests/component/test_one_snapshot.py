@@ -27,7 +27,7 @@ from tests.support.config import RAM, companion_toml, daemon_toml, lender, resou
 from tests.support.daemon import serve_app
 from vacancyd.api.app import make_api
 from vacancyd.api.metrics import render_gauges
-from vacancyd.api.status import build_status
+from vacancyd.api.status import read_status
 from vacancyd.config import parse_config
 from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions
@@ -113,7 +113,7 @@ async def test_status_metrics_and_the_publisher_agree_for_one_document(tmp_path:
     state.clock = lambda: now
     assert settings.kubernetes is not None
     host = HostPublisher(
-        settings.kubernetes, state, lambda: build_status(state, T0), connect=never_connects
+        settings.kubernetes, state, lambda: read_status(state, T0), connect=never_connects
     )
     # The publisher's client fails: its health must show on all three renderings.
     task = asyncio.get_running_loop().create_task(host.publisher.run(), name="publisher")
@@ -137,7 +137,7 @@ async def test_status_metrics_and_the_publisher_agree_for_one_document(tmp_path:
         Hold(HoldKind.EXCLUSIVE_APP, "the owner's game runs", frozenset({"vram"}), None, None),
     )
 
-    doc = build_status(state, T0)
+    doc = read_status(state, T0)
     status = doc.to_json()
     metrics = scrape(doc)
     lender = conditions.lender_from_status(status)
@@ -237,7 +237,7 @@ async def test_the_scraped_registry_renders_the_same_document(tmp_path: Path) ->
         if s.name.startswith("vacancyd_")
         and not s.name.startswith(("vacancyd_build", "vacancyd_state_write_failures"))
     }
-    gauges = scrape(build_status(state, T0))
+    gauges = scrape(read_status(state, T0))
     assert {k: v for k, v in live.items() if k[0] in {g[0] for g in gauges}} == gauges
     assert gauges[("vacancyd_owner_hold", (("kind", "pause"),))] == 1.0
     assert gauges[("vacancyd_waiting", (("upstream", "c"),))] == 2.0

@@ -145,7 +145,7 @@ def test_reload_rechecks_the_config_and_refuses_a_broken_one(guest: Guest) -> No
 def test_a_stopped_daemon_is_restarted_by_the_watchdog(guest: Guest) -> None:
     # A short watchdog through a drop-in, as an owner's `systemctl edit` would add it.
     dropin = "/etc/systemd/system/vacancyd.service.d/zz-test-watchdog.conf"
-    guest.sh(f"printf '[Service]\\nWatchdogSec=3\\n' > {dropin}")
+    guest.sh(f"printf '[Service]\\nWatchdogSec=5\\n' > {dropin}")
     guest.run(["systemctl", "daemon-reload"])
     guest.run(["systemctl", "restart", "vacancyd"])
     try:

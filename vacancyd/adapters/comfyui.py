@@ -66,7 +66,7 @@ TABLE = RouteTable(
         *_twins("POST", "/prompt", WORK, model_key=None),
         *_twins("GET", "/history/{}", RES),
         *_twins("GET", "/view", RES),
-        *_twins("GET", "/ws", RES),
+        *_twins("GET", "/ws", RES, websocket=True),
         route("GET", "/api/jobs/{}", RES),
         *_twins("GET", "/object_info", PASS),
         *_twins("GET", "/object_info/{}", PASS),

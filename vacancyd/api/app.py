@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 
 from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
@@ -49,6 +49,12 @@ from vacancyd.web.metrics import exposition
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+#: The ``Expect: 100-continue`` handler of the admin mutations (``expect_handler=`` of a route
+#: added by ``extra_routes``): refuses a request without the admin scope before its body.
+EXPECT_ADMIN: web.AppKey[ExpectHandler] = web.AppKey("expect_admin")
 
 
 class PauseControl(Protocol):
@@ -175,6 +181,28 @@ def make_api(
             return denied if denied is not None else await handler(request)
 
         return wrapped
+
+    async def expect_admin(request: web.Request) -> web.StreamResponse | None:
+        """``Expect: 100-continue`` on an admin mutation: a request that would be refused
+        whatever its body (no admin scope, a browser guard) is refused before the client
+        sends the body, never after a ``100 Continue``."""
+        if request.version != HttpVersion11:
+            return None
+        expect = request.headers.get(hdrs.EXPECT, "")
+        if expect.lower() != "100-continue":
+            raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+        if auth.check(request, "admin", record=False) is not None:
+            return auth.check(request, "admin")
+        denied = auth.check_mutation(request)
+        if denied is not None:
+            return denied
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        return None
+
+    app[EXPECT_ADMIN] = expect_admin
+
+    def add_mutation(method: str, path: str, handler: Handler) -> None:
+        app.router.add_route(method, path, mutation(handler), expect_handler=expect_admin)
 
     async def healthz(request: web.Request) -> web.Response:
         answer = health_probe(state, request.path)
@@ -413,8 +441,8 @@ def make_api(
 
     app.router.add_post("/login/ticket", scoped("read", guarded(login_ticket)))
     app.router.add_post("/login", login)
-    app.router.add_post("/admin/pause", mutation(post_pause))
-    app.router.add_post("/admin/resume", mutation(post_resume))
+    add_mutation("POST", "/admin/pause", post_pause)
+    add_mutation("POST", "/admin/resume", post_resume)
 
     async def lendable(request: web.Request) -> web.Response:
         name = request.match_info["upstream"]
@@ -427,8 +455,8 @@ def make_api(
         return denied or probe.unknown_upstream(name, sorted(state.upstreams))
 
     app.router.add_route("*", "/lendable/{upstream}", lendable)
-    app.router.add_post("/admin/reclaim", mutation(post_reclaim))
-    app.router.add_post("/admin/jobs/{id}/release", mutation(release_job))
+    add_mutation("POST", "/admin/reclaim", post_reclaim)
+    add_mutation("POST", "/admin/jobs/{id}/release", release_job)
     app.router.add_get("/", page.status_page)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -450,8 +478,8 @@ def make_api(
             ),
         ),
     )
-    app.router.add_put("/admin/lending", mutation(put_lending))
-    app.router.add_put("/admin/resources/{name}", mutation(put_resource))
+    add_mutation("PUT", "/admin/lending", put_lending)
+    add_mutation("PUT", "/admin/resources/{name}", put_resource)
     if extra_routes is not None:
         extra_routes(app, scoped, mutation)
     return app

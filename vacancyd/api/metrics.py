@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vacancyd.api.status import build_status
+from vacancyd.api.status import read_status
 from vacancyd.core.holds import HoldKind
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
@@ -38,7 +38,7 @@ class StateCollector(Collector):
         self._state = state
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield from render_gauges(build_status(self._state))
+        yield from render_gauges(read_status(self._state))
 
 
 def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
@@ -391,7 +391,7 @@ def _learned_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
         for model, mib in sorted((up.footprint_priors_mib or {}).items()):
             priors.add_metric([upstream, model], mib * MIB)
         if up.learned_contexts is not None:
-            contexts.add_metric([upstream], float(len(up.learned_contexts)))
+            contexts.add_metric([upstream], float(len(up.learned_contexts.contexts)))
     broken = GaugeMetricFamily(
         "vacancyd_resource_state_unusable",
         "1 while a resource refuses because a durable state file it depends on is unusable.",

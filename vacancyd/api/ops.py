@@ -33,6 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from vacancyd import __version__
+from vacancyd.api.app import EXPECT_ADMIN
 from vacancyd.api.status import render_status
 from vacancyd.config.model import Settings
 from vacancyd.core.events import StateEvent
@@ -212,7 +213,7 @@ class Diagnostics:
         async def get_diagnostics(_: web.Request) -> web.Response:
             return web.Response(text=self.bundle(), content_type="application/json")
 
-        app.router.add_put("/admin/debug", mutation(put_debug))
+        app.router.add_put("/admin/debug", mutation(put_debug), expect_handler=app[EXPECT_ADMIN])
         app.router.add_get("/admin/diagnostics", scoped("admin", get_diagnostics))
 
 

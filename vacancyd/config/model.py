@@ -187,6 +187,9 @@ class ServerSettings(_Model):
     tls_client_ca_file: Path | None = None
     server_names: list[Annotated[str, Field(min_length=1, max_length=253)]] = []
     allowed_origins: list[Annotated[str, Field(min_length=1, max_length=300)]] = []
+    #: Addresses or networks of reverse proxies whose client-address headers are believed
+    #: when they relay a request (docs/configuration.md, THREAT_MODEL.md).
+    trusted_proxies: list[Annotated[str, Field(min_length=1, max_length=64)]] = []
     #: After SIGTERM, the most seconds borrowed work in flight gets to finish (the drain).
     shutdown_grace_s: float = Field(20.0, ge=0, le=3600)
     #: After SIGTERM, the least seconds the listeners keep answering (with refusals) even
@@ -197,6 +200,18 @@ class ServerSettings(_Model):
     limits: LimitsSettings = LimitsSettings()
 
     _listen = field_validator("listen")(_check_listen)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_addresses(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address or network (such as 127.0.0.1 or 10.0.0.0/8)"
+                ) from None
+        return value
 
     @model_validator(mode="after")
     def _tls_pair(self) -> ServerSettings:

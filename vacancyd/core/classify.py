@@ -31,6 +31,9 @@ class Route:
 
     ``no_query``: a query string turns this read into management (health checks need none).
     ``model_key``: the JSON body field the upstream reads the model name from, if any.
+    ``websocket``: the server offers a WebSocket here that the borrower keeps whatever the
+    gate says (a progress channel such as ComfyUI's ``/ws``), so an upgrade is tunneled;
+    an upgrade on any other route is refused.
     """
 
     methods: frozenset[str]
@@ -38,6 +41,7 @@ class Route:
     klass: RouteClass
     no_query: bool = False
     model_key: str | None = "model"
+    websocket: bool = False
 
     @property
     def segments(self) -> tuple[str, ...]:

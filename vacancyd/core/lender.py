@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from vacancyd.core.observations import Quality
 from vacancyd.core.reasons import PublishReason, Reason
+from vacancyd.core.status import ResourceStatus, StatusDocument
 
 
 class Phase(StrEnum):
@@ -195,6 +197,84 @@ def lender_from_status(doc: Any) -> LenderState:
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise StatusFormatError(f"/status has an unexpected shape: {exc!r}") from exc
+
+
+def lender_from_document(doc: StatusDocument) -> LenderState:
+    """The :class:`LenderState` of a typed status document, read in-process (the host-side
+    publisher) without going through JSON. For every document it equals
+    :func:`lender_from_status` on ``doc.to_json()``, the companion's reading of the same
+    document over HTTP (``tests/unit/test_status_model.py`` checks it); headroom is read as
+    ``/status`` rounds it (0.1 MiB) before it is quantized. Raises nothing."""
+    upstreams: dict[str, UpstreamState] = {}
+    for name, up in doc.upstreams.items():
+        listener, refusal, headroom = up.listener, up.refusal, up.headroom
+        lendable_mib = None if headroom is None else headroom.lendable_mib
+        upstreams[name] = UpstreamState(
+            name=name,
+            lendable=up.lendable,
+            bound=listener is not None and listener.bound,
+            port=None if listener is None else _port_of(listener.address),
+            reason=None if refusal is None else refusal.reason,
+            detail="" if refusal is None else refusal.detail,
+            largest_model=None if headroom is None else headroom.largest_model,
+            largest_model_mib=None if headroom is None else headroom.largest_model_mib,
+            headroom_mib=quantize_mib(None if lendable_mib is None else round(lendable_mib, 1)),
+        )
+    presence = doc.presence
+    owner_present: bool | None = presence.veto.active
+    owner_detail = presence.detail
+    if not presence.sampled:
+        owner_present = None
+        owner_detail = "owner presence has not been sampled yet"
+    gpu_pressure, gpu_detail = _typed_gpu_pressure(doc.resources, upstreams)
+    unsampled = [] if presence.sampled else ["owner presence"]
+    unsampled += [
+        f"capacity of {name}"
+        for name, r in sorted(doc.resources.items())
+        if r.age_s is None and r.error is None and r.quality is not Quality.READY
+    ]
+    return LenderState(
+        Phase.ALIVE,
+        lending_enabled=doc.lending_enabled,
+        owner_present=owner_present,
+        owner_detail=owner_detail,
+        gpu_pressure=gpu_pressure,
+        gpu_detail=gpu_detail,
+        upstreams=upstreams,
+        terminating=doc.stopping,
+        unsampled="not sampled yet: " + ", ".join(unsampled) if unsampled else None,
+    )
+
+
+def _typed_gpu_pressure(
+    resources: Mapping[str, ResourceStatus], upstreams: Mapping[str, UpstreamState]
+) -> tuple[bool | None, str]:
+    """:func:`_gpu_pressure` on the typed document's resources."""
+    gpus = {name: r for name, r in resources.items() if r.kind == "gpu"}
+    engaged = [
+        f"{name}: {r.pressure.detail or 'engaged'}"
+        for name, r in sorted(gpus.items())
+        if r.pressure is not None and r.pressure.engaged
+    ]
+    engaged += [
+        f"{u.name}: {u.detail}" for u in upstreams.values() if u.reason == Reason.RESOURCE_PRESSURED
+    ]
+    if engaged:
+        return True, "; ".join(engaged)
+    if not gpus:
+        return False, "no GPU resource is declared on this lender"
+    unclear = []
+    for name, r in sorted(gpus.items()):
+        pressure = r.pressure
+        if r.quality is not Quality.READY:
+            unclear.append(f"{name}: capacity {r.quality.value}")
+        elif pressure is not None and pressure.quality is not Quality.READY:
+            unclear.append(f"{name}: pressure {pressure.quality.value}")
+        elif pressure is not None and not pressure.calibrated:
+            unclear.append(f"{name}: pressure threshold still calibrating")
+    if unclear:
+        return None, "GPU pressure cannot be told: " + "; ".join(unclear)
+    return False, "no GPU is pressed by the owner's work"
 
 
 def _opt_str(value: Any) -> str | None:

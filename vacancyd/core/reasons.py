@@ -72,11 +72,15 @@ class ErrorCode(StrEnum):
     UNRECOGNIZED_ROUTE = "unrecognized_route"
     UNKNOWN_RESULT = "unknown_result"
     WEBSOCKET_WORK_UNSUPPORTED = "websocket_work_unsupported"
+    #: an upgrade on a route whose server offers no WebSocket (not a progress channel)
+    WEBSOCKET_NOT_OFFERED = "websocket_not_offered"
     WEBSOCKET_TUNNELS_EXHAUSTED = "websocket_tunnels_exhausted"
     CONNECTION_LIMIT = "connection_limit"
     BODY_NOT_ALLOWED = "body_not_allowed"
     ENCODED_BODY_NOT_ALLOWED = "encoded_body_not_allowed"
     BAD_REQUEST = "bad_request"
+    #: more than one ``Authorization`` header: which one counts would be a guess
+    DUPLICATE_AUTHORIZATION = "duplicate_authorization"
     # browser guards (both listeners)
     HOST_NOT_ALLOWED = "host_not_allowed"
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"
@@ -184,6 +188,7 @@ class AuthOutcome(StrEnum):
     INVALID = "invalid"  #: a token that matches none
     FORBIDDEN = "forbidden"  #: a valid token without the scope
     HOST_NOT_ALLOWED = ErrorCode.HOST_NOT_ALLOWED.value  #: trusted without a token, wrong Host
+    DUPLICATE = "duplicate"  #: more than one Authorization header
 
 
 class PublishReason(StrEnum):

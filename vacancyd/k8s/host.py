@@ -1,13 +1,14 @@
 """Host-side publishing: the daemon writes its own state, given a kubeconfig (``[kubernetes]``).
 
-The feeder builds this daemon's status document (in-process, no HTTP) on every state
-transition and every ``resync_s`` seconds, reads it as the companion reads ``/status``
-(:func:`~vacancyd.core.lender.lender_from_status` on its JSON, so both modes publish
-the same thing for the same document) and hands the result to a :class:`Publisher`. A
-transition only sets an event, so the collectors and the gate never wait on the API server;
-the feeder and the publisher are supervised as non-essential tasks, so no Kubernetes failure
-can stop the daemon. The publisher's own health goes back onto the status document
-(``kubernetes`` in ``/status``, ``vacancyd_kubernetes_writes_ok`` on ``/metrics``).
+The feeder builds this daemon's typed status document (in-process, no HTTP, no JSON) on
+every state transition and every ``resync_s`` seconds, reads it into the lender's state
+(:func:`~vacancyd.core.lender.lender_from_document`, which for every document equals the
+companion's reading of its ``/status`` JSON, so both modes publish the same thing) and hands
+the result to a :class:`Publisher`. A transition only sets an event, so the collectors and
+the gate never wait on the API server; the feeder and the publisher are supervised as
+non-essential tasks, so no Kubernetes failure can stop the daemon. The publisher's own health
+goes back onto the status document (``kubernetes`` in ``/status``,
+``vacancyd_kubernetes_writes_ok`` on ``/metrics``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from vacancyd.config.model import KubernetesSettings
 from vacancyd.core import endpoints
-from vacancyd.core.lender import LenderState, StatusFormatError, lender_from_status
+from vacancyd.core.lender import LenderState, lender_from_document
 from vacancyd.core.status import PublisherStatus, StatusDocument
 from vacancyd.k8s.api import KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
@@ -91,9 +92,9 @@ class HostPublisher:
         )
 
     def lender(self) -> LenderState:
-        """The state to publish, read from one status document as the companion reads
-        ``/status``. Raises :class:`StatusFormatError` (a bug: it is our own document)."""
-        return lender_from_status(self._build().to_json())
+        """The state to publish, read from one typed status document (no JSON): the same
+        state the companion reads from that document's ``/status`` JSON."""
+        return lender_from_document(self._build())
 
     def start(self, spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[Any]]) -> None:
         """Start the feeder and the publisher with ``spawn(coro, name)`` (non-essential)."""
@@ -121,10 +122,7 @@ class HostPublisher:
     async def _feed(self) -> None:
         while True:
             self._poke.clear()
-            try:
-                self.publisher.update(self.lender())
-            except StatusFormatError:  # our own document: a bug, but never fatal
-                log.exception("cannot read this daemon's own status")
+            self.publisher.update(self.lender())
             try:
                 async with asyncio.timeout(self.settings.resync_s):
                     await self._poke.wait()
@@ -147,10 +145,7 @@ class HostPublisher:
         if not self._tasks:
             return
         await self._halt()
-        try:
-            self.publisher.update(self.lender())
-        except StatusFormatError:
-            log.exception("cannot read this daemon's own status")
+        self.publisher.update(self.lender())
         await self.publisher.announce_terminating(detail)
 
     async def stop(self, detail: str = "vacancyd on this host is stopping") -> None:

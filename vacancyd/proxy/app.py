@@ -12,8 +12,9 @@ Order for every request: authenticate (borrow scope) -> classify -> by class:
   borrower gets 503 with the edge's reason, after them the connection is aborted so the
   stream never ends cleanly. The forwarding runs on its own task so a cut closes the
   upstream connection at once, even while the borrower is stalled.
-* pass-through and borrower results: forwarded unconditionally; WebSocket upgrades on them
-  are tunneled (:mod:`vacancyd.proxy.tunnel`).
+* pass-through and borrower results: forwarded unconditionally; a WebSocket upgrade is
+  tunneled only on a route the adapter lists as a WebSocket (ComfyUI's ``/ws`` progress
+  channel; :mod:`vacancyd.proxy.tunnel`) and refused (501) on every other route.
 * management and unlisted GET/HEAD: 403 ``management_denied`` unless ``management = "allow"``.
 * any other unlisted method: 501, always.
 """
@@ -233,9 +234,18 @@ class Proxy:
     async def _dispatch(
         self, request: web.BaseRequest, c: Classification, query: str
     ) -> web.StreamResponse:
-        allow_management = self.upstream.settings.management == "allow"
         if c.klass is RouteClass.WORK:
             return await self._work(request, c, query)
+        refusal = self._route_refusal(request, c)
+        if refusal is not None:
+            return refusal
+        return await self._pass(request, c, query)
+
+    def _route_refusal(self, request: web.BaseRequest, c: Classification) -> web.Response | None:
+        """The answer to a request on a route that is not work, when the route alone decides
+        it (so ``Expect: 100-continue`` gets it before the body): a result that is not the
+        borrower's (404), a management or unlisted route (403 or 501), a WebSocket upgrade
+        on a route the adapter lists no WebSocket for (501). None: forward it."""
         if c.klass is RouteClass.RESULTS and self.controller is not None:
             assert c.route is not None
             if not self.controller.allows_result(c.route, c.path):
@@ -247,11 +257,12 @@ class Proxy:
                     ErrorCode.UNKNOWN_RESULT,
                 )
         if c.klass in (RouteClass.PASSTHROUGH, RouteClass.RESULTS):
-            return await self._pass(request, c, query)
+            return self._upgrade_refusal(request, c)
+        allow_management = self.upstream.settings.management == "allow"
         readish = request.method in ("GET", "HEAD")
         if c.klass is RouteClass.MANAGEMENT or (c.klass is RouteClass.UNRECOGNIZED and readish):
             if allow_management:
-                return await self._pass(request, c, query)
+                return self._upgrade_refusal(request, c)
             reads = self.upstream.adapter.table.borrower_reads()
             return self._json_error(
                 request,
@@ -273,10 +284,26 @@ class Proxy:
             ErrorCode.UNRECOGNIZED_ROUTE,
         )
 
+    def _upgrade_refusal(self, request: web.BaseRequest, c: Classification) -> web.Response | None:
+        """501 for a WebSocket upgrade on a route whose server offers none (the adapter's
+        route says ``websocket``): a tunnel there would be borrowed work that no gate
+        admits, no reclaim cuts and lending off does not stop. None otherwise."""
+        if not tunnel.is_upgrade(request) or (c.route is not None and c.route.websocket):
+            return None
+        return json_error(
+            501,
+            f"{request.method} {c.path} is not a WebSocket route of vacancyd's "
+            f"{self.upstream.adapter.name!r} adapter; WebSocket upgrades are tunneled only "
+            "on the progress channels the adapter lists (ComfyUI /ws)",
+            ErrorType.NOT_IMPLEMENTED,
+            ErrorCode.WEBSOCKET_NOT_OFFERED,
+        )
+
     async def _pass(
         self, request: web.BaseRequest, c: Classification, query: str
     ) -> web.StreamResponse:
-        """Forward a non-work request; a WebSocket upgrade on it is tunneled."""
+        """Forward a non-work request; a WebSocket upgrade on it is tunneled (the caller
+        has refused upgrades on routes without a WebSocket: :meth:`_route_refusal`)."""
         if tunnel.is_upgrade(request):
             up = self.upstream
             return await self.tunnels.serve(
@@ -336,9 +363,12 @@ class Proxy:
             return self.auth.check(request, "borrow")
         path, _, query = origin_form(request.raw_path).partition("?")
         c = self.classify(request.method, path, query)
-        if c.klass is not RouteClass.WORK:
-            return None
         answer: web.StreamResponse | None = None
+        if c.klass is not RouteClass.WORK:
+            answer = self._route_refusal(request, c)
+            if answer is not None:
+                self.metrics.request(self.upstream.name, c.klass.value, str(answer.status))
+            return answer
         try:
             bodies.check_declared_length(request, self.max_body)
         except bodies.BodyError as exc:

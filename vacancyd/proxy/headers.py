@@ -7,10 +7,16 @@ upstream's own authority: Ollama and llama-server bound to loopback reject forei
 framing headers (the proxy re-frames the body) and ``Content-Encoding`` (the body arrives
 decoded), and the borrower's ``Authorization`` unless the upstream forwards it.
 
-Client address headers (``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP``) follow the
-upstream's ``forwarded_headers`` policy: ``replace`` (default) drops what the borrower sent
-and states the real peer; ``drop`` sends none; ``append`` keeps what came (for a lender
-behind a trusted front proxy) and adds the peer.
+Client address headers (``Forwarded``, every ``X-Forwarded-*``, ``X-Real-IP``,
+``X-Client-IP``, ``True-Client-IP``, ``CF-Connecting-IP`` and the others a proxy may use to
+name its client: :data:`vacancyd.web.auth.FORWARDING_HEADERS`) follow the upstream's
+``forwarded_headers`` policy: ``replace`` (default) drops what the borrower sent and states
+the real peer; ``drop`` sends none; ``append`` keeps what came (for a lender behind a
+trusted front proxy) and adds the peer. Headers that ask a server to act on another URL or
+method than the request line's (``X-Original-URL``, ``X-Rewrite-URL``,
+``X-HTTP-Method-Override`` and kin) are always dropped: the gate classified the request by
+its request line, and an upstream that honoured them could run work through a pass-through
+route.
 
 Towards the borrower also ``Server``, ``X-Powered-By``, ``Alt-Svc``, ``Set-Cookie`` and every
 ``Access-Control-*`` header are dropped unless the upstream's ``pass_response_headers``
@@ -29,6 +35,8 @@ from collections.abc import Iterable
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from vacancyd.web.auth import is_forwarding_header
+
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -43,9 +51,22 @@ HOP_BY_HOP = frozenset(
 )
 #: aiohttp decodes request bodies (gzip, deflate, br, zstd) before the proxy reads them, so
 #: the forwarded body is never encoded: its Content-Encoding must not travel with it.
-REQUEST_DROP = frozenset({"host", "origin", "expect", "content-length", "content-encoding"})
-FORWARDING = frozenset({"forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"})
-FORWARDING_DROP = FORWARDING | {"x-real-ip"}
+#: Headers by which some servers and frameworks take the URL or method from a header
+#: instead of the request line.
+OVERRIDES = frozenset(
+    {
+        "x-original-url",
+        "x-rewrite-url",
+        "x-override-url",
+        "x-http-method-override",
+        "x-http-method",
+        "x-method-override",
+        "x-original-method",
+    }
+)
+REQUEST_DROP = (
+    frozenset({"host", "origin", "expect", "content-length", "content-encoding"}) | OVERRIDES
+)
 RESPONSE_DROP = frozenset({"server", "x-powered-by", "alt-svc", "set-cookie", "set-cookie2"})
 URL_HEADERS = frozenset({"location", "content-location"})
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -89,7 +110,7 @@ def request_headers(
             continue
         if lower == "authorization" and not forward_authorization:
             continue
-        if lower in FORWARDING_DROP and not keep_forwarding:
+        if not keep_forwarding and is_forwarding_header(lower):
             continue
         out.add(name, value)
     host = target.raw_host or ""

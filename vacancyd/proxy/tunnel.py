@@ -1,15 +1,17 @@
 """WebSocket tunnels (docs/architecture.md, last paragraphs).
 
 An authenticated ``Connection: Upgrade`` / ``Upgrade: websocket`` request on a route the
-adapter passes through (ComfyUI's ``GET /ws`` progress channel) is first handshaken with the
-upstream — so a refused upstream handshake is answered as an error before the borrower is
-upgraded — and then relayed message by message in both directions: every text and binary
-frame's payload is passed on unchanged (ComfyUI's binary previews included), pings are
-answered on each leg by its own endpoint. Closing either side closes the other, with the
-close code passed on; when vacancyd stops, both legs get code 1001 (Going Away) once
-the drain is over, and no new tunnel opens after that. Each listener caps its open tunnels
-(``websocket_max_tunnels``; a further upgrade is answered 503) and closes a tunnel that
-carried nothing either way for ``websocket_idle_timeout_s`` seconds.
+adapter lists as a WebSocket (``Route.websocket``: ComfyUI's ``GET /ws`` progress channel,
+which the borrower keeps whatever the gate says; upgrades elsewhere are refused before they
+get here) is first handshaken with the upstream — so a refused upstream handshake is
+answered as an error before the borrower is upgraded — and then relayed message by message
+in both directions: every text and binary frame's payload is passed on unchanged (ComfyUI's
+binary previews included), pings are answered on each leg by its own endpoint. Closing
+either side closes the other, with the close code passed on; when vacancyd stops, both legs
+get code 1001 (Going Away) once the drain is over, and no new tunnel opens after that. Each
+listener caps its open tunnels (``websocket_max_tunnels``; a further upgrade is answered
+503) and closes a tunnel that carried nothing either way for ``websocket_idle_timeout_s``
+seconds.
 """
 
 from __future__ import annotations

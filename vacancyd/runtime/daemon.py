@@ -72,7 +72,7 @@ from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.api.ops import Diagnostics
-from vacancyd.api.status import build_status
+from vacancyd.api.status import read_status
 from vacancyd.collectors import exposure, logind, presence, reach, system
 from vacancyd.collectors.base import (
     run_async_probe_loop,
@@ -421,6 +421,7 @@ class Daemon:
             server_names=server.server_names,
             allowed_origins=server.allowed_origins,
             logins=Logins(),
+            trusted_proxies=server.trusted_proxies,
         )
         limits = server.limits
         self.tracing = start_tracing(
@@ -695,7 +696,7 @@ class Daemon:
             log.error("[kubernetes] is configured but cannot be used: %s", missing)
             return
         state = self.state
-        self.kubernetes = HostPublisher(settings, state, lambda: build_status(state, started_at))
+        self.kubernetes = HostPublisher(settings, state, lambda: read_status(state, started_at))
         self.kubernetes.start(
             lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
         )

@@ -2,7 +2,11 @@
 
 Scopes: ``borrow`` (proxy work and pass-through routes), ``read`` (/status, /metrics),
 ``admin`` (runtime switches; implies ``read``). With ``trust_loopback`` a client connecting
-from a loopback address is the owner and holds every scope; with
+from a loopback address is the owner and holds every scope, unless the request carries
+forwarding headers (:data:`FORWARDING_HEADERS`): then a proxy on this host relayed it for a
+client that may be anywhere, and it is trusted only when that proxy's address is one of
+``trusted_proxies`` and the client it names is on loopback too. A request with more than
+one ``Authorization`` header is refused (400) whatever else it carries; with
 ``allow_unauthenticated_remote`` a client without a token holds ``borrow``. Every decision is
 counted in ``vacancyd_auth_total{scope,outcome}``.
 
@@ -25,10 +29,11 @@ import hmac
 import ipaddress
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
+from multidict import CIMultiDictProxy
 
 from vacancyd.core.reasons import AuthOutcome, ErrorCode, ErrorType, GuardReason
 from vacancyd.core.refusal import error_body
@@ -51,8 +56,105 @@ class Token:
 
 
 def is_loopback_peer(request: web.BaseRequest) -> bool:
+    """Whether the TCP peer is on a loopback address (who relayed the request, not who sent
+    it: see :meth:`Authenticator.loopback_client`)."""
     peer = request.remote
     return bool(peer) and _is_loopback_address(peer)
+
+
+#: Request headers by which a proxy names the client it relays for (lowercase).
+CLIENT_ADDRESS_HEADERS = frozenset(
+    {
+        "forwarded",
+        "x-forwarded-for",
+        "x-real-ip",
+        "x-client-ip",
+        "true-client-ip",
+        "cf-connecting-ip",
+        "fastly-client-ip",
+        "client-ip",
+        "x-cluster-client-ip",
+        "x-original-forwarded-for",
+    }
+)
+#: Request headers that say a proxy relayed the request (lowercase; every ``X-Forwarded-*``
+#: header counts too).
+FORWARDING_HEADERS = CLIENT_ADDRESS_HEADERS | {"via"}
+
+
+def is_forwarding_header(name: str) -> bool:
+    """Whether the header ``name`` (any case) says a proxy relayed the request."""
+    lower = name.lower()
+    return lower in FORWARDING_HEADERS or lower.startswith("x-forwarded-")
+
+
+def _forwarded_for(value: str) -> list[str]:
+    """The ``for=`` nodes of a ``Forwarded`` value (RFC 7239), in order, unquoted and without
+    brackets or port ("unknown" and obfuscated nodes stay as they are)."""
+    nodes: list[str] = []
+    for element in value.split(","):
+        for pair in element.split(";"):
+            key, _, node = pair.strip().partition("=")
+            if key.strip().lower() == "for":
+                node = node.strip().strip('"')
+                if node.startswith("["):
+                    node = node[1 : node.find("]")] if "]" in node else node[1:]
+                elif node.count(":") == 1:
+                    node = node.split(":", 1)[0]
+                nodes.append(node)
+    return nodes
+
+
+def relayed_clients(
+    headers: Mapping[str, str] | CIMultiDictProxy[str],
+    trusted: Iterable[ipaddress.IPv4Network | ipaddress.IPv6Network],
+) -> list[str | None]:
+    """The client each client-address header of a relayed request names, one entry per
+    header that names any: for ``X-Forwarded-For`` (all its lines) and ``Forwarded``'s
+    ``for=`` nodes the right-most address not itself in ``trusted`` (the left-most when all
+    are), for a single-address header such as ``X-Real-IP`` its address. An entry is None
+    when a node is not an address. Empty when no header names a client.
+
+    Every header is read, not only the first present: a proxy overwrites the header it
+    sets and may pass the others through from its client as they came, so any one of them
+    may be the client's own claim."""
+    getall = getattr(headers, "getall", None)
+
+    def values(name: str) -> list[str]:
+        if getall is not None:
+            return list(getall(name, []))
+        value = headers.get(name)
+        return [] if value is None else [value]
+
+    chains = [
+        [n.strip() for v in values("X-Forwarded-For") for n in v.split(",") if n.strip()],
+        [n for v in values("Forwarded") for n in _forwarded_for(v)],
+    ]
+    for name in sorted(CLIENT_ADDRESS_HEADERS - {"forwarded", "x-forwarded-for"}):
+        chains.append([v.strip() for v in values(name) if v.strip()])
+    nets = tuple(trusted)
+    clients: list[str | None] = []
+    for chain in chains:
+        if chain:
+            clients.append(_chain_client(chain, nets))
+    return clients
+
+
+def _chain_client(
+    chain: list[str], nets: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+) -> str | None:
+    """The right-most address of ``chain`` not in ``nets`` (the left-most when all are);
+    None when a node is not an address."""
+    addresses = []
+    for node in chain:
+        try:
+            addresses.append(ipaddress.ip_address(node.split("%", 1)[0]))
+        except ValueError:
+            return None
+    for address in reversed(addresses):
+        if not any(address in net for net in nets):
+            return str(address)
+    return str(addresses[0])
 
 
 @functools.lru_cache(maxsize=1024)
@@ -135,7 +237,11 @@ class Authenticator:
         server_names: Iterable[str] = (),
         allowed_origins: Iterable[str] = (),
         logins: Logins | None = None,
+        trusted_proxies: Iterable[str] = (),
     ) -> None:
+        """``trusted_proxies``: addresses or networks (``127.0.0.1``, ``10.0.0.0/8``) of
+        proxies whose client-address headers are believed; raises ``ValueError`` for an
+        entry that is neither."""
         self._tokens = tokens
         #: Sessions of the status page opened through ``vacancyd open`` (read scope only).
         self.logins = logins
@@ -146,6 +252,23 @@ class Authenticator:
         self._server_names = frozenset(host_name(n) for n in server_names)
         self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
         self._hosts: dict[str, bool] = {}
+        self._proxies = tuple(ipaddress.ip_network(p, strict=False) for p in trusted_proxies)
+
+    def loopback_client(self, request: web.BaseRequest) -> bool:
+        """Whether the client that sent ``request`` is on this host: the TCP peer is on
+        loopback and either no forwarding header says a proxy relayed the request, or the
+        peer is one of ``trusted_proxies`` and every client-address header it sent names a
+        client on loopback (one naming a remote client or no address makes it remote)."""
+        if not is_loopback_peer(request):
+            return False
+        headers = request.headers
+        if not any(is_forwarding_header(name) for name in headers):
+            return True
+        peer = ipaddress.ip_address((request.remote or "").split("%", 1)[0])
+        if not any(peer in net for net in self._proxies):
+            return False
+        clients = relayed_clients(headers, self._proxies)
+        return bool(clients) and all(c is not None and _is_loopback_address(c) for c in clients)
 
     def host_allowed(self, request: web.BaseRequest) -> bool:
         """Whether ``Host`` names this host: an IP literal, a single-label name (``localhost``,
@@ -174,7 +297,7 @@ class Authenticator:
         """True/False when the request is trusted for its position (and its Host passes or
         not); None when a token must decide."""
         has_auth = "Authorization" in request.headers
-        if self._trust_loopback and is_loopback_peer(request):
+        if self._trust_loopback and self.loopback_client(request):
             pass
         elif self._allow_unauthenticated and scope == "borrow" and not has_auth:
             pass
@@ -194,6 +317,16 @@ class Authenticator:
         ``record=False`` leaves ``vacancyd_auth_total`` alone (a look-ahead that the real
         check will repeat).
         """
+        if len(request.headers.getall("Authorization", ())) > 1:
+            self._record(record, scope, AuthOutcome.DUPLICATE)
+            return web.json_response(
+                error_body(
+                    "more than one Authorization header: send exactly one",
+                    ErrorType.INVALID_REQUEST,
+                    ErrorCode.DUPLICATE_AUTHORIZATION,
+                ),
+                status=400,
+            )
         trusted = self._position_trusted(request, scope)
         if trusted:
             self._record(record, scope, AuthOutcome.ALLOWED)
@@ -278,7 +411,7 @@ class Authenticator:
 
     def _trust_loopback_only(self, request: web.BaseRequest) -> bool:
         # a loopback request with a token header is still trusted for its position first
-        return self._trust_loopback and is_loopback_peer(request)
+        return self._trust_loopback and self.loopback_client(request)
 
     def _guard_refusal(self, code: ErrorCode, message: str) -> web.Response:
         self._metrics.request_guard.labels(GuardReason(code.value)).inc()

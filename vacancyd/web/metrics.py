@@ -165,7 +165,8 @@ class Metrics:
         )
         self.auth_decisions = LoopCounter(
             "vacancyd_auth",
-            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden).",
+            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden, "
+            "host_not_allowed, duplicate).",
             ("scope", "outcome"),
         )
         self.proxied = LoopCounter(

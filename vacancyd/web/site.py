@@ -27,7 +27,9 @@ which nothing at all arrives between requests. Once a request's first byte arriv
 longer applies (the header deadline does, then the body's own timeouts), so a request whose
 bytes are still coming in is never cut by it.
 
-A connection refused by a budget gets a short JSON 503 and is closed. On the API listener a
+A connection refused by a budget gets a short JSON 503 and is closed (after the client has
+had a moment to read it: a refused connection is half-closed and drained briefly, so the
+client's request arriving just after the answer does not turn into a reset). On the API listener a
 refused connection's request head is still read (briefly, and only for a bounded number at
 once) so ``GET /healthz`` and ``GET /readyz`` are answered even while the listener is full.
 
@@ -66,6 +68,12 @@ MAX_PROBE_READERS = 64
 PROBE_READ_TIMEOUT_S = 1.0
 #: The largest probe request head read (bytes).
 PROBE_HEAD_BYTES = 4096
+#: Refused connections kept open after their answer, at most, at once: each is half-closed
+#: and what the client still sends is read and dropped, for up to LINGER_S seconds (more
+#: are closed at once).
+MAX_LINGERING = 256
+#: How long a refused connection's answer waits for the client to read it and close (s).
+LINGER_S = 2.0
 SERVER_HEADER = "vacancyd"
 
 
@@ -117,6 +125,8 @@ class _Refused(asyncio.Protocol):
         self._buf = b""
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._answered = False
+        self._linger: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = _stream(transport)
@@ -129,6 +139,8 @@ class _Refused(asyncio.Protocol):
         )
 
     def data_received(self, data: bytes) -> None:
+        if self._answered:
+            return  # the rest of the request: dropped (see _answer)
         self._buf += data
         end = self._buf.find(b"\r\n")
         if end < 0:
@@ -149,16 +161,34 @@ class _Refused(asyncio.Protocol):
         )
 
     def _answer(self, data: bytes) -> None:
+        """Send ``data`` and end the connection without destroying it: closing a socket
+        whose client is still sending (its request arrives just after the refusal) makes
+        the kernel reset the connection, and the reset can discard the answer before the
+        client reads it. So the answer is followed by a FIN, and what the client still
+        sends is read and dropped until it closes or :data:`LINGER_S` passes."""
         transport = self._transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self._answered:
             return
+        self._answered = True
         transport.write(data)
-        transport.close()
+        guard = self._guard
+        if guard.lingering >= MAX_LINGERING or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        guard.lingering += 1
+        self._linger = asyncio.get_running_loop().call_later(LINGER_S, transport.close)
+
+    def eof_received(self) -> bool | None:
+        return None  # the client is done: close
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._guard.probe_readers -= 1
+        if self._linger is not None:
+            self._linger.cancel()
+            self._guard.lingering -= 1
         self._transport = None
 
 
@@ -396,6 +426,8 @@ class ConnectionGuard:
         #: Each address's unauthenticated connections, oldest first.
         self.waiting: dict[str, dict[_Guarded, None]] = {}
         self.probe_readers = 0
+        #: Refused connections answered and waiting for their client to close.
+        self.lingering = 0
         #: The admitted connections now open.
         self.connections: set[_Guarded] = set()
 
