@@ -1,7 +1,9 @@
 """Hypothesis strategies for typed status documents (vacancyd.core.status).
 
-Every float is already on the grid ``/status`` rounds it to (0.1, or 0.001 for ratios), so
-a document read back from its JSON can equal the original.
+Every float is already on the grid ``/status`` rounds it to (0.1, or 0.001 for ratios), and
+what the JSON leaves out is at its default (the metrics-only ``has_bytes`` and
+``owner_signal``; a server's ``version`` without ``models``, its ``devices`` without
+``allocator_mib``), so a document read back from its JSON can equal the original.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from vacancyd.core.observations import Quality
 from vacancyd.core.reasons import Reason
 from vacancyd.core.status import (
     CreditStatus,
+    DurableStateStatus,
     HeadroomStatus,
     HolderStatus,
     HoldStatus,
     JobStatus,
     LearnedContextStatus,
+    LearnedStatus,
     ListenerStatus,
+    OwnerControlsStatus,
     OwnerHoldStatus,
     PoolStatus,
     PresenceStatus,
@@ -87,7 +92,6 @@ resources = st.builds(
     error=opt(text),
     held_by=opt(st.builds(HolderStatus, job=small, upstream=names, phase=text)),
     pressure=opt(pressures),
-    has_bytes=st.booleans(),
     lendable_mib=opt(tenths),
     state_error=opt(text),
     hold_write_error=opt(text),
@@ -96,7 +100,13 @@ resources = st.builds(
 )
 
 servers = st.builds(
-    ServerStatus,
+    lambda **kw: ServerStatus(
+        **{
+            **kw,
+            "version": kw["version"] if kw["models"] is not None else None,
+            "devices": kw["devices"] if kw["allocator_mib"] is not None else None,
+        }
+    ),
     quality=quality,
     age_s=opt(tenths),
     idle=opt(st.booleans()),
@@ -185,16 +195,23 @@ upstreams = st.builds(
             largest_model_mib=opt(small),
         )
     ),
-    footprint_priors_mib=opt(st.dictionaries(text, small, max_size=2)),
+    footprint_priors_mib=st.dictionaries(text, small, max_size=2),
     learned_contexts=opt(
-        st.lists(
-            st.builds(
-                LearnedContextStatus, digest=text, num_ctx=opt(small), dialect=text, loads=small
-            ),
-            max_size=2,
-        ).map(tuple)
+        st.builds(
+            LearnedStatus,
+            contexts=st.lists(
+                st.builds(
+                    LearnedContextStatus,
+                    digest=text,
+                    num_ctx=opt(small),
+                    dialect=text,
+                    loads=small,
+                ),
+                max_size=2,
+            ).map(tuple),
+            modelfile_num_ctx=st.dictionaries(text, opt(small), max_size=2),
+        )
     ),
-    modelfile_num_ctx=opt(st.dictionaries(text, opt(small), max_size=2)),
     sleep=opt(json_object),
     reachable=opt(st.builds(ReachStatus, ok=st.booleans(), age_s=tenths, error=opt(text))),
 )
@@ -211,7 +228,6 @@ presences = st.builds(
     sessions=st.lists(json_object, max_size=2).map(tuple),
     session_counts=st.dictionaries(text, small, max_size=2),
     exempt_upstreams=st.lists(names, max_size=2).map(tuple),
-    owner_signal=opt(st.booleans()),
 )
 
 documents = st.builds(
@@ -235,19 +251,26 @@ documents = st.builds(
         max_size=2,
     ),
     stopping=st.booleans(),
-    write_errors=opt(st.dictionaries(text, text, max_size=2)),
-    holds=st.lists(
+    durable_state=st.builds(
+        DurableStateStatus, write_errors=st.dictionaries(text, text, max_size=2)
+    ),
+    owner_controls=opt(
         st.builds(
-            OwnerHoldStatus,
-            kind=text,
-            detail=text,
-            resources=opt(st.lists(names, max_size=2).map(tuple)),
-            until=opt(tenths),
-            ends_in_s=opt(tenths),
-        ),
-        max_size=2,
-    ).map(tuple),
-    owner_controls=opt(json_object.filter(lambda d: "holds" not in d)),
+            OwnerControlsStatus,
+            controls=json_object.filter(lambda d: "holds" not in d),
+            holds=st.lists(
+                st.builds(
+                    OwnerHoldStatus,
+                    kind=text,
+                    detail=text,
+                    resources=opt(st.lists(names, max_size=2).map(tuple)),
+                    until=opt(tenths),
+                    ends_in_s=opt(tenths),
+                ),
+                max_size=2,
+            ).map(tuple),
+        )
+    ),
     kubernetes=opt(
         st.builds(
             PublisherStatus,

@@ -30,6 +30,7 @@ def test_round_trip_and_absent(tmp_path: Path) -> None:
         ('{"version": 1, "a": [1, 2', "corrupt or truncated"),
         ("", "corrupt or truncated"),
         ("[1, 2]", "not a JSON object"),
+        ("null", "not a JSON object"),  # unusable, not read as "no file" (no pause, no holds)
         ('{"version": 7}', "newer vacancyd (format version 7; this one reads up to 1)"),
         ('{"version": "one"}', "unknown format version 'one'"),
         ('{"a": 1}', "unknown format version None"),

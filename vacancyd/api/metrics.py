@@ -391,7 +391,7 @@ def _learned_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
         for model, mib in sorted((up.footprint_priors_mib or {}).items()):
             priors.add_metric([upstream, model], mib * MIB)
         if up.learned_contexts is not None:
-            contexts.add_metric([upstream], float(len(up.learned_contexts)))
+            contexts.add_metric([upstream], float(len(up.learned_contexts.contexts)))
     broken = GaugeMetricFamily(
         "vacancyd_resource_state_unusable",
         "1 while a resource refuses because a durable state file it depends on is unusable.",

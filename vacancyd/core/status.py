@@ -2,10 +2,12 @@
 the Kubernetes publisher all render from.
 
 Built once per read by :func:`vacancyd.core.statusbuild.build_status` from inputs that
-:func:`vacancyd.api.status.read_status` gathers. Values are raw (seconds,
-MiB, 0–1 ratios; ages are monotonic-clock differences); :meth:`StatusDocument.to_json` rounds
-them for the JSON document whose shape is described in :mod:`vacancyd.api.status`. A few
-fields exist for metrics only and are not in the JSON (marked below).
+:func:`vacancyd.api.status.read_status` gathers. Values are raw (seconds, MiB, 0–1 ratios;
+ages are monotonic-clock differences). Its JSON both ways is derived from the fields by the
+one generic converter :mod:`vacancyd.core.jsonshape`: :meth:`StatusDocument.to_json` is the
+``/status`` object whose shape :mod:`vacancyd.api.status` describes (rounded as each
+field's ``shape(round_to=...)`` says; the few metrics-only fields are ``hidden``), and
+:meth:`StatusDocument.from_json` reads one back into the same types.
 
 Every reader renders the same document: ``GET /status`` is :meth:`StatusDocument.to_json`,
 each ``/metrics`` gauge of the lender is read from its fields
@@ -20,19 +22,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from vacancyd.core.jsonshape import from_json, shape, to_json
 from vacancyd.core.observations import Quality
 
 
-def _round(value: float | None, digits: int = 1) -> float | None:
-    return None if value is None else round(value, digits)
+def _with_models(server: ServerStatus) -> bool:
+    return server.models is not None
+
+
+def _with_allocator(server: ServerStatus) -> bool:
+    return server.allocator_mib is not None
 
 
 @dataclass(frozen=True, slots=True)
 class VetoStatus:
     active: bool
-    release_in_s: float | None
+    release_in_s: float | None = field(metadata=shape(round_to=1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +52,7 @@ class PresenceStatus:
 
     source: str
     sampled: bool
-    age_s: float | None
+    age_s: float | None = field(metadata=shape(round_to=1))
     evidence_complete: bool
     refuses: bool
     veto: VetoStatus
@@ -53,28 +60,14 @@ class PresenceStatus:
     sessions: tuple[Mapping[str, object], ...]
     session_counts: Mapping[str, int]
     exempt_upstreams: tuple[str, ...]
-    owner_signal: bool | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "sampled": self.sampled,
-            "age_s": _round(self.age_s),
-            "evidence_complete": self.evidence_complete,
-            "refuses": self.refuses,
-            "veto": {"active": self.veto.active, "release_in_s": _round(self.veto.release_in_s)},
-            "detail": self.detail,
-            "sessions": [dict(s) for s in self.sessions],
-            "session_counts": dict(self.session_counts),
-            "exempt_upstreams": list(self.exempt_upstreams),
-        }
+    owner_signal: bool | None = field(default=None, metadata=shape(hidden=True))
 
 
 @dataclass(frozen=True, slots=True)
 class PressureEdgeStatus:
     cause: str
-    age_s: float
-    unknown_for_s: float
+    age_s: float = field(metadata=shape(round_to=1))
+    unknown_for_s: float = field(metadata=shape(round_to=1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,38 +77,15 @@ class PressureStatus:
     quality: Quality
     calibrated: bool
     engaged: bool
-    threshold_ratio: float | None
-    owner_load_ratio: float | None
-    borrower_load_ratio: float | None
-    calibration_observed_s: float
+    threshold_ratio: float | None = field(metadata=shape(round_to=3))
+    owner_load_ratio: float | None = field(metadata=shape(round_to=3))
+    borrower_load_ratio: float | None = field(metadata=shape(round_to=3))
+    calibration_observed_s: float = field(metadata=shape(round_to=1))
     calibration_needed_s: float | None
-    release_in_s: float | None
+    release_in_s: float | None = field(metadata=shape(round_to=1))
     gpu: str | None
     detail: str
     last_edge: PressureEdgeStatus | None
-
-    def to_json(self) -> dict[str, Any]:
-        edge = self.last_edge
-        return {
-            "quality": self.quality.value,
-            "calibrated": self.calibrated,
-            "engaged": self.engaged,
-            "threshold_ratio": _round(self.threshold_ratio, 3),
-            "owner_load_ratio": _round(self.owner_load_ratio, 3),
-            "borrower_load_ratio": _round(self.borrower_load_ratio, 3),
-            "calibration_observed_s": _round(self.calibration_observed_s),
-            "calibration_needed_s": self.calibration_needed_s,
-            "release_in_s": _round(self.release_in_s),
-            "gpu": self.gpu,
-            "detail": self.detail,
-            "last_edge": None
-            if edge is None
-            else {
-                "cause": edge.cause,
-                "age_s": _round(edge.age_s),
-                "unknown_for_s": _round(edge.unknown_for_s),
-            },
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,19 +105,19 @@ class ResourceStatus:
     kind: str
     enabled: bool
     quality: Quality
-    age_s: float | None
-    free_mib: float | None
-    total_mib: float | None
-    utilization_ratio: float | None
-    used_mib: float | None
+    age_s: float | None = field(metadata=shape(round_to=1))
+    free_mib: float | None = field(metadata=shape(round_to=1))
+    total_mib: float | None = field(metadata=shape(round_to=1))
+    utilization_ratio: float | None = field(metadata=shape(round_to=3))
+    used_mib: float | None = field(metadata=shape(round_to=1))
     why_not: str | None
     error: str | None
     held_by: HolderStatus | None
     pressure: PressureStatus | None
-    has_bytes: bool = True
+    has_bytes: bool = field(default=True, metadata=shape(hidden=True))
     #: MiB it could lend now: free minus ``min_free_mib``, 0 while not lendable, None
     #: without byte capacity or a reading.
-    lendable_mib: float | None = None
+    lendable_mib: float | None = field(default=None, metadata=shape(round_to=1))
     #: Why a durable state file it depends on is unusable (it refuses until repaired).
     state_error: str | None = None
     #: Why a job held on it cannot be written to the state directory (it refuses
@@ -159,34 +129,11 @@ class ResourceStatus:
     #: exclusive: ``vacancyd.core.sharing.CardState``); None when no such upstream uses it.
     card: str | None = None
 
+    JSON_EXTRA: ClassVar[tuple[str, ...]] = ("lendable",)
+
     @property
     def lendable(self) -> bool:
         return self.why_not is None
-
-    def to_json(self) -> dict[str, Any]:
-        held = self.held_by
-        return {
-            "kind": self.kind,
-            "enabled": self.enabled,
-            "quality": self.quality.value,
-            "age_s": _round(self.age_s),
-            "free_mib": _round(self.free_mib),
-            "total_mib": _round(self.total_mib),
-            "utilization_ratio": _round(self.utilization_ratio, 3),
-            "lendable": self.lendable,
-            "lendable_mib": _round(self.lendable_mib),
-            "why_not": self.why_not,
-            "error": self.error,
-            "used_mib": _round(self.used_mib),
-            "held_by": None
-            if held is None
-            else {"job": held.job, "upstream": held.upstream, "phase": held.phase},
-            "pressure": None if self.pressure is None else self.pressure.to_json(),
-            "state_error": self.state_error,
-            "hold_write_error": self.hold_write_error,
-            "jobs": self.jobs,
-            "card": self.card,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +162,9 @@ class ResidentModelStatus:
     name: str
     digest: str | None
     context_length: int | None
-    size_mib: float | None
-    size_vram_mib: float | None
-    expires_in_s: float | None
+    size_mib: float | None = field(metadata=shape(round_to=1))
+    size_vram_mib: float | None = field(metadata=shape(round_to=1))
+    expires_in_s: float | None = field(metadata=shape(round_to=1))
     expires_error: str | None
 
 
@@ -227,39 +174,17 @@ class ServerStatus:
     ``allocator_mib`` / ``devices``: ComfyUI's reusable allocator memory and GPU count."""
 
     quality: Quality
-    age_s: float | None
+    age_s: float | None = field(metadata=shape(round_to=1))
     idle: bool | None
     error: str | None
-    version: str | None = None
-    models: tuple[ResidentModelStatus, ...] | None = None
-    allocator_mib: float | None = None
-    devices: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "quality": self.quality.value,
-            "age_s": _round(self.age_s),
-            "idle": self.idle,
-            "error": self.error,
-        }
-        if self.models is not None:
-            out["version"] = self.version
-            out["models"] = [
-                {
-                    "name": m.name,
-                    "digest": m.digest,
-                    "context_length": m.context_length,
-                    "size_mib": _round(m.size_mib),
-                    "size_vram_mib": _round(m.size_vram_mib),
-                    "expires_in_s": _round(m.expires_in_s),
-                    "expires_error": m.expires_error,
-                }
-                for m in self.models
-            ]
-        if self.allocator_mib is not None:
-            out["allocator_mib"] = _round(self.allocator_mib)
-            out["devices"] = self.devices
-        return out
+    version: str | None = field(default=None, metadata=shape(when=_with_models))
+    models: tuple[ResidentModelStatus, ...] | None = field(
+        default=None, metadata=shape(when=_with_models)
+    )
+    allocator_mib: float | None = field(
+        default=None, metadata=shape(round_to=1, when=_with_allocator)
+    )
+    devices: int | None = field(default=None, metadata=shape(when=_with_allocator))
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +194,7 @@ class HoldStatus:
 
     reason: str
     release_by: str
-    for_s: float
+    for_s: float = field(metadata=shape(round_to=1))
     detail: str
 
 
@@ -280,7 +205,7 @@ class CreditStatus:
     applied: bool
     why: str
     code: str
-    added_mib: float | None = None
+    added_mib: float | None = field(default=None, metadata=shape(round_to=1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +223,7 @@ class JobStatus:
     job: int
     phase: str
     model: str | None
-    age_s: float
+    age_s: float = field(metadata=shape(round_to=1))
     #: MiB the per-model step charged (None without byte capacity).
     charged_mib: int | None = None
     residency: CreditStatus | None = None
@@ -314,9 +239,9 @@ class ReclaimStatus:
     policy: str
     trigger: str
     resource: str | None
-    edges_age_s: tuple[float, ...]
+    edges_age_s: tuple[float, ...] = field(metadata=shape(round_to=1))
     edge_triggers: tuple[str, ...]
-    deadline_in_s: float | None
+    deadline_in_s: float | None = field(metadata=shape(round_to=1))
     outcome: str | None
 
 
@@ -333,41 +258,21 @@ class SharingStatus:
     excluded_by: tuple[str, ...]
     card: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "max_concurrent": self.max_concurrent,
-            "jobs": self.jobs,
-            "waiting": self.waiting,
-            "exclusive_of": list(self.exclusive_of),
-            "excluded_by": list(self.excluded_by),
-            "card": self.card,
-        }
-
 
 @dataclass(frozen=True, slots=True)
 class PoolStatus:
     """A ``[[pool]]`` listener: its members (first member first) and whether any lends."""
 
     members: tuple[str, ...]
-    listener: ListenerStatus | None
+    listener: ListenerStatus | None = field(metadata=shape(only=("address", "bound", "error")))
     lendable: bool
-
-    def to_json(self) -> dict[str, Any]:
-        ls = self.listener
-        return {
-            "members": list(self.members),
-            "listener": None
-            if ls is None
-            else {"address": ls.address, "bound": ls.bound, "error": ls.error},
-            "lendable": self.lendable,
-        }
 
 
 @dataclass(frozen=True, slots=True)
 class HeadroomStatus:
     """What fits on an upstream now (see ``vacancyd.core.gate.Headroom``); MiB."""
 
-    lendable_mib: float | None
+    lendable_mib: float | None = field(metadata=shape(round_to=1))
     largest_model: str | None
     largest_model_mib: int | None
 
@@ -378,8 +283,17 @@ class ReachStatus:
     ``vacancyd.core.reach``): ``ok``, seconds since that evidence, and why it failed."""
 
     ok: bool
-    age_s: float
+    age_s: float = field(metadata=shape(round_to=1))
     error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedStatus:
+    """What an upstream learned of its models' contexts (Ollama): the learned context map
+    and the Modelfile's ``num_ctx`` read per digest (None: the Modelfile sets none)."""
+
+    contexts: tuple[LearnedContextStatus, ...]
+    modelfile_num_ctx: Mapping[str, int | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,121 +314,23 @@ class UpstreamStatus:
     sharing: SharingStatus | None = None
     headroom: HeadroomStatus | None = None
     #: Learned footprint priors per model, MiB.
-    footprint_priors_mib: Mapping[str, int] | None = None
+    footprint_priors_mib: Mapping[str, int] = field(default_factory=dict)
     #: The learned context map (Ollama) and the Modelfile contexts read per digest.
-    learned_contexts: tuple[LearnedContextStatus, ...] | None = None
-    modelfile_num_ctx: Mapping[str, int | None] | None = None
+    learned_contexts: LearnedStatus | None = None
     #: What the upstream's controller reports of its server beside the observation (a vLLM
-    #: server's sleep mode), as the controller renders it; None when it has no such view.
-    sleep: Mapping[str, object] | None = None
+    #: server's sleep mode), as the controller renders it; None (and not in the JSON) when
+    #: it has no such view.
+    sleep: Mapping[str, object] | None = field(
+        default=None, metadata=shape(when=lambda u: u.sleep is not None)
+    )
     #: The latest reachability evidence (None: none, or too old to count).
     reachable: ReachStatus | None = None
+
+    JSON_EXTRA: ClassVar[tuple[str, ...]] = ("lendable",)
 
     @property
     def lendable(self) -> bool:
         return self.refusal is None
-
-    def to_json(self) -> dict[str, Any]:
-        ls, refusal, server, r = self.listener, self.refusal, self.server, self.reclaim
-        doc = {
-            "adapter": self.adapter,
-            "resource": self.resource,
-            "also_requires": list(self.also_requires),
-            "owner_scope": self.owner_scope,
-            "listener": None
-            if ls is None
-            else {
-                "address": ls.address,
-                "bound": ls.bound,
-                "error": ls.error,
-                "state": ls.state,
-                "state_detail": ls.state_detail,
-            },
-            "lendable": self.lendable,
-            # Lendable says what the gate would decide; busy says whether the ledger would
-            # refuse a new job resource_busy right now (every slot taken, or an exclusivity).
-            "busy": self.busy,
-            "sharing": None if self.sharing is None else self.sharing.to_json(),
-            "refusal": None
-            if refusal is None
-            else {
-                "reason": refusal.reason,
-                "retry_after_s": refusal.retry_after_s,
-                "detail": refusal.detail,
-            },
-            "server": None if server is None else server.to_json(),
-            "reachable": None
-            if self.reachable is None
-            else {
-                "ok": self.reachable.ok,
-                "age_s": _round(self.reachable.age_s),
-                "error": self.reachable.error,
-            },
-            "headroom": None
-            if self.headroom is None
-            else {
-                "lendable_mib": _round(self.headroom.lendable_mib),
-                "largest_model": self.headroom.largest_model,
-                "largest_model_mib": self.headroom.largest_model_mib,
-            },
-            "unseen_gpu_work": self.unseen_gpu_work,
-            "active_work": [
-                {
-                    "job": j.job,
-                    "phase": j.phase,
-                    "model": j.model,
-                    "age_s": _round(j.age_s),
-                    "charged_mib": j.charged_mib,
-                    "residency": None
-                    if j.residency is None
-                    else {
-                        "applied": j.residency.applied,
-                        "why": j.residency.why,
-                        "code": j.residency.code,
-                        "added_mib": _round(j.residency.added_mib),
-                    },
-                    "hold": None
-                    if j.hold is None
-                    else {
-                        "reason": j.hold.reason,
-                        "release_by": j.hold.release_by,
-                        "for_s": _round(j.hold.for_s),
-                        "detail": j.hold.detail,
-                    },
-                }
-                for j in self.active_work
-            ],
-            "footprint_priors_mib": dict(self.footprint_priors_mib or {}),
-            "learned_contexts": None
-            if self.learned_contexts is None
-            else {
-                "contexts": [
-                    {
-                        "digest": c.digest,
-                        "num_ctx": c.num_ctx,
-                        "dialect": c.dialect,
-                        "loads": c.loads,
-                    }
-                    for c in self.learned_contexts
-                ],
-                "modelfile_num_ctx": dict(self.modelfile_num_ctx or {}),
-            },
-            "reclaim": None
-            if r is None
-            else {
-                "phase": r.phase,
-                "policy": r.policy,
-                "trigger": r.trigger,
-                "resource": r.resource,
-                "edges_age_s": [_round(a) for a in r.edges_age_s],
-                "edge_triggers": list(r.edge_triggers),
-                "deadline_in_s": _round(r.deadline_in_s),
-                "outcome": r.outcome,
-            },
-        }
-        if self.sleep is not None:
-            doc["sleep"] = dict(self.sleep)
-        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -528,16 +344,7 @@ class OwnerHoldStatus:
     detail: str
     resources: tuple[str, ...] | None
     until: float | None
-    ends_in_s: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "detail": self.detail,
-            "resources": None if self.resources is None else list(self.resources),
-            "until": self.until,
-            "ends_in_s": _round(self.ends_in_s),
-        }
+    ends_in_s: float | None = field(metadata=shape(round_to=1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,17 +359,25 @@ class PublisherStatus:
     node: str | None
     address: str | None
     writes_ok: bool
-    errors: Mapping[str, str]
+    errors: Mapping[str, str] = field(metadata=shape(sort=True))
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "lender": self.lender,
-            "namespace": self.namespace,
-            "node": self.node,
-            "address": self.address,
-            "writes_ok": self.writes_ok,
-            "errors": dict(sorted(self.errors.items())),
-        }
+
+@dataclass(frozen=True, slots=True)
+class DurableStateStatus:
+    """The durable state files: each file (or the directory) whose newest write failed,
+    with why."""
+
+    write_errors: Mapping[str, str] = field(default_factory=dict, metadata=shape(sort=True))
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerControlsStatus:
+    """The owner's controls. ``controls``: the schedule, pause, power and exclusive apps as
+    ``vacancyd.control.owner`` renders them in wall time (their keys sit beside ``holds`` in
+    the JSON); ``holds``: the holds in force, in the order the owner controls list them."""
+
+    controls: Mapping[str, object] = field(default_factory=dict, metadata=shape(flatten=True))
+    holds: tuple[OwnerHoldStatus, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,48 +385,48 @@ class StatusDocument:
     """The whole lender. ``uptime_s``: seconds since start (None where not known)."""
 
     version: str
-    uptime_s: float | None
+    uptime_s: float | None = field(metadata=shape(round_to=1))
     ready: bool
     not_ready: tuple[str, ...]
     lending_enabled: bool
     presence: PresenceStatus
     resources: Mapping[str, ResourceStatus]
     upstreams: Mapping[str, UpstreamStatus]
-    pools: Mapping[str, PoolStatus] = field(default_factory=dict)
+    #: ``[[pool]]`` listeners; not in the JSON when none is configured.
+    pools: Mapping[str, PoolStatus] = field(
+        default_factory=dict, metadata=shape(when=lambda d: bool(d.pools))
+    )
     #: True from the moment the daemon starts shutting down.
     stopping: bool = False
-    #: Durable state files (or the directory) whose newest write failed -> why.
-    write_errors: Mapping[str, str] | None = None
-    #: The owner's holds in force, in the order the owner controls list them.
-    holds: tuple[OwnerHoldStatus, ...] = ()
-    #: The rest of the owner's controls (schedule, pause, power, exclusive apps) as
-    #: ``vacancyd.control.owner`` renders them in wall time; None without owner controls.
-    owner_controls: Mapping[str, object] | None = None
+    durable_state: DurableStateStatus = field(default_factory=lambda: DurableStateStatus())
+    #: The owner's controls: None when there are neither owner controls nor holds.
+    owner_controls: OwnerControlsStatus | None = None
     #: Host-side Kubernetes publishing; None when ``[kubernetes]`` is not configured.
     kubernetes: PublisherStatus | None = None
 
+    @property
+    def holds(self) -> tuple[OwnerHoldStatus, ...]:
+        """The owner's holds in force, in the order the owner controls list them."""
+        return () if self.owner_controls is None else self.owner_controls.holds
+
+    @property
+    def write_errors(self) -> Mapping[str, str]:
+        """Durable state files (or the directory) whose newest write failed -> why."""
+        return self.durable_state.write_errors
+
     def to_json(self) -> dict[str, Any]:
-        """The ``/status`` JSON object (rounded); ``pools`` only where pools are configured.
-        ``owner_controls.holds`` is rendered from :attr:`holds`."""
-        doc = {
-            "version": self.version,
-            "uptime_s": _round(self.uptime_s),
-            "ready": self.ready,
-            "not_ready": list(self.not_ready),
-            "lending_enabled": self.lending_enabled,
-            "stopping": self.stopping,
-            "presence": self.presence.to_json(),
-            "resources": {name: r.to_json() for name, r in self.resources.items()},
-            "upstreams": {name: u.to_json() for name, u in self.upstreams.items()},
-            "durable_state": {"write_errors": dict(sorted((self.write_errors or {}).items()))},
-            "owner_controls": None
-            if self.owner_controls is None and not self.holds
-            else {**(self.owner_controls or {}), "holds": [h.to_json() for h in self.holds]},
-            "kubernetes": None if self.kubernetes is None else self.kubernetes.to_json(),
-        }
-        if self.pools:
-            doc["pools"] = {name: p.to_json() for name, p in self.pools.items()}
+        """The ``/status`` JSON object (rounded), derived from the fields by
+        :func:`vacancyd.core.jsonshape.to_json`."""
+        doc: dict[str, Any] = to_json(self)
         return doc
+
+    @classmethod
+    def from_json(cls, data: Any) -> StatusDocument:
+        """Read a ``/status`` JSON object back (what :meth:`to_json` leaves out, such as the
+        metrics-only fields, takes its default). Raises
+        :class:`~vacancyd.core.jsonshape.JsonShapeError` (a ValueError) naming the first
+        value of the wrong shape."""
+        return from_json(cls, data, "status")
 
 
 def service_status_line(

@@ -29,12 +29,15 @@ from vacancyd.core.reclaim import Reclaim
 from vacancyd.core.snapshot import RequestFacts, ResourceView, ServerState, Snapshot
 from vacancyd.core.status import (
     CreditStatus,
+    DurableStateStatus,
     HeadroomStatus,
     HolderStatus,
     HoldStatus,
     JobStatus,
     LearnedContextStatus,
+    LearnedStatus,
     ListenerStatus,
+    OwnerControlsStatus,
     OwnerHoldStatus,
     PoolStatus,
     PresenceStatus,
@@ -138,21 +141,28 @@ def build_status(inputs: StatusInputs) -> StatusDocument:
             for name, members in inputs.pools.items()
         },
         stopping=snap.stopping,
-        write_errors=dict(inputs.write_errors),
-        holds=tuple(
-            OwnerHoldStatus(
-                kind=h.kind.value,
-                detail=h.detail,
-                resources=None if h.resources is None else tuple(sorted(h.resources)),
-                until=h.until,
-                ends_in_s=h.ends_in_s,
-            )
-            for h in snap.holds
-        ),
-        # The owner's controls render their own part, in wall time.
-        owner_controls=inputs.owner_controls,
+        durable_state=DurableStateStatus(dict(inputs.write_errors)),
+        owner_controls=_owner_controls(inputs),
         kubernetes=inputs.kubernetes,
     )
+
+
+def _owner_controls(inputs: StatusInputs) -> OwnerControlsStatus | None:
+    """The owner's holds in force and the rest of the owner's controls, which render their
+    own part in wall time; None when there are neither."""
+    holds = tuple(
+        OwnerHoldStatus(
+            kind=h.kind.value,
+            detail=h.detail,
+            resources=None if h.resources is None else tuple(sorted(h.resources)),
+            until=h.until,
+            ends_in_s=h.ends_in_s,
+        )
+        for h in inputs.snapshot.holds
+    )
+    if inputs.owner_controls is None and not holds:
+        return None
+    return OwnerControlsStatus(dict(inputs.owner_controls or {}), holds)
 
 
 def _presence(inputs: StatusInputs) -> PresenceStatus:
@@ -352,16 +362,16 @@ def _upstream(inputs: StatusInputs, name: str, policy: UpstreamPolicy) -> Upstre
         footprint_priors_mib=dict(sorted(snap.priors.get(name, {}).items())),
         learned_contexts=None
         if learned is None
-        else tuple(
-            LearnedContextStatus(k.digest, k.num_ctx, k.dialect, v)
-            for k, v in sorted(
-                learned.contexts.items(),
-                key=lambda kv: (kv[0].digest, kv[0].num_ctx or 0, kv[0].dialect),
-            )
+        else LearnedStatus(
+            tuple(
+                LearnedContextStatus(k.digest, k.num_ctx, k.dialect, v)
+                for k, v in sorted(
+                    learned.contexts.items(),
+                    key=lambda kv: (kv[0].digest, kv[0].num_ctx or 0, kv[0].dialect),
+                )
+            ),
+            dict(sorted(learned.modelfile_num_ctx.items())),
         ),
-        modelfile_num_ctx=None
-        if learned is None
-        else dict(sorted(learned.modelfile_num_ctx.items())),
         sleep=inputs.sleep.get(name),
     )
 

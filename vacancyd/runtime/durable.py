@@ -90,12 +90,16 @@ def _too_large(size: int, max_bytes: int) -> str:
 
 
 def read_json(path: Path, max_bytes: int = MAX_STATE_BYTES) -> Any:
-    """The JSON value in ``path`` (None when the file does not exist), read within
-    ``max_bytes``. Raises :class:`StateFileError` as :func:`read_text` does, and for text
-    that is not JSON or nests too deeply to parse."""
+    """The JSON value in ``path`` (None when the file does not exist, and also when it holds
+    JSON ``null``), read within ``max_bytes``. Raises :class:`StateFileError` as
+    :func:`read_text` does, and for text that is not JSON or nests too deeply to parse."""
     text = read_text(path, max_bytes)
     if text is None:
         return None
+    return _parse_json(path, text)
+
+
+def _parse_json(path: Path, text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -113,9 +117,11 @@ def read_state(
     limit. Raises :class:`StateFileError` for an unreadable, oversized, truncated or corrupt
     file, one that is not a JSON object, or one whose ``version`` is not in ``versions``.
     """
-    data = read_json(path, max_bytes)
-    if data is None:
+    text = read_text(path, max_bytes)
+    if text is None:
         return None
+    # parsed here, not by read_json: a file holding JSON ``null`` is unusable, not absent
+    data = _parse_json(path, text)
     if not isinstance(data, dict):
         raise StateFileError(path, "is not a JSON object")
     version = data.get("version")
