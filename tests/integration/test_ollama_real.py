@@ -246,7 +246,8 @@ async def test_a_shorter_keep_alive_and_none_at_all(real: OllamaServer) -> None:
         await c.generate(model="tiny", prompt="hi", keep_alive="20s", options={"num_predict": 2})
         (entry,) = await ps(real)
         assert 0 < expires_in_s(entry) <= 21
-        await c.chat(model="tiny", messages=[{"role": "user", "content": "hi"}])
+        hello = [{"role": "user", "content": "hi"}]
+        await c.chat(model="tiny", messages=hello, options={"num_predict": 2})
         (entry,) = await ps(real)  # none given: the cap, not the server's 5 minutes
         assert 21 < expires_in_s(entry) <= 61
 
