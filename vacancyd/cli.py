@@ -14,11 +14,18 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from vacancyd import __version__
 from vacancyd.config import ConfigError, Settings, load_config, load_default_config
+from vacancyd.core.status import (
+    OwnerControlsStatus,
+    ResourceStatus,
+    StatusDocument,
+    UpstreamStatus,
+)
 
 DEFAULT_URL = "http://127.0.0.1:9470"  # vacancyd.runtime.apitarget.DEFAULT_URL
 
@@ -337,10 +344,13 @@ def _yes(flag: object) -> str:
     return "yes" if flag else "no"
 
 
-def format_sessions(presence: dict[str, Any]) -> list[str]:
-    """Lines for the sessions presence saw (see vacancyd.core.presence for the fields)."""
+def format_sessions(
+    sessions: Sequence[Mapping[str, Any]], exempt_upstreams: Sequence[str] = ()
+) -> list[str]:
+    """Lines for the sessions presence saw (see vacancyd.core.presence for the fields) and
+    the upstreams exempt from owner presence."""
     lines = []
-    for s in presence.get("sessions", []):
+    for s in sessions:
         if s.get("kind") == "unknown":
             lines.append(f"  session {s.get('id')} [unknown]: {s.get('why')}")
             continue
@@ -361,151 +371,144 @@ def format_sessions(presence: dict[str, Any]) -> list[str]:
             f"  session {s.get('id')} [{s.get('kind')} {s.get('type') or '-'}] {state}: "
             f"{'OWNER' if s.get('owner') else 'not the owner'} ({s.get('why')})"
         )
-    exempt = presence.get("exempt_upstreams") or []
-    if exempt:
-        lines.append(f"  exempt from owner presence: {', '.join(exempt)}")
+    if exempt_upstreams:
+        lines.append(f"  exempt from owner presence: {', '.join(exempt_upstreams)}")
     return lines
 
 
-def format_owner_controls(oc: dict[str, Any] | None) -> list[str]:
+def format_owner_controls(oc: OwnerControlsStatus | None) -> list[str]:
     """Lines for the owner's controls (see vacancyd.control.owner for the fields)."""
-    if not oc:
+    if oc is None:
         return []
-    lines = []
-    for hold in oc.get("holds", []):
-        lines.append(f"HELD ({hold.get('kind')}): {hold.get('detail')}")
-    sched = oc.get("schedule")
+    lines = [f"HELD ({hold.kind}): {hold.detail}" for hold in oc.holds]
+    sched: Any = oc.controls.get("schedule")
     if sched:
         change = sched.get("next_change_local")
         lines.append(
             f"schedule ({sched.get('timezone')}): {'open' if sched.get('open') else 'closed'}"
             + (f", {'closes' if sched.get('open') else 'opens'} at {change}" if change else "")
         )
-    if oc.get("pause_persist_error"):
-        lines.append(f"  pause not saved: {oc['pause_persist_error']}")
+    if oc.controls.get("pause_persist_error"):
+        lines.append(f"  pause not saved: {oc.controls['pause_persist_error']}")
     return lines
 
 
-def format_status(doc: dict[str, Any]) -> str:
-    """Render a /status document for a person (see vacancyd.api.status for its shape)."""
+def format_status(doc: StatusDocument) -> str:
+    """Render a status document for a person (``StatusDocument.from_json`` reads one from
+    ``/status``)."""
     lines = [
-        f"vacancyd {doc.get('version', '?')}, up {doc.get('uptime_s', 0):.0f} s, "
-        f"{'ready' if doc.get('ready') else 'NOT READY: ' + '; '.join(doc.get('not_ready', []))}",
-        f"lending: {'on' if doc.get('lending_enabled') else 'OFF'}",
+        f"vacancyd {doc.version}, up {doc.uptime_s or 0:.0f} s, "
+        f"{'ready' if doc.ready else 'NOT READY: ' + '; '.join(doc.not_ready)}",
+        f"lending: {'on' if doc.lending_enabled else 'OFF'}",
     ]
-    lines.extend(format_owner_controls(doc.get("owner_controls")))
-    p = doc.get("presence", {})
-    veto = p.get("veto", {})
-    age = p.get("age_s")
+    lines.extend(format_owner_controls(doc.owner_controls))
+    p = doc.presence
     lines.append(
-        f"presence: source={p.get('source')} sampled={_yes(p.get('sampled'))} "
-        f"age={'-' if age is None else f'{age:.1f}s'} "
-        f"evidence_complete={_yes(p.get('evidence_complete'))} "
-        f"veto={'ACTIVE' if veto.get('active') else 'released'}"
-        + (f" (releases in {veto['release_in_s']:.0f}s)" if veto.get("release_in_s") else "")
+        f"presence: source={p.source} sampled={_yes(p.sampled)} "
+        f"age={'-' if p.age_s is None else f'{p.age_s:.1f}s'} "
+        f"evidence_complete={_yes(p.evidence_complete)} "
+        f"veto={'ACTIVE' if p.veto.active else 'released'}"
+        + (f" (releases in {p.veto.release_in_s:.0f}s)" if p.veto.release_in_s else "")
     )
-    if p.get("detail"):
-        lines.append(f"  {p['detail']}")
-    lines.extend(format_sessions(p))
+    if p.detail:
+        lines.append(f"  {p.detail}")
+    lines.extend(format_sessions(p.sessions, p.exempt_upstreams))
     lines.append("resources:")
-    for name, r in doc.get("resources", {}).items():
-        cap = ""
-        if r.get("free_mib") is not None:
-            cap = f" free={r['free_mib']:.0f}/{r.get('total_mib') or 0:.0f} MiB"
-        if r.get("utilization_ratio") is not None:
-            cap += f" util={r['utilization_ratio']:.0%}"
-        state = "lendable" if r.get("lendable") else f"not lendable ({r.get('why_not')})"
-        age = r.get("age_s")
-        lines.append(
-            f"  {name} [{r.get('kind')}] {'on' if r.get('enabled') else 'OFF'} "
-            f"{r.get('quality')}{'' if age is None else f' {age:.1f}s old'}{cap}: {state}"
-        )
-        if r.get("error"):
-            lines.append(f"    error: {r['error']}")
-        pr = r.get("pressure")
-        if pr:
-            thr = pr.get("threshold_ratio")
-            load = pr.get("owner_load_ratio")
-            lines.append(
-                f"    GPU pressure: {pr.get('quality')} "
-                f"{'ENGAGED' if pr.get('engaged') else 'clear'} "
-                f"owner={'-' if load is None else f'{load:.0%}'} "
-                f"threshold={'-' if thr is None else f'{thr:.0%}'} "
-                + (
-                    "calibrated"
-                    if pr.get("calibrated")
-                    else f"calibrating ({pr.get('calibration_observed_s') or 0:.0f}"
-                    f"/{pr.get('calibration_needed_s') or 0:.0f} s)"
-                )
-                + (f": {pr['detail']}" if pr.get("detail") else "")
-            )
-        if r.get("held_by"):
-            h = r["held_by"]
-            lines.append(f"    held by job {h['job']} ({h['upstream']}, {h['phase']})")
+    for name, r in doc.resources.items():
+        lines.extend(_format_resource(name, r))
     lines.append("upstreams:")
-    for name, u in doc.get("upstreams", {}).items():
-        listener = u.get("listener") or {}
-        verdict = (
-            "lendable"
-            if u.get("lendable")
-            else (
-                f"refusing {u['refusal']['reason']} ({u['refusal']['detail']})"
-                if u.get("refusal")
-                else "?"
-            )
-        )
-        lines.append(
-            f"  {name} [{u.get('adapter')}] on {listener.get('address', '?')} "
-            f"{'bound' if listener.get('bound') else 'NOT BOUND'} -> resource {u.get('resource')}"
-            f"{' + ' + ', '.join(u['also_requires']) if u.get('also_requires') else ''}: {verdict}"
-        )
-        if listener.get("state") == "listens_on_network":
-            lines.append(
-                f"    WARNING: its server can be reached without the gate: "
-                f"{listener.get('state_detail')}"
-            )
-        server = u.get("server")
-        if server:
-            lines.append(
-                f"    server: {server.get('quality')} idle={_yes(server.get('idle'))}"
-                + (f" error: {server['error']}" if server.get("error") else "")
-            )
-        work = u.get("active_work", [])
-        sharing = u.get("sharing") or {}
-        slots = ""
-        if sharing:
-            slots = f" of {sharing.get('max_concurrent')} slot(s), {sharing.get('waiting')} waiting"
-            if sharing.get("exclusive_of") or sharing.get("excluded_by"):
-                slots += f", card {sharing.get('card')}"
-        lines.append(
-            f"    active work: {len(work)}{slots}"
-            + "".join(
-                f"\n      job {w['job']} {w['phase']} model={w.get('model')} {w['age_s']:.0f}s"
-                for w in work
-            )
-        )
-        rec = u.get("reclaim")
-        if rec:
-            lines.append(
-                f"    reclaim: {rec.get('phase')} ({rec.get('trigger')}, policy "
-                f"{rec.get('policy')}, {len(rec.get('edge_triggers') or [])} edge(s)"
-                + (f", outcome {rec['outcome']}" if rec.get("outcome") else "")
-                + ")"
-            )
-        if u.get("unseen_gpu_work"):
-            lines.append(f"    unseen GPU work: {u['unseen_gpu_work']}")
-    pools = doc.get("pools") or {}
-    if pools:
+    for name, u in doc.upstreams.items():
+        lines.extend(_format_upstream(name, u))
+    if doc.pools:
         lines.append("pools:")
-    for name, p in pools.items():
-        listener = p.get("listener") or {}
+    for name, pool in doc.pools.items():
+        ls = pool.listener
         lines.append(
-            f"  {name} on {listener.get('address', '?')} "
-            f"{'bound' if listener.get('bound') else 'NOT BOUND'} -> "
-            f"{', '.join(p.get('members') or [])}: "
-            f"{'lendable' if p.get('lendable') else 'no member lendable'}"
+            f"  {name} on {'?' if ls is None else ls.address} "
+            f"{'bound' if ls is not None and ls.bound else 'NOT BOUND'} -> "
+            f"{', '.join(pool.members)}: "
+            f"{'lendable' if pool.lendable else 'no member lendable'}"
         )
     return "\n".join(lines)
+
+
+def _format_resource(name: str, r: ResourceStatus) -> list[str]:
+    cap = ""
+    if r.free_mib is not None:
+        cap = f" free={r.free_mib:.0f}/{r.total_mib or 0:.0f} MiB"
+    if r.utilization_ratio is not None:
+        cap += f" util={r.utilization_ratio:.0%}"
+    state = "lendable" if r.lendable else f"not lendable ({r.why_not})"
+    lines = [
+        f"  {name} [{r.kind}] {'on' if r.enabled else 'OFF'} "
+        f"{r.quality.value}{'' if r.age_s is None else f' {r.age_s:.1f}s old'}{cap}: {state}"
+    ]
+    if r.error:
+        lines.append(f"    error: {r.error}")
+    pr = r.pressure
+    if pr is not None:
+        thr, load = pr.threshold_ratio, pr.owner_load_ratio
+        lines.append(
+            f"    GPU pressure: {pr.quality.value} "
+            f"{'ENGAGED' if pr.engaged else 'clear'} "
+            f"owner={'-' if load is None else f'{load:.0%}'} "
+            f"threshold={'-' if thr is None else f'{thr:.0%}'} "
+            + (
+                "calibrated"
+                if pr.calibrated
+                else f"calibrating ({pr.calibration_observed_s or 0:.0f}"
+                f"/{pr.calibration_needed_s or 0:.0f} s)"
+            )
+            + (f": {pr.detail}" if pr.detail else "")
+        )
+    if r.held_by is not None:
+        h = r.held_by
+        lines.append(f"    held by job {h.job} ({h.upstream}, {h.phase})")
+    return lines
+
+
+def _format_upstream(name: str, u: UpstreamStatus) -> list[str]:
+    ls = u.listener
+    verdict = (
+        "lendable"
+        if u.lendable
+        else (f"refusing {u.refusal.reason} ({u.refusal.detail})" if u.refusal else "?")
+    )
+    lines = [
+        f"  {name} [{u.adapter}] on {'?' if ls is None else ls.address} "
+        f"{'bound' if ls is not None and ls.bound else 'NOT BOUND'} -> resource {u.resource}"
+        f"{' + ' + ', '.join(u.also_requires) if u.also_requires else ''}: {verdict}"
+    ]
+    if ls is not None and ls.state == "listens_on_network":
+        lines.append(f"    WARNING: its server can be reached without the gate: {ls.state_detail}")
+    server = u.server
+    if server is not None:
+        lines.append(
+            f"    server: {server.quality.value} idle={_yes(server.idle)}"
+            + (f" error: {server.error}" if server.error else "")
+        )
+    work = u.active_work
+    sharing = u.sharing
+    slots = ""
+    if sharing is not None:
+        slots = f" of {sharing.max_concurrent} slot(s), {sharing.waiting} waiting"
+        if sharing.exclusive_of or sharing.excluded_by:
+            slots += f", card {sharing.card}"
+    lines.append(
+        f"    active work: {len(work)}{slots}"
+        + "".join(f"\n      job {w.job} {w.phase} model={w.model} {w.age_s:.0f}s" for w in work)
+    )
+    rec = u.reclaim
+    if rec is not None:
+        lines.append(
+            f"    reclaim: {rec.phase} ({rec.trigger}, policy "
+            f"{rec.policy}, {len(rec.edge_triggers)} edge(s)"
+            + (f", outcome {rec.outcome}" if rec.outcome else "")
+            + ")"
+        )
+    if u.unseen_gpu_work:
+        lines.append(f"    unseen GPU work: {u.unseen_gpu_work}")
+    return lines
 
 
 def _target(args: argparse.Namespace, scope: str, what: str) -> Any:
@@ -551,7 +554,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if isinstance(tls, int):
         return tls
     try:
-        doc = _fetch_status(url, target.token, tls=tls)
+        raw = _fetch_status(url, target.token, tls=tls)
+        # Read into the typed document: a wrong value is named by its path.
+        doc = StatusDocument.from_json(raw)
     except urllib.error.HTTPError as exc:
         print(_http_refusal("status", url, exc, target, "read"), file=sys.stderr)
         return 1
@@ -562,7 +567,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return 1
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(raw, indent=2))
     else:
         print(format_status(doc))
     return 0

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.config import daemon_toml, resource, token, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from vacancyd.cli import format_status, main
+from vacancyd.core.status import StatusDocument
 
 ADMIN = "admin-token-0123456789ab"
 READ = "read-token-0123456789abc"
@@ -156,7 +157,7 @@ async def test_status_and_metrics_describe_the_state(lender: RunningDaemon) -> N
     assert samples[("vacancyd_auth_total", (("outcome", "allowed"), ("scope", "read")))] >= 1
     assert samples[("vacancyd_ready", ())] == 1
 
-    rendered = format_status(doc)
+    rendered = format_status(StatusDocument.from_json(doc))
     assert "lending: on" in rendered and "llm [openai]" in rendered and "lendable" in rendered
 
 
@@ -243,6 +244,30 @@ async def test_status_cli_refuses_what_is_not_vacancyd(capsys: pytest.CaptureFix
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_status_cli_names_a_value_of_the_wrong_shape(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``vacancyd status`` reads the answer into the typed document: a value of the wrong
+    type is refused with its path, not rendered as if it were right."""
+    import asyncio
+
+    from aiohttp import web
+
+    from tests.unit.test_status_model import MINIMAL
+
+    app = web.Application()
+    wrong = {**MINIMAL, "presence": {**MINIMAL["presence"], "sampled": "yes"}}
+
+    async def answer(_: web.Request) -> web.Response:
+        return web.json_response(wrong)
+
+    app.router.add_get("/status", answer)
+    async with serve_app(app) as url:
+        code = await asyncio.to_thread(main, ["status", "--url", url])
+    err = capsys.readouterr().err
+    assert code == 1 and "status.presence.sampled: expected true or false" in err
 
 
 async def test_status_cli_token_from_file_or_environment(

@@ -21,6 +21,7 @@ from tests.support.gpu import Scenario
 from vacancyd.cli import format_status
 from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import Attribution, LearnerSettings, PressurePolicy
+from vacancyd.core.status import StatusDocument
 from vacancyd.state import PressureSample, SharedState
 
 OWNER_PID = 4_000_000
@@ -94,7 +95,7 @@ async def test_owner_gpu_work_refuses_then_releases(nvml: Scenario, tmp_path: Pa
         assert 'vacancyd_gpu_pressure_quality{quality="ready",resource="gpu0"} 1.0' in metrics
         pressure = doc["resources"]["gpu0"]["pressure"]
         assert pressure["engaged"] is True and pressure["owner_load_ratio"] == 0.7
-        assert "ENGAGED" in format_status(doc)
+        assert "ENGAGED" in format_status(StatusDocument.from_json(doc))
 
         # no new samples: the owner's load is gone; release after release_after_s of quiet
         await d.wait_until(lambda: not ps.tracker.engaged, what="released")
@@ -222,7 +223,7 @@ def test_unseen_gpu_work_after_three_samples_and_cleared_when_seen() -> None:
 
     doc = render_status(state, 0.0)
     assert doc["upstreams"]["llm"]["unseen_gpu_work"]
-    assert "unseen GPU work:" in format_status(doc)
+    assert "unseen GPU work:" in format_status(StatusDocument.from_json(doc))
     state.record_pressure("gpu0", sample(seen=True), 4.0)
     assert "llm" not in state.unseen_gpu_work
 
@@ -255,7 +256,7 @@ def test_status_line_while_calibrating() -> None:
     state = make_state(fixed=None, calibration_s=1800.0)
     for t in range(0, 11, 2):
         state.record_pressure("gpu0", sample(0.03), float(t))
-    text = format_status(render_status(state, 0.0))
+    text = format_status(StatusDocument.from_json(render_status(state, 0.0)))
     assert "GPU pressure: ready clear owner=3% threshold=- calibrating (10/1800 s)" in text
 
 

@@ -28,6 +28,7 @@ from tests.support.slow_openai import SlowOpenAI
 from tests.support.streams import read_all
 from vacancyd.cli import format_status, main
 from vacancyd.core.power import PowerReading
+from vacancyd.core.status import StatusDocument
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -272,7 +273,7 @@ async def test_the_window_closing_hands_borrowed_work_back_by_policy(
                 assert doc["owner_controls"]["schedule"]["next_change"] == BERLIN_0659 + 1
                 assert (
                     "schedule (Europe/Berlin): open, closes at 2026-12-01 07:00:00 +0100"
-                    in format_status(doc)
+                    in format_status(StatusDocument.from_json(doc))
                 )
                 resp = await start_stream(d, client)
                 await fake.started.wait()
@@ -281,7 +282,7 @@ async def test_the_window_closing_hands_borrowed_work_back_by_policy(
                 await d.wait_until(lambda: bool(d.state.holds), 5)
                 code, body, _ = await borrow(d, client)
                 assert code == 503 and body["error"]["hold"] == "schedule"
-                printed = format_status(await status(d, client))
+                printed = format_status(StatusDocument.from_json(await status(d, client)))
                 assert "HELD (schedule): outside the owner's lending schedule" in printed
                 assert "schedule (Europe/Berlin): closed, opens at 2026-12-02 01:00" in printed
                 assert "next window opens 2026-12-02 01:00:00 +0100" in body["error"]["message"]

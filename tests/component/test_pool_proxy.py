@@ -15,6 +15,7 @@ from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.held_openai import HeldOpenAI
 from vacancyd.cli import format_status
 from vacancyd.config import ConfigError, parse_config
+from vacancyd.core.status import StatusDocument
 
 
 def config(a: str, b: str) -> str:
@@ -83,7 +84,7 @@ async def test_requests_go_to_the_member_with_room_and_are_refused_only_when_non
         assert doc["pools"]["both"]["members"] == ["a", "b"]
         assert doc["pools"]["both"]["listener"]["bound"] is True
         assert doc["upstreams"]["a"]["sharing"]["max_concurrent"] == 1
-        text = format_status(doc)
+        text = format_status(StatusDocument.from_json(doc))
         assert "pools:\n  both on 127.0.0.1:" in text and "-> a, b: lendable" in text
         assert "active work: 0 of 1 slot(s), 0 waiting" in text
 

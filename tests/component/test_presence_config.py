@@ -100,36 +100,34 @@ def test_scan_reports_unresolvable_users() -> None:
 
 def test_vacancyd_status_prints_sessions() -> None:
     lines = format_sessions(
-        {
-            "sessions": [
-                {
-                    "id": "2",
-                    "kind": "graphical",
-                    "type": "wayland",
-                    "owner": True,
-                    "why": "unlocked and in use",
-                    "remote": False,
-                    "locked": False,
-                    "active": True,
-                    "idle": False,
-                    "idle_for_s": None,
-                },
-                {
-                    "id": "5",
-                    "kind": "remote",
-                    "type": "tty",
-                    "owner": False,
-                    "why": "remote session; does not count",
-                    "remote": True,
-                    "locked": False,
-                    "active": True,
-                    "idle": True,
-                    "idle_for_s": 42.0,
-                },
-                {"id": "?", "kind": "unknown", "owner": True, "why": "unreadable (x)"},
-            ],
-            "exempt_upstreams": ["comfy"],
-        }
+        [
+            {
+                "id": "2",
+                "kind": "graphical",
+                "type": "wayland",
+                "owner": True,
+                "why": "unlocked and in use",
+                "remote": False,
+                "locked": False,
+                "active": True,
+                "idle": False,
+                "idle_for_s": None,
+            },
+            {
+                "id": "5",
+                "kind": "remote",
+                "type": "tty",
+                "owner": False,
+                "why": "remote session; does not count",
+                "remote": True,
+                "locked": False,
+                "active": True,
+                "idle": True,
+                "idle_for_s": 42.0,
+            },
+            {"id": "?", "kind": "unknown", "owner": True, "why": "unreadable (x)"},
+        ],
+        ["comfy"],
     )
     assert lines == [
         "  session 2 [graphical wayland] local, unlocked, active: OWNER (unlocked and in use)",

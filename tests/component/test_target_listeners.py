@@ -12,6 +12,7 @@ import aiohttp
 from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import running_daemon
 from vacancyd.cli import format_status
+from vacancyd.core.status import StatusDocument
 
 
 @contextmanager
@@ -50,7 +51,7 @@ async def test_listener_state_per_upstream_target() -> None:
         "remote": "not_observable",
     }
     assert f"0.0.0.0:{exposed}" in doc["upstreams"]["exposed"]["listener"]["state_detail"]
-    text = format_status(doc)
+    text = format_status(StatusDocument.from_json(doc))
     warnings = [line for line in text.splitlines() if "WARNING" in line]
     assert len(warnings) == 1 and f"0.0.0.0:{exposed}" in warnings[0]
     assert text.index("exposed [openai]") < text.index(warnings[0])

@@ -61,3 +61,19 @@ def test_credential_plan_names_each_file_by_its_name_and_refuses_two_of_one_name
         credential_plan(settings("/a/admin.token", "/b/admin.token"))
     with pytest.raises(ConfigError, match="absolute"):
         credential_plan(settings("tokens/admin.token"))
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("/etc/vacancyd/tokens/ad:min.token", "':' in its file name"),
+        ("/etc/vacancyd/tokens/admin%n.token", "'%'"),
+        ("/etc/vacancy\\\\d/admin.token", "backslash"),
+        ("/etc/vacancyd/tokens/admin .token", "space"),
+    ],
+)
+def test_a_path_a_load_credential_line_cannot_carry_is_refused(path: str, why: str) -> None:
+    # written as it is, systemd would pass another file, or under another name, than the
+    # one the daemon then looks for in $CREDENTIALS_DIRECTORY
+    with pytest.raises(ConfigError, match=why):
+        credential_plan(settings(path))

@@ -102,3 +102,32 @@ def test_keep_alive_max_s_is_an_ollama_setting() -> None:
             daemon_toml(upstream("v", "http://127.0.0.1:1", adapter="vllm", keep_alive_max_s=60)),
             "<test>",
         )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Go's decoder takes each of these for the key spelled in lowercase, and the last
+        # one given wins: the server would load "huge", keep it for ever or with a context
+        # the gate never charged
+        b'{"model":"tiny","MODEL":"huge"}',
+        b'{"model":"m","keep_alive":"1s","Keep_Alive":-1}',
+        '{"model":"m","keep_alive":"1s","\u212aeep_alive":-1}'.encode(),  # Kelvin sign
+        b'{"model":"m","Options":{"num_ctx":131072}}',
+        b'{"model":"m","x":"' + b"a" * 100_000 + b'","MoDeL":"huge"}',  # the streamed parse
+    ],
+)
+@pytest.mark.parametrize("path", ["/api/generate", "/api/chat", "/v1/chat/completions"])
+def test_a_key_go_reads_under_another_spelling_is_refused(body: bytes, path: str) -> None:
+    from vacancyd.adapters.base import BadRequest
+    from vacancyd.adapters.ollama import ADAPTER
+
+    with pytest.raises(BadRequest, match="spelled exactly"):
+        ADAPTER.read_facts(route(path), body, "application/json")
+
+
+def test_other_keys_keep_any_spelling() -> None:
+    from vacancyd.adapters.ollama import ADAPTER
+
+    body = b'{"model":"m","prompt":"x","Prompt":"y","Stream":false}'
+    assert ADAPTER.read_facts(route("/api/generate"), body, "application/json").model == "m:latest"

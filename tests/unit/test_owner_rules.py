@@ -126,6 +126,13 @@ def test_saved_pause_round_trip_and_bad_files() -> None:
         {"kind": "until", "set_at": 1},
         {"kind": "indefinite", "set_at": "x"},
         {"kind": "indefinite", "set_at": 1, "until": 5},
+        # numbers that are no time (json.loads reads NaN and Infinity): these crashed the
+        # daemon's start when it described the restored pause
+        {"kind": "until", "set_at": 1, "until": 1e308},
+        {"kind": "until", "set_at": 1, "until": float("nan")},
+        {"kind": "until", "set_at": 1, "until": float("-inf")},
+        {"kind": "indefinite", "set_at": float("nan")},
+        {"kind": "until", "set_at": 1, "until": 1e20},
     ):
         with pytest.raises(ValueError, match="not a saved pause"):
             Pause.from_json(bad)

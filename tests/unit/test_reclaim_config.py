@@ -10,6 +10,7 @@ from vacancyd.cli import format_status
 from vacancyd.config import ConfigError, parse_config
 from vacancyd.config.policies import reclaim_policy
 from vacancyd.core.reclaim import OnOwnerReturn
+from vacancyd.core.status import StatusDocument
 
 
 def test_defaults_and_new_adapters() -> None:
@@ -53,21 +54,30 @@ def test_finish_with_completion_timeout_and_yield() -> None:
 
 
 def test_vacancyd_status_prints_the_reclaim_phase() -> None:
-    doc = {
-        "upstreams": {
-            "up": {
-                "adapter": "ollama",
-                "listener": {"address": "127.0.0.1:1", "bound": True},
-                "lendable": False,
-                "refusal": {"reason": "owner_active", "detail": "owner"},
-                "reclaim": {
-                    "phase": "waiting",
-                    "trigger": "owner",
-                    "policy": "drain",
-                    "edge_triggers": ["owner", "pressure"],
-                    "outcome": None,
-                },
-            }
-        }
+    from tests.unit.test_status_model import MINIMAL
+
+    up = {
+        "adapter": "ollama",
+        "resource": "gpu0",
+        "also_requires": [],
+        "owner_scope": "host",
+        "listener": {"address": "127.0.0.1:1", "bound": True, "error": None},
+        "lendable": False,
+        "refusal": {"reason": "owner_active", "retry_after_s": 5, "detail": "owner"},
+        "busy": False,
+        "server": None,
+        "unseen_gpu_work": None,
+        "active_work": [],
+        "reclaim": {
+            "phase": "waiting",
+            "trigger": "owner",
+            "policy": "drain",
+            "resource": None,
+            "edges_age_s": [2.0, 1.0],
+            "edge_triggers": ["owner", "pressure"],
+            "deadline_in_s": None,
+            "outcome": None,
+        },
     }
+    doc = StatusDocument.from_json({**MINIMAL, "upstreams": {"up": up}})
     assert "reclaim: waiting (owner, policy drain, 2 edge(s))" in format_status(doc)

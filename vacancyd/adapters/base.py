@@ -125,6 +125,7 @@ def parse_json_body_steps(
     content_type_header: str,
     keys: frozenset[str],
     whole: frozenset[str] = frozenset(),
+    exact: frozenset[str] = frozenset(),
 ) -> bodyparse.Steps[dict[str, Any] | None]:
     """The top-level fields ``keys`` of a work body, or None when the body is empty;
     objects and arrays are built only for the keys in ``whole``.
@@ -134,7 +135,8 @@ def parse_json_body_steps(
     whose text fields are read instead. Only the wanted fields are built, at bounded cost
     and in pauseable steps (:mod:`vacancyd.adapters.bodyparse`). Raises :class:`BadRequest`
     for anything that is not a JSON object (including JSON nested too deeply to parse
-    safely) or not valid multipart.
+    safely) or not valid multipart, and for a key spelled otherwise than one in ``exact``
+    that a Go server's decoder would take for it (see ``Adapter.exact_keys``).
     """
     if not body or body.isspace():  # (isspace stops at the first other byte: no copy)
         return None
@@ -142,7 +144,7 @@ def parse_json_body_steps(
     try:
         if mime == "multipart/form-data":
             return dict((yield from bodyparse.form_fields_steps(body, content_type_header, keys)))
-        return (yield from bodyparse.json_fields_steps(body, keys, whole))
+        return (yield from bodyparse.json_fields_steps(body, keys, whole, exact))
     except bodyparse.BodyParseError as exc:
         raise BadRequest(str(exc)) from exc
 
@@ -198,6 +200,12 @@ class Adapter:
     #: seconds after it ends (Ollama's ``keep_alive``): (route, body, max seconds) -> the
     #: body to forward, in pauseable steps. None for servers without a keep-alive.
     cap_keep_alive: Callable[[Route, bytes, float], bodyparse.Steps[bytes]] | None = None
+    #: Top-level body keys the server matches whatever their case (Go's encoding/json:
+    #: ``"MODEL"`` and ``"Keep_Alive"`` are its ``model`` and ``keep_alive``, the last one
+    #: given winning) and the proxy relies on. A work body must spell them exactly so:
+    #: another spelling is a 400, as the server would read a model, context or keep-alive
+    #: the gate never saw.
+    exact_keys: frozenset[str] = frozenset()
 
     @property
     def observable(self) -> bool:
@@ -220,7 +228,7 @@ class Adapter:
         if route.model_key is not None:
             keys |= {route.model_key}
         payload = yield from parse_json_body_steps(
-            body, content_type_header, keys, self.body_fields
+            body, content_type_header, keys, self.body_fields, self.exact_keys
         )
         if (
             payload is not None

@@ -37,7 +37,7 @@ import json
 import quopri
 import re
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Mapping
 from email.message import Message
 from typing import Any, TypeVar
 
@@ -109,23 +109,50 @@ async def run_cooperatively(steps: Steps[T], slice_s: float = SLICE_S) -> T:
             began = clock()
 
 
+#: Non-ASCII letters that Go's encoding/json folds onto an ASCII one when it matches an
+#: object key to a struct field (``unicode.ToUpper(unicode.ToLower(r))``): Kelvin sign,
+#: long s, dotless i and capital I with dot.
+_GO_ASCII_FOLDS = {"\u212a": "K", "\u017f": "S", "\u0131": "I", "\u0130": "I"}
+
+
+def go_fold(name: str) -> str:
+    """``name`` folded as Go's encoding/json folds object keys before it matches them to a
+    struct's fields case-insensitively, as far as the result can equal an ASCII name:
+    ``go_fold("Keep_Alive") == go_fold("keep_alive")``, and so for ``"\u212aeep_alive"``."""
+    return "".join(_GO_ASCII_FOLDS.get(c, c) if c > "\x7f" else c.upper() for c in name)
+
+
+def _check_spelling(key: str, exact: Mapping[str, str]) -> None:
+    """Raise :class:`BodyParseError` when ``key`` is a different spelling of one of the keys
+    in ``exact`` (their :func:`go_fold` -> the key)."""
+    meant = exact.get(go_fold(key))
+    if meant is not None and meant != key:
+        raise BodyParseError(
+            f"request body has the key {key!r}, which the server reads as {meant!r}: "
+            f"send {meant!r} spelled exactly so"
+        )
+
+
 def json_fields(body: bytes, keys: Iterable[str], whole: Iterable[str] = ()) -> dict[str, Any]:
     """The top-level ``keys`` present in a JSON object body (see :func:`json_fields_steps`)."""
     return run(json_fields_steps(body, keys, whole))
 
 
 def json_fields_steps(
-    body: bytes, keys: Iterable[str], whole: Iterable[str] = ()
+    body: bytes, keys: Iterable[str], whole: Iterable[str] = (), exact: Iterable[str] = ()
 ) -> Steps[dict[str, Any]]:
     """The top-level ``keys`` present in a JSON object body, scalars by value.
 
     A wanted key whose value is an object or array maps to :data:`NON_SCALAR`, unless it is
     also in ``whole``: those values are built in full (an adapter's small option objects).
     A key given twice keeps its last value (what ``json.loads`` and the servers do). Raises
-    :class:`BodyParseError` when the body is not one JSON object.
+    :class:`BodyParseError` when the body is not one JSON object, and when a top-level key is
+    another spelling of one in ``exact`` that Go's decoder would take for it (``"MODEL"``
+    for ``model``): a server written in Go (Ollama) then reads a value the proxy did not.
     """
     full = frozenset(whole)
     wanted = frozenset(keys) | full
+    spellings = {go_fold(k): k for k in exact}
     if len(body) <= SMALL_JSON_BYTES:
         try:
             payload = json.loads(body)
@@ -135,13 +162,16 @@ def json_fields_steps(
             raise BodyParseError(f"request body is not valid JSON: {exc}") from exc
         if not isinstance(payload, dict):
             raise BodyParseError("request body must be a JSON object")
+        if spellings:
+            for name in payload:
+                _check_spelling(name, spellings)
         return {
             k: NON_SCALAR if isinstance(payload[k], dict | list) and k not in full else payload[k]
             for k in wanted
             if k in payload
         }
     try:
-        return (yield from _json_fields_pushed(body, wanted, full))
+        return (yield from _json_fields_pushed(body, wanted, full, spellings))
     except BodyParseError:
         raise
     except (ijson.JSONError, UnicodeDecodeError, ValueError) as exc:
@@ -150,7 +180,7 @@ def json_fields_steps(
 
 
 def _json_fields_pushed(
-    body: bytes, wanted: frozenset[str], full: frozenset[str]
+    body: bytes, wanted: frozenset[str], full: frozenset[str], spellings: Mapping[str, str]
 ) -> Steps[dict[str, Any]]:
     # basic events, not ijson.parse: parse builds a dotted path per event, which costs
     # O(depth²) memory on a deeply nested body.
@@ -189,6 +219,8 @@ def _json_fields_pushed(
             if depth == 1 and event == "map_key":
                 if longs and value in longs:  # a key longer than LONG_STRING_BYTES
                     value = _restore(value, body, longs)
+                if spellings:
+                    _check_spelling(value, spellings)
                 key = value if value in wanted else None
                 continue
             if event in ("start_map", "start_array"):

@@ -512,4 +512,6 @@ ADAPTER = Adapter(
     body_fields=frozenset({"options", "shift"}),
     flat_error_prefixes=("/api/",),
     cap_keep_alive=cap_keep_alive_steps,
+    # Ollama is written in Go: its decoder matches these whatever their case
+    exact_keys=frozenset({"model", "options", "shift", "keep_alive"}),
 )

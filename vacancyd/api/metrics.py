@@ -22,6 +22,7 @@ from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
 from vacancyd.core.sharing import CardState
 from vacancyd.core.status import PresenceStatus, StatusDocument
+from vacancyd.web.catalogue import counter_family, gauge
 from vacancyd.web.metrics import Metrics
 
 if TYPE_CHECKING:
@@ -44,72 +45,29 @@ class StateCollector(Collector):
 def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     """Every lender gauge, read from ``doc`` alone (nothing from the live state beside it,
     so a scrape agrees with the ``/status`` and the publication of the same document)."""
-    yield GaugeMetricFamily(
-        "vacancyd_lending_enabled",
-        "Global lending switch (1 on, 0 off).",
-        value=1.0 if doc.lending_enabled else 0.0,
-    )
+    yield gauge("vacancyd_lending_enabled", value=1.0 if doc.lending_enabled else 0.0)
     presence = doc.presence
-    g = GaugeMetricFamily(
-        "vacancyd_presence_sampled",
-        "1 once owner presence has been sampled.",
-        labels=["source"],
-    )
+    g = gauge("vacancyd_presence_sampled")
     g.add_metric([presence.source], 1.0 if presence.sampled else 0.0)
     yield g
     if presence.age_s is not None:
-        yield GaugeMetricFamily(
-            "vacancyd_presence_age_seconds",
-            "Age of the newest presence reading.",
-            value=presence.age_s,
-        )
-    yield GaugeMetricFamily(
-        "vacancyd_owner_veto_active",
-        "Host policy veto engaged (1) or released (0).",
-        value=1.0 if presence.veto.active else 0.0,
-    )
+        yield gauge("vacancyd_presence_age_seconds", value=presence.age_s)
+    yield gauge("vacancyd_owner_veto_active", value=1.0 if presence.veto.active else 0.0)
     yield from _presence_families(presence)
-    holds = GaugeMetricFamily(
-        "vacancyd_owner_hold",
-        "1 for each of the owner's holds in force (schedule, pause, battery, "
-        "exclusive_app), 0 otherwise.",
-        labels=["kind"],
-    )
+    holds = gauge("vacancyd_owner_hold")
     in_force = {h.kind for h in doc.holds}
     for kind in HoldKind:
         holds.add_metric([kind.value], 1.0 if kind.value in in_force else 0.0)
     yield holds
 
-    enabled = GaugeMetricFamily(
-        "vacancyd_resource_enabled", "Runtime switch per resource.", labels=["resource"]
-    )
-    quality = GaugeMetricFamily(
-        "vacancyd_resource_quality",
-        "Capacity observation quality (1 for the current one).",
-        labels=["resource", "quality"],
-    )
-    age_g = GaugeMetricFamily(
-        "vacancyd_resource_observation_age_seconds",
-        "Age of the newest good capacity sample.",
-        labels=["resource"],
-    )
-    free = GaugeMetricFamily(
-        "vacancyd_resource_free_bytes", "Free (available) bytes.", labels=["resource"]
-    )
-    total = GaugeMetricFamily("vacancyd_resource_total_bytes", "Total bytes.", labels=["resource"])
-    util = GaugeMetricFamily(
-        "vacancyd_resource_utilization_ratio", "Utilization, 0-1.", labels=["resource"]
-    )
-    used = GaugeMetricFamily(
-        "vacancyd_resource_used_bytes",
-        "Used bytes as the device reports them.",
-        labels=["resource"],
-    )
-    lendable = GaugeMetricFamily(
-        "vacancyd_resource_lendable",
-        "1 when the resource passes its switch, quality and probe policy checks.",
-        labels=["resource"],
-    )
+    enabled = gauge("vacancyd_resource_enabled")
+    quality = gauge("vacancyd_resource_quality")
+    age_g = gauge("vacancyd_resource_observation_age_seconds")
+    free = gauge("vacancyd_resource_free_bytes")
+    total = gauge("vacancyd_resource_total_bytes")
+    util = gauge("vacancyd_resource_utilization_ratio")
+    used = gauge("vacancyd_resource_used_bytes")
+    lendable = gauge("vacancyd_resource_lendable")
     for name, res in sorted(doc.resources.items()):
         enabled.add_metric([name], 1.0 if res.enabled else 0.0)
         for each in Quality:
@@ -129,11 +87,7 @@ def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     yield from _pressure_metrics(doc)
     yield from _learned_metrics(doc)
 
-    active = GaugeMetricFamily(
-        "vacancyd_active_work",
-        "Admission-ledger entries per upstream and phase.",
-        labels=["upstream", "phase"],
-    )
+    active = gauge("vacancyd_active_work")
     for upstream, up in sorted(doc.upstreams.items()):
         counts = Tally(job.phase for job in up.active_work)
         for phase in Phase:
@@ -141,30 +95,17 @@ def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     yield active
     yield from _sharing_metrics(doc)
 
-    listener = GaugeMetricFamily(
-        "vacancyd_listener_up",
-        "1 while the upstream's proxy listener is bound.",
-        labels=["upstream"],
-    )
+    listener = gauge("vacancyd_listener_up")
     for upstream, up in sorted(doc.upstreams.items()):
         if up.listener is not None:
             listener.add_metric([upstream], 1.0 if up.listener.bound else 0.0)
     yield listener
 
-    upstream_lendable = GaugeMetricFamily(
-        "vacancyd_upstream_lendable",
-        "1 when the gate would admit a borrowed request on the upstream now.",
-        labels=["upstream"],
-    )
+    upstream_lendable = gauge("vacancyd_upstream_lendable")
     for name, up in sorted(doc.upstreams.items()):
         upstream_lendable.add_metric([name], 1.0 if up.lendable else 0.0)
     yield upstream_lendable
-    reachable = GaugeMetricFamily(
-        "vacancyd_upstream_reachable",
-        "1 when the upstream's server accepted a connection when last checked (checked while "
-        "the lendability probe is asked; absent without recent evidence).",
-        labels=["upstream"],
-    )
+    reachable = gauge("vacancyd_upstream_reachable")
     for name, up in sorted(doc.upstreams.items()):
         if up.reachable is not None:
             reachable.add_metric([name], 1.0 if up.reachable.ok else 0.0)
@@ -173,46 +114,21 @@ def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
 
     yield from _server_families(doc)
 
-    yield GaugeMetricFamily("vacancyd_ready", "1 when /readyz answers 200.", value=float(doc.ready))
-    yield GaugeMetricFamily(
-        "vacancyd_state_unwritable_files",
-        "Durable state files whose newest write failed.",
-        value=float(len(doc.write_errors or {})),
-    )
+    yield gauge("vacancyd_ready", value=float(doc.ready))
+    yield gauge("vacancyd_state_unwritable_files", value=float(len(doc.write_errors or {})))
     if doc.kubernetes is not None:
-        yield GaugeMetricFamily(
-            "vacancyd_kubernetes_writes_ok",
-            "1 when the last attempt of every Kubernetes write (host-side publishing) succeeded.",
-            value=1.0 if doc.kubernetes.writes_ok else 0.0,
-        )
+        yield gauge("vacancyd_kubernetes_writes_ok", value=1.0 if doc.kubernetes.writes_ok else 0.0)
 
 
 def _headroom_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     """What fits now: lendable bytes per resource and upstream, and the largest model."""
-    resource = GaugeMetricFamily(
-        "vacancyd_resource_lendable_bytes",
-        "Free bytes the resource could lend now (free minus min_free_mib; 0 when not lendable).",
-        labels=["resource"],
-    )
+    resource = gauge("vacancyd_resource_lendable_bytes")
     for name, r in sorted(doc.resources.items()):
         if r.lendable_mib is not None:
             resource.add_metric([name], r.lendable_mib * MIB)
-    upstream = GaugeMetricFamily(
-        "vacancyd_upstream_headroom_bytes",
-        "Bytes a borrowed request on the upstream could use now (0 while it refuses all).",
-        labels=["upstream"],
-    )
-    largest = GaugeMetricFamily(
-        "vacancyd_upstream_largest_model_bytes",
-        "Footprint of the largest configured model a request would be admitted for now "
-        "(0 when none would be).",
-        labels=["upstream"],
-    )
-    info = GaugeMetricFamily(
-        "vacancyd_upstream_largest_model_info",
-        "1 for the largest configured model a request would be admitted for now.",
-        labels=["upstream", "model"],
-    )
+    upstream = gauge("vacancyd_upstream_headroom_bytes")
+    largest = gauge("vacancyd_upstream_largest_model_bytes")
+    info = gauge("vacancyd_upstream_largest_model_info")
     for name, up in sorted(doc.upstreams.items()):
         room = up.headroom
         if room is None:
@@ -227,31 +143,18 @@ def _headroom_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
 
 def _sharing_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     """Slots, wait queues and exclusivity (docs/architecture.md "Sharing the card")."""
-    waiting = GaugeMetricFamily(
-        "vacancyd_waiting",
-        "Borrowed requests waiting for a slot (busy = wait).",
-        labels=["upstream"],
-    )
+    waiting = gauge("vacancyd_waiting")
     for upstream, up in sorted(doc.upstreams.items()):
         waiting.add_metric([upstream], float(up.sharing.waiting if up.sharing else 0))
     yield waiting
-    jobs = GaugeMetricFamily(
-        "vacancyd_resource_jobs",
-        "Borrowed jobs holding each resource (more than one with max_concurrent).",
-        labels=["resource"],
-    )
+    jobs = gauge("vacancyd_resource_jobs")
     for name, res in sorted(doc.resources.items()):
         jobs.add_metric([name], float(res.jobs))
     yield jobs
     shared = sorted((name, res.card) for name, res in doc.resources.items() if res.card)
     if not shared:
         return
-    card = GaugeMetricFamily(
-        "vacancyd_exclusivity_state",
-        "What a resource shared by exclusive upstreams is doing (1 for the current state): "
-        "idle, shared (jobs that may run together) or exclusive (an exclusive job alone).",
-        labels=["resource", "state"],
-    )
+    card = gauge("vacancyd_exclusivity_state")
     for name, now in shared:
         for each in CardState:
             card.add_metric([name, each.value], 1.0 if each.value == now else 0.0)
@@ -261,21 +164,9 @@ def _sharing_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
 def _server_families(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     """The server observation the gate reads (llama-server ``/slots``): its quality against
     the upstream's freshness bound, its age, and whether the server was idle."""
-    quality = GaugeMetricFamily(
-        "vacancyd_server_observation_quality",
-        "Server observation quality per upstream (1 for the current one).",
-        labels=["upstream", "quality"],
-    )
-    age = GaugeMetricFamily(
-        "vacancyd_server_observation_age_seconds",
-        "Age of the newest good server observation.",
-        labels=["upstream"],
-    )
-    idle = GaugeMetricFamily(
-        "vacancyd_server_idle",
-        "1 when the newest server observation showed no request in progress.",
-        labels=["upstream"],
-    )
+    quality = gauge("vacancyd_server_observation_quality")
+    age = gauge("vacancyd_server_observation_age_seconds")
+    idle = gauge("vacancyd_server_idle")
     for name, up in sorted(doc.upstreams.items()):
         server = up.server
         if server is None:
@@ -293,21 +184,12 @@ def _presence_families(presence: PresenceStatus) -> Iterator[GaugeMetricFamily]:
     """Presence detail: the newest reading's owner signal, evidence and sessions by kind."""
     if presence.owner_signal is None:
         return
-    yield GaugeMetricFamily(
-        "vacancyd_presence_owner_signal",
-        "1 when the newest presence reading matched the owner policy.",
-        value=1.0 if presence.owner_signal else 0.0,
-    )
-    yield GaugeMetricFamily(
+    yield gauge("vacancyd_presence_owner_signal", value=1.0 if presence.owner_signal else 0.0)
+    yield gauge(
         "vacancyd_presence_evidence_complete",
-        "1 when every session in the newest presence reading could be read clearly.",
         value=1.0 if presence.sampled and presence.evidence_complete else 0.0,
     )
-    sessions = GaugeMetricFamily(
-        "vacancyd_presence_sessions",
-        "Sessions in the newest presence reading, by kind.",
-        labels=["kind"],
-    )
+    sessions = gauge("vacancyd_presence_sessions")
     for kind, n in presence.session_counts.items():
         sessions.add_metric([kind], float(n))
     yield sessions
@@ -315,41 +197,13 @@ def _presence_families(presence: PresenceStatus) -> Iterator[GaugeMetricFamily]:
 
 def _pressure_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     """GPU pressure inputs the gate reads, one series per GPU."""
-    quality = GaugeMetricFamily(
-        "vacancyd_gpu_pressure_quality",
-        "GPU pressure reading quality (1 for the current one).",
-        labels=["resource", "quality"],
-    )
-    engaged = GaugeMetricFamily(
-        "vacancyd_gpu_pressure_engaged",
-        "1 while the owner's GPU work presses the GPU (hysteresis engaged).",
-        labels=["resource"],
-    )
-    calibrated = GaugeMetricFamily(
-        "vacancyd_gpu_pressure_calibrated",
-        "1 once the GPU's threshold is calibrated (or fixed).",
-        labels=["resource"],
-    )
-    threshold = GaugeMetricFamily(
-        "vacancyd_gpu_pressure_threshold_ratio",
-        "Owner-load threshold in force, 0-1 (absent while uncalibrated).",
-        labels=["resource"],
-    )
-    owner = GaugeMetricFamily(
-        "vacancyd_gpu_owner_load_ratio",
-        "Owner's attributed GPU load in the newest pressure sample, 0-1.",
-        labels=["resource"],
-    )
-    borrower = GaugeMetricFamily(
-        "vacancyd_gpu_borrower_load_ratio",
-        "GPU load of the processes serving local upstreams, 0-1.",
-        labels=["resource"],
-    )
-    observed = GaugeMetricFamily(
-        "vacancyd_gpu_calibration_observed_seconds",
-        "Observed seconds of owner load in the GPU's calibration.",
-        labels=["resource"],
-    )
+    quality = gauge("vacancyd_gpu_pressure_quality")
+    engaged = gauge("vacancyd_gpu_pressure_engaged")
+    calibrated = gauge("vacancyd_gpu_pressure_calibrated")
+    threshold = gauge("vacancyd_gpu_pressure_threshold_ratio")
+    owner = gauge("vacancyd_gpu_owner_load_ratio")
+    borrower = gauge("vacancyd_gpu_borrower_load_ratio")
+    observed = gauge("vacancyd_gpu_calibration_observed_seconds")
     for name, res in sorted(doc.resources.items()):
         p = res.pressure
         if p is None:
@@ -365,11 +219,7 @@ def _pressure_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
         if p.borrower_load_ratio is not None:
             borrower.add_metric([name], p.borrower_load_ratio)
         observed.add_metric([name], p.calibration_observed_s)
-    unseen = GaugeMetricFamily(
-        "vacancyd_upstream_unseen_gpu_work",
-        "1 while an upstream has admitted work and none of its processes is seen on a GPU.",
-        labels=["upstream"],
-    )
+    unseen = gauge("vacancyd_upstream_unseen_gpu_work")
     for upstream, up in sorted(doc.upstreams.items()):
         unseen.add_metric([upstream], 1.0 if up.unseen_gpu_work is not None else 0.0)
     yield from (quality, engaged, calibrated, threshold, owner, borrower, observed, unseen)
@@ -377,26 +227,14 @@ def _pressure_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
 
 def _learned_metrics(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     """Learned footprint priors, learned contexts, and resources refusing on unusable state."""
-    priors = GaugeMetricFamily(
-        "vacancyd_footprint_prior_bytes",
-        "Learned footprint prior per model: the most memory loading it was seen to take.",
-        labels=["upstream", "model"],
-    )
-    contexts = GaugeMetricFamily(
-        "vacancyd_learned_contexts",
-        "Entries in an upstream's learned context map (Ollama residency).",
-        labels=["upstream"],
-    )
+    priors = gauge("vacancyd_footprint_prior_bytes")
+    contexts = gauge("vacancyd_learned_contexts")
     for upstream, up in sorted(doc.upstreams.items()):
         for model, mib in sorted((up.footprint_priors_mib or {}).items()):
             priors.add_metric([upstream, model], mib * MIB)
         if up.learned_contexts is not None:
             contexts.add_metric([upstream], float(len(up.learned_contexts.contexts)))
-    broken = GaugeMetricFamily(
-        "vacancyd_resource_state_unusable",
-        "1 while a resource refuses because a durable state file it depends on is unusable.",
-        labels=["resource"],
-    )
+    broken = gauge("vacancyd_resource_state_unusable")
     for name, res in sorted(doc.resources.items()):
         broken.add_metric([name], 1.0 if res.state_error is not None else 0.0)
     yield from (priors, contexts, broken)
@@ -420,10 +258,7 @@ class SaverCollector(Collector):
         self._saver = saver
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        failures = CounterMetricFamily(
-            "vacancyd_state_write_failures",
-            "Durable state files that could not be written (read-only directory, full disk).",
-        )
+        failures = counter_family("vacancyd_state_write_failures")
         failures.add_metric([], float(self._saver.failures))
         yield failures
 

@@ -45,7 +45,9 @@ def credential_plan(settings: Settings, source: str = "configuration") -> dict[s
     """Credential name -> secret file, as the systemd unit passes them (``LoadCredential=``).
 
     The name is the file's name. Raises :class:`ConfigError` when two different files share
-    a name (the service could not tell them apart: rename one) or a path is not absolute.
+    a name (the service could not tell them apart: rename one), a path is not absolute, or
+    a path cannot be written on a ``LoadCredential=`` line as it is (see
+    :func:`_unit_line_problem`).
     """
     plan: dict[str, Path] = {}
     first: dict[str, str] = {}
@@ -55,6 +57,13 @@ def credential_plan(settings: Settings, source: str = "configuration") -> dict[s
             problems.append(f"{key}: {path} must be an absolute path for the systemd service")
             continue
         name = path.name
+        problem = _unit_line_problem(path)
+        if problem:
+            problems.append(
+                f"{key}: {str(path)!r} {problem}, which systemd would read otherwise on the "
+                "service's LoadCredential= line; rename or move the file"
+            )
+            continue
         if name in plan and plan[name] != path:
             problems.append(
                 f"{key}: {path} has the same file name as {plan[name]} ({first[name]}); the "
@@ -66,6 +75,21 @@ def credential_plan(settings: Settings, source: str = "configuration") -> dict[s
     if problems:
         raise ConfigError(source, problems)
     return plan
+
+
+def _unit_line_problem(path: Path) -> str:
+    """Why ``path`` cannot go on a ``LoadCredential=NAME:PATH`` line as it is ("" when it
+    can): systemd ends NAME at the first ``:``, expands ``%`` specifiers, reads ``\\`` as
+    an escape and a line break as the end of the line, and trims surrounding spaces."""
+    text = str(path)
+    if ":" in path.name:
+        return "has a ':' in its file name (the credential's name ends at the first ':')"
+    for char, what in (("%", "a '%'"), ("\\", "a backslash")):
+        if char in text:
+            return f"has {what}"
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        return "has a space or control character"
+    return ""
 
 
 def _not_passed(path: Path, credentials: Path | None) -> str:

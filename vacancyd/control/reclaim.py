@@ -25,8 +25,6 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from prometheus_client import Counter, Histogram
-
 from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.control.spawn import Spawner
 from vacancyd.control.work import Work
@@ -52,6 +50,7 @@ from vacancyd.core.reclaim import (
     warm_delay_s,
 )
 from vacancyd.state import SharedState
+from vacancyd.web.catalogue import counter, histogram
 from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -92,17 +91,9 @@ class Reclaimer:
         self._warming: set[str] = set()
         self._warmed_at: dict[str, float] = {}
         registry = metrics.registry
-        self.m_reclaims = Counter(
-            "vacancyd_reclaims",
-            "Reclaims by upstream, the trigger of their first edge, and outcome "
-            "(stood_down, work_ended, cancelled, timed_out).",
-            ["upstream", "trigger", "outcome"],
-            registry=registry,
-        )
-        self.m_unload = Histogram(
+        self.m_reclaims = counter("vacancyd_reclaims", registry=registry)
+        self.m_unload = histogram(
             "vacancyd_unload_duration_seconds",
-            "Time an upstream's unload took, by outcome (unloaded, skipped, failed, timed_out).",
-            ["upstream", "outcome"],
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=registry,
         )

@@ -23,12 +23,13 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 
 from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.sharing import UnloadTimeout, after_unload
+from vacancyd.web.catalogue import histogram
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +71,8 @@ class CardSharing:
         self.controllers = controllers
         self.warm_models = warm_models
         self.clock = clock
-        self.m_unload = Histogram(
+        self.m_unload = histogram(
             "vacancyd_exclusive_unload_seconds",
-            "Time from asking the servers an exclusive job shares the card with to unload "
-            "until their models were confirmed gone (or the unload timed out).",
-            ["upstream", "outcome"],
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=registry,
         )

@@ -37,8 +37,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from prometheus_client import Counter
-
 from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
@@ -69,6 +67,7 @@ from vacancyd.core.sharing import serve_order
 from vacancyd.core.snapshot import RequestFacts, Snapshot
 from vacancyd.core.waiting import waits_on
 from vacancyd.state import SharedState
+from vacancyd.web.catalogue import counter
 from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -133,13 +132,7 @@ class Work:
         state.sample_hooks.append(self.rooms.serve)
         #: Exclusivity effects; None until :meth:`share_cards` (no upstream is exclusive).
         self.card: CardSharing | None = None
-        self.m_cancelled = Counter(
-            "vacancyd_reclaim_cancelled_jobs",
-            "Borrowed jobs a reclaim cancelled, by kind (stream: a cut connection; "
-            "queued: a job cancelled through the server's queue API).",
-            ["upstream", "kind"],
-            registry=metrics.registry,
-        )
+        self.m_cancelled = counter("vacancyd_reclaim_cancelled_jobs", registry=metrics.registry)
 
     # -- wiring --------------------------------------------------------------------------
 

@@ -68,6 +68,11 @@ class Pause:
             raise ValueError("not a saved pause: until is not a number")
         if (kind is PauseKind.UNTIL) != (until is not None):
             raise ValueError("not a saved pause: until goes with kind 'until' only")
+        for name, value in (("set_at", set_at), ("until", until)):
+            # what describe() and /status will format: NaN, an infinity or a year past
+            # 9999 would raise there, at startup
+            if value is not None and not 0 <= value <= MAX_WALL_S:
+                raise ValueError(f"not a saved pause: {name} is not a time ({value!r})")
         if not isinstance(seen, bool) or not isinstance(reason, str):
             raise ValueError("not a saved pause: seen_owner or reason has the wrong type")
         return cls(kind, float(set_at), None if until is None else float(until), seen, reason)
@@ -80,6 +85,11 @@ class Pause:
             return "paused by the owner until they are next away from this machine"
         assert self.until is not None
         return f"paused by the owner until {format_wall(self.until, tz)}"
+
+
+#: The latest wall-clock time (epoch seconds) a saved pause may name: the end of year 9999,
+#: the last one ``datetime`` can show.
+MAX_WALL_S = 253402300799.0
 
 
 def format_wall(at: float, tz: dt.tzinfo | None = None) -> str:

@@ -41,7 +41,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from vacancyd.config.model import CompanionSettings, LenderSettings, split_listen
@@ -49,6 +48,7 @@ from vacancyd.core.lender import LenderState, Phase, StatusFormatError, lender_f
 from vacancyd.k8s.api import K8sApiError, KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
 from vacancyd.web.access import AccessLogger
+from vacancyd.web.catalogue import gauge
 from vacancyd.web.metrics import exposition
 from vacancyd.web.tls import TlsError, client_context, verify_failure
 
@@ -328,21 +328,9 @@ class CompanionCollector(Collector):
         self._followers = followers
 
     def collect(self) -> Any:
-        up = GaugeMetricFamily(
-            "vacancyd_companion_lender_up",
-            "1 while the lender's /status answers within lender_timeout_s.",
-            labels=["lender"],
-        )
-        ok = GaugeMetricFamily(
-            "vacancyd_companion_kubernetes_writes_ok",
-            "1 when the last attempt of every Kubernetes write for the lender succeeded.",
-            labels=["lender"],
-        )
-        lendable = GaugeMetricFamily(
-            "vacancyd_companion_upstream_lendable",
-            "1 while the lender reports the upstream lendable (what the gated Service sees).",
-            labels=["lender", "upstream"],
-        )
+        up = gauge("vacancyd_companion_lender_up")
+        ok = gauge("vacancyd_companion_kubernetes_writes_ok")
+        lendable = gauge("vacancyd_companion_upstream_lendable")
         for f in self._followers:
             up.add_metric([f.name], 1.0 if f.reachable else 0.0)
             ok.add_metric([f.name], 1.0 if f.publisher.healthy else 0.0)

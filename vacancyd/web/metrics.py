@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
-    Histogram,
     PlatformCollector,
     ProcessCollector,
     disable_created_metrics,
@@ -27,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 from vacancyd import __version__
 from vacancyd.core.observations import ProbeFailure
 from vacancyd.core.reasons import Credit, CreditCode
+from vacancyd.web.catalogue import MetricType, counter, histogram, info, spec
 
 #: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
 #: seconds to minutes.
@@ -45,9 +44,8 @@ class BuildCollector(Collector):
     """``vacancyd_build_info``: a constant 1 labelled with the version and Python."""
 
     def collect(self) -> Iterator[InfoMetricFamily]:
-        yield InfoMetricFamily(
+        yield info(
             "vacancyd_build",
-            "vacancyd build information.",
             value={
                 "version": __version__,
                 "python": platform.python_version(),
@@ -71,6 +69,12 @@ class LoopCounter(Collector):
         self.documentation = documentation
         self.labelnames = labelnames
         self._counts: dict[tuple[str, ...], int] = {}
+
+    @classmethod
+    def declared(cls, name: str) -> LoopCounter:
+        """The counter ``name`` as :mod:`vacancyd.web.catalogue` declares it."""
+        s = spec(name, MetricType.COUNTER)
+        return cls(s.name, s.help, s.labels)
 
     def inc(self, *labels: str) -> None:
         """Count one event for ``labels`` (one value per label name, in order)."""
@@ -133,6 +137,13 @@ class LoopHistogram(Collector):
         self._le = tuple(floatToGoString(b) for b in self._upper)  # type: ignore[no-untyped-call]
         self._series: dict[tuple[str, ...], HistogramSeries] = {}
 
+    @classmethod
+    def declared(cls, name: str, buckets: tuple[float, ...]) -> LoopHistogram:
+        """The histogram ``name`` as :mod:`vacancyd.web.catalogue` declares it, with
+        ``buckets`` (seconds)."""
+        s = spec(name, MetricType.HISTOGRAM)
+        return cls(s.name, s.help, s.labels, buckets)
+
     def labels(self, *labels: str) -> HistogramSeries:
         """The series for ``labels`` (one value per label name, in order), made on first use."""
         series = self._series.get(labels)
@@ -158,41 +169,13 @@ class Metrics:
         # ``*_created`` series only add cardinality for our always-running counters.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
-        self.decisions = LoopCounter(
-            "vacancyd_admission_decisions",
-            "Gate and ledger decisions on borrowed work, by outcome and reason.",
-            ("upstream", "outcome", "reason"),
-        )
-        self.auth_decisions = LoopCounter(
-            "vacancyd_auth",
-            "Authentication decisions by scope and outcome (allowed, missing, invalid, forbidden, "
-            "host_not_allowed, duplicate).",
-            ("scope", "outcome"),
-        )
-        self.proxied = LoopCounter(
-            "vacancyd_proxy_requests",
-            "Requests answered by a proxy listener, by route class and status code.",
-            ("upstream", "route_class", "code"),
-        )
-        self.upstream_errors = LoopCounter(
-            "vacancyd_upstream_errors",
-            "Forwarded requests that failed to reach the upstream or broke mid-response.",
-            ("upstream", "stage"),
-        )
-        self.jobs = LoopCounter(
-            "vacancyd_jobs",
-            "Borrowed jobs that ended, by how: completed, borrower_disconnected, "
-            "upstream_failed, cut, not_forwarded.",
-            ("upstream", "outcome"),
-        )
-        self.collector_errors = LoopCounter(
-            "vacancyd_collector_errors",
-            "Failed samples of the collectors and probes, by collector (capacity:RESOURCE, "
-            "pressure:RESOURCE, server:UPSTREAM, presence) and error (timeout, stuck, failed, "
-            "unexpected).",
-            ("collector", "error"),
-        )
-        for counter in (
+        self.decisions = LoopCounter.declared("vacancyd_admission_decisions")
+        self.auth_decisions = LoopCounter.declared("vacancyd_auth")
+        self.proxied = LoopCounter.declared("vacancyd_proxy_requests")
+        self.upstream_errors = LoopCounter.declared("vacancyd_upstream_errors")
+        self.jobs = LoopCounter.declared("vacancyd_jobs")
+        self.collector_errors = LoopCounter.declared("vacancyd_collector_errors")
+        for loop_counter in (
             self.decisions,
             self.auth_decisions,
             self.proxied,
@@ -200,55 +183,24 @@ class Metrics:
             self.jobs,
             self.collector_errors,
         ):
-            self.registry.register(counter)
-        self.wake_seconds = Histogram(
+            self.registry.register(loop_counter)
+        self.wake_seconds = histogram(
             "vacancyd_wake_duration_seconds",
-            "Time a sleeping upstream (vLLM sleep mode) took to wake before a borrowed request "
-            "was forwarded, by outcome (woken, failed).",
-            ["upstream", "outcome"],
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=self.registry,
         )
-        self.wait_seconds = Histogram(
+        self.wait_seconds = histogram(
             "vacancyd_wait_seconds",
-            "Time borrowed requests spent waiting for a slot (busy = wait), by how the wait "
-            "ended: admitted, refused (another reason), timeout, queue_full, disconnected.",
-            ["upstream", "outcome"],
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
-        self.connections_refused = Counter(
-            "vacancyd_connections_refused",
-            "Connections refused by a listener's budgets, by listener and budget "
-            "(connections, unauthenticated, peer).",
-            ["listener", "limit"],
-            registry=self.registry,
-        )
-        self.malformed_requests = Counter(
-            "vacancyd_malformed_requests",
-            "Requests a listener could not parse (bad request line or headers), by listener.",
-            ["listener"],
-            registry=self.registry,
-        )
-        self.request_guard = Counter(
-            "vacancyd_request_guard_refusals",
-            "Requests refused for their Host, Origin, Sec-Fetch-Site or Content-Type, by reason.",
-            ["reason"],
-            registry=self.registry,
-        )
-        self.residency_credits = LoopCounter(
-            "vacancyd_residency_credits",
-            "Residency proofs at the per-model step, by outcome (applied, denied) and reason "
-            "code (resident, allocator, not_loaded, stale, expiring, context_unknown, ...).",
-            ("upstream", "outcome", "reason"),
-        )
+        self.connections_refused = counter("vacancyd_connections_refused", registry=self.registry)
+        self.malformed_requests = counter("vacancyd_malformed_requests", registry=self.registry)
+        self.request_guard = counter("vacancyd_request_guard_refusals", registry=self.registry)
+        self.residency_credits = LoopCounter.declared("vacancyd_residency_credits")
         self.registry.register(self.residency_credits)
-        self.request_duration = LoopHistogram(
-            "vacancyd_request_duration_seconds",
-            "Time from a request's arrival to the end of its response (streams included), "
-            "per upstream and route class.",
-            ("upstream", "route_class"),
-            REQUEST_BUCKETS_S,
+        self.request_duration = LoopHistogram.declared(
+            "vacancyd_request_duration_seconds", REQUEST_BUCKETS_S
         )
         self.registry.register(self.request_duration)
         self.registry.register(BuildCollector())
