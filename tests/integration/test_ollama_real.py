@@ -5,9 +5,10 @@ model on the CPU, gated on system memory (the ``ram`` resource), with the real `
 Covered: borrowed chat and generate (native and ``/v1``, streamed and not); refusals in
 Ollama's own error shape on the native routes and the OpenAI envelope on ``/v1``; management
 routes never reaching the server; the ``keep_alive`` cap read back from the real ``/api/ps``
-``expires_at``; residency credit from the real ``/api/ps``; reclaim (cancel, drain, finish)
-with the real unload; a borrower that disconnects mid-stream; unload before an exclusive
-image prompt (ComfyUI fake); ``vacancyd init`` and ``vacancyd measure`` against it.
+``expires_at``, and a body spelling ``keep_alive`` or ``model`` otherwise refused; residency
+credit from the real ``/api/ps``; reclaim (cancel, drain, finish) with the real unload; a
+borrower that disconnects mid-stream; unload before an exclusive image prompt (ComfyUI
+fake); ``vacancyd init`` and ``vacancyd measure`` against it.
 """
 
 from __future__ import annotations
@@ -250,6 +251,28 @@ async def test_a_shorter_keep_alive_and_none_at_all(real: OllamaServer) -> None:
         await c.chat(model="tiny", messages=hello, options={"num_predict": 2})
         (entry,) = await ps(real)  # none given: the cap, not the server's 5 minutes
         assert 21 < expires_in_s(entry) <= 61
+
+
+async def test_a_key_spelled_otherwise_is_refused_since_the_real_server_reads_it(
+    real: OllamaServer,
+) -> None:
+    # Go's decoder reads "Keep_Alive" as keep_alive, the last one given winning: sent to the
+    # server directly, this body keeps the model for ever despite its own "1s"
+    body = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 2}}
+    body |= {"keep_alive": "1s", "Keep_Alive": -1}
+    status, reply = await asyncio.to_thread(real.request, "POST", "/api/generate", body)
+    assert status == 200, reply
+    (entry,) = await ps(real)
+    assert expires_in_s(entry) > 86_400, entry["expires_at"]
+    await asyncio.to_thread(real.unload_all)
+    async with lender(real, keep_alive_max_s=60) as d, aiohttp.ClientSession() as http:
+        async with http.post(d.proxy_url("up") + "/api/generate", json=body) as r:
+            assert r.status == 400, await r.text()
+            assert "spelled exactly" in (await r.json())["error"]
+        smuggled = {"model": "tiny", "MODEL": "other", "prompt": "hi", "stream": False}
+        async with http.post(d.proxy_url("up") + "/api/generate", json=smuggled) as r:
+            assert r.status == 400, await r.text()
+    assert await ps(real) == []
 
 
 # -- residency credit from the real /api/ps ----------------------------------------------
