@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import aiohttp
 
@@ -16,19 +17,21 @@ from vacancyd.config import parse_config
 from vacancyd.runtime.daemon import SHUTDOWN_GRACE_S, Daemon
 
 
-def config(target: str, upstreams: int) -> str:
+def config(target: str, upstreams: int, state_dir: Path) -> str:
+    # its own state directory: the streams cut at the stop are held and written out
     return daemon_toml(
         *(upstream(f"u{i}", target, resource=f"r{i}") for i in range(upstreams)),
         resources=tuple(resource(f"r{i}") for i in range(upstreams)),
         collectors={"poll_s": 0.2},
         server={"shutdown_grace_s": 3},
+        state_dir=state_dir,
     )
 
 
-async def test_listeners_stop_together_and_refuse_new_work() -> None:
+async def test_listeners_stop_together_and_refuse_new_work(tmp_path: Path) -> None:
     slow = SlowOpenAI(chunks=10_000, interval_s=0.05)
     async with serve_app(slow.app()) as target:
-        daemon = Daemon(parse_config(config(target, 4), "<test>"))
+        daemon = Daemon(parse_config(config(target, 4, tmp_path), "<test>"))
         await daemon.start()
         state = daemon.state
         await RunningDaemon(daemon).wait_ready()
