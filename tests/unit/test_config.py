@@ -121,6 +121,18 @@ def one_upstream(
     return daemon_toml(upstream("a", target, resource=resource, listen=listen), defaults=False)
 
 
+def test_zero_event_subscribers_is_an_error_naming_the_key() -> None:
+    # 0 would silently shut /events to the status page and the Kubernetes companion.
+    ps = problems("[server.limits]\nmax_event_subscribers = 0")
+    assert any("server.limits.max_event_subscribers" in p and "1" in p for p in ps), ps
+    assert (
+        parse_config(
+            "[server.limits]\nmax_event_subscribers = 1"
+        ).server.limits.max_event_subscribers
+        == 1
+    )
+
+
 def test_cross_checks() -> None:
     ps = problems(one_upstream(resource="gpu"))
     assert any("names resource 'gpu', which no [[resource]] declares" in p for p in ps)
