@@ -965,11 +965,33 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_seconds(text: str) -> float:
+def _ascii_int(text: str) -> int:
+    """An argparse type: a whole number in ASCII digits (``int()`` takes any script's)."""
+    from vacancyd.core.numbers import parse_int
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        return parse_int(text, "value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ascii_decimal(text: str) -> float:
+    """An argparse type: a decimal in ASCII digits, no sign, exponent, nan or inf."""
+    from vacancyd.core.numbers import parse_decimal
+
+    try:
+        return parse_decimal(text, "value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_seconds(text: str) -> float:
+    from vacancyd.core.numbers import parse_decimal
+
+    try:
+        value = parse_decimal(text, "seconds")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if not 0 < value <= 86400:
         raise argparse.ArgumentTypeError(f"{text} must be more than 0 and at most 86400")
     return value
@@ -1053,7 +1075,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     clean.add_argument(
         "--stand-down-s",
-        type=float,
+        type=_ascii_decimal,
         default=5.0,
         help="first tell running publishers to stop writing and wait this long (default 5: "
         "they look every 2 s); 0: remove at once",
@@ -1075,7 +1097,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--signal",
-        type=int,
+        type=_ascii_int,
         metavar="PID",
         help="after a successful check, send SIGHUP to PID (the unit's ExecReload)",
     )
@@ -1167,7 +1189,10 @@ def build_parser() -> argparse.ArgumentParser:
         "llama-server, ComfyUI, vLLM and LM Studio)",
     )
     init.add_argument(
-        "--probe-timeout", type=float, default=2.0, help="seconds per probe request (default 2)"
+        "--probe-timeout",
+        type=_ascii_decimal,
+        default=2.0,
+        help="seconds per probe request (default 2)",
     )
     init.add_argument(
         "--state-dir", type=Path, default=Path("/var/lib/vacancyd"), help="state_dir to write"
@@ -1187,10 +1212,10 @@ def build_parser() -> argparse.ArgumentParser:
     measure.add_argument("--upstream", action="append", help="only this upstream (repeatable)")
     measure.add_argument("--model", action="append", help="only this model (repeatable)")
     measure.add_argument(
-        "--num-ctx", type=int, default=4096, help="context to load Ollama models with (4096)"
+        "--num-ctx", type=_ascii_int, default=4096, help="context to load Ollama models with (4096)"
     )
     measure.add_argument(
-        "--headroom-mib", type=int, default=500, help="MiB added to each footprint (500)"
+        "--headroom-mib", type=_ascii_int, default=500, help="MiB added to each footprint (500)"
     )
     measure.add_argument("--output", type=Path, help="write the TOML here instead of stdout")
     measure.add_argument("--profile", type=Path, help="also write a JSON footprint profile")
