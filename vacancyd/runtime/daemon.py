@@ -151,6 +151,9 @@ CLOSE_TIMEOUT_S = 1.0
 HURRIED_CLOSE_S = 0.2
 #: How often the drain looks whether the borrowed work in flight has finished (seconds).
 DRAIN_POLL_S = 0.05
+#: At the end of a stop, how long writing the state directory (held jobs first) may take
+#: before the daemon stops without waiting for it (seconds; logged).
+SAVE_AT_STOP_S = 5.0
 
 
 class StartupError(Exception):
@@ -1109,6 +1112,7 @@ class Daemon:
         # /readyz answer until the end (and /events followers have their last event).
         api = self._runners.pop("api", None)
         await self._close_listeners(self._runners)
+        self._hold_what_is_unwatched()
         self._refusal_log.flush()  # the last window's refusal counts are not lost
         if self.kubernetes is not None:
             await self.kubernetes.stop()
@@ -1119,7 +1123,7 @@ class Daemon:
         if self.tracing is not None:
             await self.tracing.shutdown()
         await self.save_calibrations()
-        await self.saver.flush()
+        await self._save_at_stop()
         for session in self._sessions:
             await session.close()
         for upstream_client in self._clients:
@@ -1175,9 +1179,49 @@ class Daemon:
         finally:
             hurry.cancel()
 
+    def _hold_what_is_unwatched(self) -> None:
+        """Once no exchange runs: hold every job whose completion is still uncertain (a
+        llama-server still generating for a borrower who left, a queued ComfyUI prompt), so
+        it is written out with the other holds and refused again after the restart."""
+        for job in self.work.stop_watching():
+            hold = job.hold
+            assert hold is not None
+            log.warning(
+                "%s: job %d may still be running on the server as vacancyd stops; held (%s), "
+                "so its resources lend nothing after the restart until %s",
+                job.upstream,
+                job.id,
+                hold.reason.value,
+                "an observation shows the server idle"
+                if hold.release_by is ReleaseBy.SERVER_IDLE
+                else "an administrator releases it",
+            )
+
+    async def _save_at_stop(self) -> None:
+        """Write what is left to write (held jobs first), for at most ``SAVE_AT_STOP_S``;
+        a held job that is not on disk then is logged, as its hold is lost on the restart."""
+        try:
+            async with asyncio.timeout(SAVE_AT_STOP_S):
+                await self.saver.flush()
+        except TimeoutError:
+            log.error(
+                "writing to the state directory %s took over %g s; stopping without it",
+                self.settings.state_dir,
+                SAVE_AT_STOP_S,
+            )
+        unsaved = self.work.unsaved()
+        if unsaved:
+            log.error(
+                "held job(s) %s could not be written to the state directory before stopping; "
+                "the restarted daemon will not hold their resources",
+                ", ".join(str(i) for i in unsaved),
+            )
+
     async def _cut_what_is_left(self) -> int:
         """End the tunnels with 1001, then reset the proxy connections still answering a
-        request. Returns how many connections were cut."""
+        request (their jobs end as cut, not as borrower disconnects). Returns how many
+        connections were cut."""
+        self.work.cut_for_stop()
         closed = await asyncio.gather(
             *(proxy.tunnels.close_all(CLOSE_TIMEOUT_S) for proxy in self._proxies.values())
         )
