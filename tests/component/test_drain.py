@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,6 +27,8 @@ from tests.support.fake_kube import FakeKube
 from tests.support.fake_ollama import FakeOllama
 from tests.support.slow_openai import SlowOpenAI
 from vacancyd.config import parse_config
+from vacancyd.runtime import daemon as daemon_module
+from vacancyd.runtime import durable
 from vacancyd.runtime.daemon import Daemon
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -318,3 +321,42 @@ async def test_a_comfyui_prompt_still_queued_at_the_stop_is_written_as_a_hold(
     assert [(h["upstream"], h["reason"], h["release_by"]) for h in held] == [
         ("comfy", "tracking_lost", "admin")
     ]
+
+
+async def test_a_hold_the_stop_cannot_write_is_logged_and_does_not_hold_up_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write of ``holds.json`` that never returns (a hung disk) gets ``SAVE_AT_STOP_S``,
+    then the stop goes on and says which held job is not on disk."""
+    caplog.set_level(logging.ERROR, logger="vacancyd.runtime.daemon")
+    monkeypatch.setattr(daemon_module, "SAVE_AT_STOP_S", 0.5)
+    stuck, release = threading.Event(), threading.Event()
+    real = durable.write_state
+
+    def write(path: Path, data: Any) -> None:
+        if path.name == "holds.json":
+            stuck.set()
+            release.wait(30)
+        real(path, data)
+
+    monkeypatch.setattr(durable, "write_state", write)
+    slow = SlowOpenAI(chunks=100_000, interval_s=0.05)
+    try:
+        async with drained_lender(tmp_path, slow=slow, shutdown_grace_s=60) as d:
+            loop = asyncio.get_running_loop()
+            async with aiohttp.ClientSession() as http:
+                stream = await http.post(d.proxy_url("chat") + "/v1/chat/completions", json=CHAT)
+                assert stream.status == 200
+                await slow.started.wait()
+                d.daemon.request_stop()
+                stopping = loop.create_task(d.daemon.shutdown())
+                await asyncio.sleep(0.2)
+                d.daemon.request_stop()  # the stream is cut and held (openai: uncertain)
+                await asyncio.wait_for(stopping, 10)
+                stream.close()
+            assert stuck.is_set()
+            assert not (tmp_path / "holds.json").exists()
+    finally:
+        release.set()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("before stopping" in m and "will not hold" in m for m in errors), errors
