@@ -83,8 +83,8 @@ print(json.dumps({"code": code, "status": status, "returncode": p.returncode, "o
 
 def test_embedded_default_runs_and_stops_cleanly(tmp_path: Path, proc_env: dict[str, str]) -> None:
     """``vacancyd run`` with no config, in private network and mount namespaces: its fixed
-    ports (9470, 9480) and its /var/lib/vacancyd are its own, so a real daemon on this
-    machine neither collides with it nor has its state touched."""
+    ports (9470, 9480) and /var/lib are its own, so a real daemon on this machine neither
+    collides with it nor has its state touched, even if the run did write there."""
     var_lib = tmp_path / "var-lib"
     try:
         argv = isolated([sys.executable, "-c", EMBEDDED_RUN], var_lib)
@@ -93,7 +93,8 @@ def test_embedded_default_runs_and_stops_cleanly(tmp_path: Path, proc_env: dict[
         if os.environ.get("VACANCYD_REQUIRE_TOOLS") == "1":
             pytest.fail(message)  # CI: a skipped check must not pass as a green run
         pytest.skip(message)
-    env = {**proc_env, "PYTHONPATH": str(ROOT)}
+    env = {**proc_env, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path / "xdg")}
+    env.pop("STATE_DIRECTORY", None)
     r = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(r.stdout.splitlines()[-1])
@@ -104,7 +105,9 @@ def test_embedded_default_runs_and_stops_cleanly(tmp_path: Path, proc_env: dict[
     assert result["returncode"] == 0, out
     assert "embedded default configuration" in out
     assert "stopping on signal" in out
-    assert (var_lib / "vacancyd").is_dir()  # its state_dir was the scratch one
+    # a trial run writes no system path: its state_dir is the user's, /var/lib stays empty
+    assert (tmp_path / "xdg" / "vacancyd").is_dir()
+    assert not (var_lib / "vacancyd").exists()
 
 
 def test_config_file_and_port_in_use(tmp_path: Path, proc_env: dict[str, str]) -> None:
