@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,8 +24,11 @@ from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, serve_app
 from tests.support.fake_comfyui import FakeComfy
 from tests.support.fake_kube import FakeKube
+from tests.support.fake_ollama import FakeOllama
 from tests.support.slow_openai import SlowOpenAI
 from vacancyd.config import parse_config
+from vacancyd.runtime import daemon as daemon_module
+from vacancyd.runtime import durable
 from vacancyd.runtime.daemon import Daemon
 
 CHAT = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
@@ -261,3 +266,97 @@ async def test_kubernetes_hears_terminating_while_the_listeners_still_answer(
         assert not stopping.done()
         await asyncio.wait_for(stopping, 10)
     assert conditions() == {"ready": False, "serving": False, "terminating": False}
+
+
+async def test_a_stream_cut_by_the_stop_counts_as_cut_not_as_a_disconnect(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The borrower did not leave: the stop reset its connection. On Ollama (a closed
+    connection stops it, so nothing is held) the job ends ``cut``."""
+    caplog.set_level(logging.INFO, logger="vacancyd.control.work")
+    fake = FakeOllama(tokens=100_000, token_interval_s=0.05)
+    async with serve_app(fake.app()) as target:
+        ups = [upstream("ol", target, adapter="ollama")]
+        async with _daemon(tmp_path, ups, None, {"shutdown_grace_s": 60}) as d:
+            loop = asyncio.get_running_loop()
+            async with aiohttp.ClientSession() as http:
+                body = {"model": "tiny", "prompt": "x", "stream": True}
+                stream = await http.post(d.proxy_url("ol") + "/api/generate", json=body)
+                assert stream.status == 200
+                await fake.streaming.wait()
+                d.daemon.request_stop()
+                stopping = loop.create_task(d.daemon.shutdown())
+                await asyncio.sleep(0.2)
+                d.daemon.request_stop()  # the second signal: what is in flight is cut now
+                await asyncio.wait_for(stopping, 10)
+                stream.close()
+            registry = d.daemon.metrics.registry
+            jobs = {
+                outcome: registry.get_sample_value(
+                    "vacancyd_jobs_total", {"upstream": "ol", "outcome": outcome}
+                )
+                for outcome in ("cut", "borrower_disconnected")
+            }
+    assert jobs == {"cut": 1.0, "borrower_disconnected": None}
+    ends = [r for r in caplog.records if getattr(r, "outcome", None) is not None]
+    assert [getattr(r, "outcome", None) for r in ends] == ["cut"]
+
+
+async def test_a_comfyui_prompt_still_queued_at_the_stop_is_written_as_a_hold(
+    tmp_path: Path,
+) -> None:
+    """The restarted daemon does not follow the prompt, so it is held for an administrator
+    rather than forgotten while the server still runs it (the follower's cancellation at
+    the stop does not end the hold)."""
+    slow = SlowOpenAI(chunks=1, interval_s=0.01)
+    comfy = FakeComfy(paused=True)
+    async with drained_lender(tmp_path, slow=slow, comfy=comfy, shutdown_grace_s=5) as d:
+        async with aiohttp.ClientSession() as http:
+            body = {"prompt": {"3": {"class_type": "KSampler", "inputs": {"seed": 1}}}}
+            async with http.post(d.proxy_url("comfy") + "/prompt", json=body) as r:
+                assert r.status == 200, await r.text()
+        await d.wait_until(lambda: [j.phase.value for j in d.state.ledger.jobs()] == ["tracking"])
+        await asyncio.wait_for(d.daemon.shutdown(), 10)
+        held = json.loads((tmp_path / "holds.json").read_text(encoding="utf-8"))["holds"]
+    assert [(h["upstream"], h["reason"], h["release_by"]) for h in held] == [
+        ("comfy", "tracking_lost", "admin")
+    ]
+
+
+async def test_a_hold_the_stop_cannot_write_is_logged_and_does_not_hold_up_the_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write of ``holds.json`` that never returns (a hung disk) gets ``SAVE_AT_STOP_S``,
+    then the stop goes on and says which held job is not on disk."""
+    caplog.set_level(logging.ERROR, logger="vacancyd.runtime.daemon")
+    monkeypatch.setattr(daemon_module, "SAVE_AT_STOP_S", 0.5)
+    stuck, release = threading.Event(), threading.Event()
+    real = durable.write_state
+
+    def write(path: Path, data: Any) -> None:
+        if path.name == "holds.json":
+            stuck.set()
+            release.wait(30)
+        real(path, data)
+
+    monkeypatch.setattr(durable, "write_state", write)
+    slow = SlowOpenAI(chunks=100_000, interval_s=0.05)
+    try:
+        async with drained_lender(tmp_path, slow=slow, shutdown_grace_s=60) as d:
+            loop = asyncio.get_running_loop()
+            async with aiohttp.ClientSession() as http:
+                stream = await http.post(d.proxy_url("chat") + "/v1/chat/completions", json=CHAT)
+                assert stream.status == 200
+                await slow.started.wait()
+                d.daemon.request_stop()
+                stopping = loop.create_task(d.daemon.shutdown())
+                await asyncio.sleep(0.2)
+                d.daemon.request_stop()  # the stream is cut and held (openai: uncertain)
+                await asyncio.wait_for(stopping, 10)
+                stream.close()
+            assert stuck.is_set()
+            assert not (tmp_path / "holds.json").exists()
+    finally:
+        release.set()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("before stopping" in m and "will not hold" in m for m in errors), errors

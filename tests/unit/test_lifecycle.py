@@ -363,3 +363,73 @@ def test_a_restored_hold_ends_with_the_outcome_its_reason_implies() -> None:
             hold=Hold(reason, 0.0, ReleaseBy.ADMIN),
         )
         assert job.admin_release().state.outcome is outcome
+
+
+# -- when the daemon stops --------------------------------------------------------------------
+
+
+def test_a_stream_the_stop_cuts_ends_as_a_cut_not_as_a_disconnect() -> None:
+    for rules in (PLAIN, JobRules(idle_evidence=True, detached_s=60.0)):
+        job = admitted().forwarding(None).state.cut_for_stop().state
+        t = job.exchange_ended(Ending.ABORTED, rules, now=3.0)
+        assert t.state.phase is JobPhase.RELEASED and t.effects == (Release(),)
+        assert t.state.outcome is JobOutcome.CUT
+
+
+def test_a_stream_the_stop_cuts_is_held_where_a_cut_is_uncertain() -> None:
+    for rules, release_by in (
+        (UNCERTAIN_BLIND, ReleaseBy.ADMIN),
+        (UNCERTAIN, ReleaseBy.SERVER_IDLE),
+        (DETACHED, ReleaseBy.SERVER_IDLE),
+    ):
+        job = admitted().forwarding(None).state.cut_for_stop().state
+        held = job.exchange_ended(Ending.ABORTED, rules, now=3.0).state
+        assert held.phase is JobPhase.HELD and held.reserved
+        assert held.hold == Hold(HoldReason.CUT_UNCERTAIN, 3.0, release_by)
+        assert held.final_outcome is JobOutcome.CUT
+
+
+def test_stopping_cuts_only_exchanges_still_running() -> None:
+    done = disconnected()
+    assert done.cut_for_stop().state == done
+    completed = admitted().forwarding(None).state.cut_for_stop().state
+    t = completed.exchange_ended(Ending.COMPLETED, UNCERTAIN, now=2.0)
+    assert t.state.outcome is JobOutcome.COMPLETED and t.state.phase is JobPhase.RELEASED
+
+
+def test_detached_work_still_tracked_when_the_daemon_stops_is_held() -> None:
+    t = disconnected().stop_watching(DETACHED, now=20.0)
+    held = t.state
+    assert held.phase is JobPhase.HELD and held.reserved and Release() not in t.effects
+    assert held.hold is not None and held.hold.reason is HoldReason.DETACHED_WORK
+    assert held.hold.release_by is ReleaseBy.SERVER_IDLE and held.hold.since == 20.0
+    assert SetPhase(Phase.HELD) in t.effects
+
+
+def test_tracked_work_still_queued_when_the_daemon_stops_is_held_for_an_administrator() -> None:
+    tracking = (
+        admitted()
+        .forwarding("p")
+        .state.reply_arrived(200)
+        .state.exchange_ended(Ending.COMPLETED, TRACKED, now=2.0)
+        .state
+    )
+    held = tracking.stop_watching(TRACKED, now=5.0).state
+    assert held.phase is JobPhase.HELD and held.hold is not None
+    assert held.hold.reason is HoldReason.TRACKING_LOST
+    assert held.hold.release_by is ReleaseBy.ADMIN
+
+
+def test_stopping_leaves_jobs_whose_end_is_known_or_already_freed() -> None:
+    held = admitted().forwarding(None).state.went_silent(SILENT_WATCHED, now=4.0).state
+    assert held.stop_watching(SILENT_WATCHED, now=9.0).state == held
+    freed = disconnected().admin_release().state
+    assert freed.stop_watching(DETACHED, now=9.0).state == freed
+    fresh = admitted()
+    assert fresh.stop_watching(UNCERTAIN, now=9.0).state == fresh
+    running = admitted().forwarding(None).state
+    cut = running.stop_watching(UNCERTAIN_BLIND, now=9.0).state
+    assert cut.phase is JobPhase.HELD and cut.hold is not None
+    assert cut.hold.reason is HoldReason.CUT_UNCERTAIN
+    plain = running.stop_watching(PLAIN, now=9.0).state
+    assert plain.phase is JobPhase.RELEASED and plain.outcome is JobOutcome.CUT

@@ -42,11 +42,33 @@ def _add_api_args(p: argparse.ArgumentParser, scope: str) -> None:
     )
 
 
-def _positive_seconds(text: str) -> float:
+def _ascii_int(text: str) -> int:
+    """An argparse type: a whole number in ASCII digits (``int()`` takes any script's)."""
+    from vacancyd.core.numbers import parse_int
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        return parse_int(text, "value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ascii_decimal(text: str) -> float:
+    """An argparse type: a decimal in ASCII digits, no sign, exponent, nan or inf."""
+    from vacancyd.core.numbers import parse_decimal
+
+    try:
+        return parse_decimal(text, "value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_seconds(text: str) -> float:
+    from vacancyd.core.numbers import parse_decimal
+
+    try:
+        value = parse_decimal(text, "seconds")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if not 0 < value <= 86400:
         raise argparse.ArgumentTypeError(f"{text} must be more than 0 and at most 86400")
     return value
@@ -131,7 +153,7 @@ def _add_k8s(sub: Subparsers) -> None:
     )
     clean.add_argument(
         "--stand-down-s",
-        type=float,
+        type=_ascii_decimal,
         default=5.0,
         help="first tell running publishers to stop writing and wait this long (default 5: "
         "they look every 2 s); 0: remove at once",
@@ -156,7 +178,7 @@ def _add_check_config(sub: Subparsers) -> None:
     )
     check.add_argument(
         "--signal",
-        type=int,
+        type=_ascii_int,
         metavar="PID",
         help="after a successful check, send SIGHUP to PID (the unit's ExecReload)",
     )
@@ -263,7 +285,10 @@ def _add_init(sub: Subparsers) -> None:
         "llama-server, ComfyUI, vLLM and LM Studio)",
     )
     init.add_argument(
-        "--probe-timeout", type=float, default=2.0, help="seconds per probe request (default 2)"
+        "--probe-timeout",
+        type=_ascii_decimal,
+        default=2.0,
+        help="seconds per probe request (default 2)",
     )
     init.add_argument(
         "--state-dir", type=Path, default=Path("/var/lib/vacancyd"), help="state_dir to write"
@@ -289,10 +314,10 @@ def _add_measure(sub: Subparsers) -> None:
     measure.add_argument("--upstream", action="append", help="only this upstream (repeatable)")
     measure.add_argument("--model", action="append", help="only this model (repeatable)")
     measure.add_argument(
-        "--num-ctx", type=int, default=4096, help="context to load Ollama models with (4096)"
+        "--num-ctx", type=_ascii_int, default=4096, help="context to load Ollama models with (4096)"
     )
     measure.add_argument(
-        "--headroom-mib", type=int, default=500, help="MiB added to each footprint (500)"
+        "--headroom-mib", type=_ascii_int, default=500, help="MiB added to each footprint (500)"
     )
     measure.add_argument("--output", type=Path, help="write the TOML here instead of stdout")
     measure.add_argument("--profile", type=Path, help="also write a JSON footprint profile")

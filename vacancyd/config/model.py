@@ -153,7 +153,7 @@ class LimitsSettings(_Model):
     max_unauthenticated_connections: int | None = Field(None, ge=1, le=100_000)
     max_unauthenticated_per_peer: int = Field(16, ge=1, le=100_000)
     unauthenticated_timeout_s: float = Field(10.0, gt=0, le=3600)
-    max_event_subscribers: int = Field(32, ge=0, le=10_000)
+    max_event_subscribers: int = Field(32, ge=1, le=10_000)
     body_read_timeout_s: float = Field(120.0, gt=0, le=86400)
     body_idle_timeout_s: float = Field(30.0, gt=0, le=3600)
     write_stall_timeout_s: float = Field(60.0, gt=0, le=3600)

@@ -472,6 +472,36 @@ class Work:
         for upstream, tracked in queued.items():
             await self._cancel_on_server(upstream, [j.key for j in tracked if j.key is not None])
 
+    # -- what the daemon's stop does ----------------------------------------------------------
+
+    def cut_for_stop(self) -> None:
+        """The daemon is about to reset the borrower connections still in flight: the end of
+        each exchange still running counts as a cut (held where a cut's outcome is
+        uncertain), not as its borrower's disconnect."""
+        for job in list(self._jobs.values()):
+            self._apply(job.cut_for_stop())
+
+    def stop_watching(self) -> list[JobState]:
+        """The daemon stops watching its jobs (after its listeners closed): hold each one
+        whose completion is uncertain (:meth:`JobState.stop_watching`), so ``on_holds`` writes
+        it out and the restarted daemon holds its resources again. Returns the jobs newly
+        held."""
+        now = self.state.clock()
+        held: list[JobState] = []
+        for job in list(self._jobs.values()):
+            up = self._upstreams.get(job.upstream)
+            if up is None:
+                continue
+            after = self._apply(job.stop_watching(up.rules, now))
+            if after.phase is JobPhase.HELD and job.phase is not JobPhase.HELD:
+                held.append(after)
+                self._changed(job.upstream)
+        return held
+
+    def unsaved(self) -> list[int]:
+        """Ids of held jobs not yet known to be on disk, oldest first."""
+        return sorted(self._unsaved)
+
     # -- readers ---------------------------------------------------------------------------
 
     def get(self, job_id: int) -> JobState | None:

@@ -29,6 +29,12 @@ reservation is given back. In between it moves through these phases::
   job's :class:`JobOutcome` says how it ended (completed, borrower disconnected, upstream
   failed, cut).
 
+When the daemon stops, the exchanges still running are cut (:meth:`JobState.cut_for_stop`:
+their end counts as a cut, not as the borrower's disconnect, and is held as any cut whose
+outcome is uncertain), and every job it stops watching while the server may still be working
+on it is held (:meth:`JobState.stop_watching`), so the holds file keeps its resources
+refused across the restart.
+
 Each input is a method returning a :class:`Transition`: the job's next state and the effects
 the executor (:mod:`vacancyd.control.work`) must carry out, as values. Nothing here does I/O
 or reads a clock: times are monotonic seconds passed in by the caller. A job record holds
@@ -137,7 +143,8 @@ class JobState:
     ``admitted_at``: monotonic seconds. ``outcome``: how the exchange ended, once it has
     (the job's :class:`JobOutcome` when it ends). ``detached_since`` / ``detached_until``:
     monotonic seconds between which a job whose borrower disconnected is tracked (the server
-    may still be generating for it); None otherwise.
+    may still be generating for it); None otherwise. ``cut_at_stop``: the daemon's stop cut
+    the exchange, so its end is a cut, whatever the proxy saw.
     """
 
     id: int
@@ -155,6 +162,7 @@ class JobState:
     outcome: JobOutcome | None = None
     detached_since: float | None = None
     detached_until: float | None = None
+    cut_at_stop: bool = False
 
     @property
     def ledger_phase(self) -> Phase | None:
@@ -208,6 +216,8 @@ class JobState:
         """
         if not self.phase.live:
             return Transition(self)
+        if ending is Ending.ABORTED and self.cut_at_stop:
+            ending = Ending.CUT  # the borrower did not leave: the stop reset its connection
         job = replace(self, outcome=_OUTCOME[ending])
         if (
             ending is Ending.COMPLETED
@@ -268,8 +278,45 @@ class JobState:
             return failed._end()
         return failed._hold(Hold(HoldReason.UPSTREAM_SILENT, now, _release_by(rules), detail))
 
+    def cut_for_stop(self) -> Transition:
+        """The daemon is stopping and is about to reset this job's borrower connection: the
+        exchange's end, when the proxy reports it, is a cut (:meth:`exchange_ended` treats an
+        ``aborted`` ending as ``cut``, which holds the job where a cut's outcome is
+        uncertain). A job past its exchange is left as it is."""
+        if self.phase not in (JobPhase.ADMITTED, JobPhase.FORWARDING):
+            return Transition(self)
+        return Transition(replace(self, cut_at_stop=True))
+
+    def stop_watching(self, rules: JobRules, now: float) -> Transition:
+        """The daemon stops (``now``: monotonic s) and will no longer watch this job.
+
+        A job whose completion is uncertain is held, so it is written out and held again
+        after the restart: detached work still tracked (reason ``detached_work``, released by
+        an idle observation as before), tracked work the server still queues (reason
+        ``tracking_lost``: the restarted daemon does not know it, so only an administrator
+        releases it), and an exchange that has not reported its end (held as a cut, where a
+        cut's outcome is uncertain). A held, ended or never forwarded job, or one an
+        administrator already released, is left as it is.
+        """
+        if not self.reserved or not self.phase.live or self.phase is JobPhase.HELD:
+            return Transition(self)
+        if self.phase is JobPhase.TRACKING and self.detached_since is not None:
+            detail = (
+                "the borrower disconnected and vacancyd stopped before the server was seen idle"
+            )
+            return self._hold(Hold(HoldReason.DETACHED_WORK, now, ReleaseBy.SERVER_IDLE, detail))
+        if self.phase is JobPhase.TRACKING:
+            detail = "vacancyd stopped while the server still ran or queued it"
+            return self._hold(Hold(HoldReason.TRACKING_LOST, now, ReleaseBy.ADMIN, detail))
+        if self.phase is JobPhase.FORWARDING:
+            return replace(self, cut_at_stop=True).exchange_ended(Ending.CUT, rules, now)
+        return Transition(self)
+
     def tracking_done(self) -> Transition:
-        """The server no longer runs or queues the tracked work."""
+        """The server no longer runs or queues the tracked work. A job no longer tracked
+        (held when the daemon stopped, whose follower is then cancelled) is left as it is."""
+        if self.phase is not JobPhase.TRACKING:
+            return Transition(self)
         return self._end()
 
     def tracking_lost(self, detail: str, now: float) -> Transition:

@@ -153,7 +153,7 @@ class JobOutcome(StrEnum):
     BORROWER_DISCONNECTED = "borrower_disconnected"
     #: The exchange with the server failed: unreachable, not HTTP, broken mid-reply, silent.
     UPSTREAM_FAILED = "upstream_failed"
-    CUT = "cut"  #: a reclaim cut it
+    CUT = "cut"  #: a reclaim cut it, or the daemon's stop cut its exchange
     #: Admitted but never forwarded: the borrower left, or the request was refused, while
     #: the servers it is exclusive of were unloaded.
     NOT_FORWARDED = "not_forwarded"

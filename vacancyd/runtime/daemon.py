@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import ssl
@@ -150,10 +151,27 @@ CLOSE_TIMEOUT_S = 1.0
 HURRIED_CLOSE_S = 0.2
 #: How often the drain looks whether the borrowed work in flight has finished (seconds).
 DRAIN_POLL_S = 0.05
+#: At the end of a stop, how long writing the state directory (held jobs first) may take
+#: before the daemon stops without waiting for it (seconds; logged).
+SAVE_AT_STOP_S = 5.0
 
 
 class StartupError(Exception):
     """The daemon could not start (a listener could not bind, a secret could not be read)."""
+
+
+class AddressBusyError(StartupError):
+    """A listener's address is held by another socket or not on this host yet (EADDRINUSE,
+    EADDRNOTAVAIL): often passing at boot, so the exit status asks for a restart."""
+
+
+#: Exit status of ``vacancyd run`` for what a restart cannot fix: an invalid configuration,
+#: an unreadable secret, a refused TLS file. The systemd unit's ``RestartPreventExitStatus``.
+EXIT_CONFIG = 2
+
+#: Exit status when a listener's address is busy or not yet on this host (``EX_TEMPFAIL`` of
+#: sysexits.h): systemd restarts it after the unit's ``RestartSec`` (docs/install.md).
+EXIT_ADDRESS_BUSY = 75
 
 
 #: How often the sockets serving each upstream's target are read (seconds).
@@ -767,9 +785,13 @@ class Daemon:
         try:
             await site.start()
         except OSError as exc:
-            raise StartupError(
-                f"cannot listen on {listen} for {name}: {exc.strerror or exc}"
-            ) from exc
+            problem = f"cannot listen on {listen} for {name}: {exc.strerror or exc}"
+            if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                raise AddressBusyError(
+                    f"{problem}; exiting with status {EXIT_ADDRESS_BUSY} so that a service "
+                    "manager tries again"
+                ) from exc
+            raise StartupError(problem) from exc
         self._guards[name] = guard
         address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
         self.bound[name] = address
@@ -1090,6 +1112,7 @@ class Daemon:
         # /readyz answer until the end (and /events followers have their last event).
         api = self._runners.pop("api", None)
         await self._close_listeners(self._runners)
+        self._hold_what_is_unwatched()
         self._refusal_log.flush()  # the last window's refusal counts are not lost
         if self.kubernetes is not None:
             await self.kubernetes.stop()
@@ -1100,7 +1123,7 @@ class Daemon:
         if self.tracing is not None:
             await self.tracing.shutdown()
         await self.save_calibrations()
-        await self.saver.flush()
+        await self._save_at_stop()
         for session in self._sessions:
             await session.close()
         for upstream_client in self._clients:
@@ -1156,9 +1179,49 @@ class Daemon:
         finally:
             hurry.cancel()
 
+    def _hold_what_is_unwatched(self) -> None:
+        """Once no exchange runs: hold every job whose completion is still uncertain (a
+        llama-server still generating for a borrower who left, a queued ComfyUI prompt), so
+        it is written out with the other holds and refused again after the restart."""
+        for job in self.work.stop_watching():
+            hold = job.hold
+            assert hold is not None
+            log.warning(
+                "%s: job %d may still be running on the server as vacancyd stops; held (%s), "
+                "so its resources lend nothing after the restart until %s",
+                job.upstream,
+                job.id,
+                hold.reason.value,
+                "an observation shows the server idle"
+                if hold.release_by is ReleaseBy.SERVER_IDLE
+                else "an administrator releases it",
+            )
+
+    async def _save_at_stop(self) -> None:
+        """Write what is left to write (held jobs first), for at most ``SAVE_AT_STOP_S``;
+        a held job that is not on disk then is logged, as its hold is lost on the restart."""
+        try:
+            async with asyncio.timeout(SAVE_AT_STOP_S):
+                await self.saver.flush()
+        except TimeoutError:
+            log.error(
+                "writing to the state directory %s took over %g s; stopping without it",
+                self.settings.state_dir,
+                SAVE_AT_STOP_S,
+            )
+        unsaved = self.work.unsaved()
+        if unsaved:
+            log.error(
+                "held job(s) %s could not be written to the state directory before stopping; "
+                "the restarted daemon will not hold their resources",
+                ", ".join(str(i) for i in unsaved),
+            )
+
     async def _cut_what_is_left(self) -> int:
         """End the tunnels with 1001, then reset the proxy connections still answering a
-        request. Returns how many connections were cut."""
+        request (their jobs end as cut, not as borrower disconnects). Returns how many
+        connections were cut."""
+        self.work.cut_for_stop()
         closed = await asyncio.gather(
             *(proxy.tunnels.close_all(CLOSE_TIMEOUT_S) for proxy in self._proxies.values())
         )
@@ -1234,7 +1297,7 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     parser_problem = lenient_parser_problem()
     if parser_problem is not None:
         log.error("%s", parser_problem)
-        return 2
+        return EXIT_CONFIG
     memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
@@ -1253,9 +1316,12 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     try:
         try:
             await daemon.start()
+        except AddressBusyError as exc:
+            log.error("%s", exc)
+            return EXIT_ADDRESS_BUSY
         except (StartupError, ConfigError) as exc:
             log.error("%s", exc)
-            return 2
+            return EXIT_CONFIG
         line = daemon.service_status()
         sdnotify.notify(f"READY=1\nSTATUS={line}")
         if sdnotify.enabled():
