@@ -83,8 +83,8 @@ print(json.dumps({"code": code, "status": status, "returncode": p.returncode, "o
 
 def test_embedded_default_runs_and_stops_cleanly(tmp_path: Path, proc_env: dict[str, str]) -> None:
     """``vacancyd run`` with no config, in private network and mount namespaces: its fixed
-    ports (9470, 9480) and its /var/lib/vacancyd are its own, so a real daemon on this
-    machine neither collides with it nor has its state touched."""
+    ports (9470, 9480) and /var/lib are its own, so a real daemon on this machine neither
+    collides with it nor has its state touched, even if the run did write there."""
     var_lib = tmp_path / "var-lib"
     try:
         argv = isolated([sys.executable, "-c", EMBEDDED_RUN], var_lib)
@@ -93,7 +93,8 @@ def test_embedded_default_runs_and_stops_cleanly(tmp_path: Path, proc_env: dict[
         if os.environ.get("VACANCYD_REQUIRE_TOOLS") == "1":
             pytest.fail(message)  # CI: a skipped check must not pass as a green run
         pytest.skip(message)
-    env = {**proc_env, "PYTHONPATH": str(ROOT)}
+    env = {**proc_env, "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path / "xdg")}
+    env.pop("STATE_DIRECTORY", None)
     r = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(r.stdout.splitlines()[-1])
@@ -104,7 +105,9 @@ def test_embedded_default_runs_and_stops_cleanly(tmp_path: Path, proc_env: dict[
     assert result["returncode"] == 0, out
     assert "embedded default configuration" in out
     assert "stopping on signal" in out
-    assert (var_lib / "vacancyd").is_dir()  # its state_dir was the scratch one
+    # a trial run writes no system path: its state_dir is the user's, /var/lib stays empty
+    assert (tmp_path / "xdg" / "vacancyd").is_dir()
+    assert not (var_lib / "vacancyd").exists()
 
 
 def test_config_file_and_port_in_use(tmp_path: Path, proc_env: dict[str, str]) -> None:
@@ -139,14 +142,50 @@ def test_config_file_and_port_in_use(tmp_path: Path, proc_env: dict[str, str]) -
             text=True,
             timeout=30,
         )
-        assert second.returncode == 2
-        assert f"cannot listen on 127.0.0.1:{api}" in second.stderr
+        # A busy port may be passing (the old process, another service at boot): not the
+        # config-error status 2 the unit never restarts, but 75, which it does.
+        assert second.returncode == 75, second.stderr
+        assert f"cannot listen on 127.0.0.1:{api} for api: " in second.stderr
+        assert "address already in use" in second.stderr.lower()
+        assert "exiting with status 75" in second.stderr
         p.send_signal(signal.SIGINT)
         out, _ = p.communicate(timeout=15)
         assert p.returncode == 0, out
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_a_listener_port_held_by_another_socket_exits_75_naming_it(
+    tmp_path: Path, proc_env: dict[str, str]
+) -> None:
+    """Exit-code contract (docs/install.md): a busy address is 75, which the unit restarts."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        proxy = int(holder.getsockname()[1])
+        cfg = tmp_path / "v.toml"
+        cfg.write_text(
+            single_upstream_toml(
+                api=free_port(),
+                proxy=proxy,
+                target=f"http://127.0.0.1:{free_port()}",
+                adapter="llamacpp",
+                name="llama",
+                state_dir=tmp_path / "state",
+            )
+        )
+        r = subprocess.run(
+            vacancyd("run", "--config", str(cfg)),
+            env=proc_env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert r.returncode == 75, r.stderr
+    assert f"cannot listen on 127.0.0.1:{proxy} for llama: " in r.stderr
+    assert "address already in use" in r.stderr.lower()
+    assert "Traceback" not in r.stderr
 
 
 def test_bad_config_exits_2_with_the_key(tmp_path: Path, proc_env: dict[str, str]) -> None:

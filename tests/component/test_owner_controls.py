@@ -136,6 +136,10 @@ async def test_pause_cuts_borrowed_work_refuses_until_when_and_survives_a_restar
         # survived the restart too (docs/footprints.md), until an administrator releases it.
         (held,) = d.state.ledger.jobs()
         assert held.phase.value == "held"
+        # the same id in Arabic-Indic digits is not that job's id (int() would read it so)
+        other = "".join(chr(0x660 + int(c)) for c in str(held.id))
+        code, answer = await api(d, client, f"/admin/jobs/{other}/release", {})
+        assert code == 400 and "ASCII digits" in answer["error"]["message"], answer
         code, _ = await api(d, client, f"/admin/jobs/{held.id}/release", {})
         assert code == 200
         code, _, _ = await borrow(d, client)
@@ -160,6 +164,7 @@ async def test_a_timed_pause_ends_by_itself(tmp_path: Path) -> None:
         ({"until": "2020-01-01T00:00+00:00"}, "is in the past"),
         ({"for": "-5m"}, "must be positive and unsigned"),
         ({"for": "soon"}, "NUMBER\\+UNIT"),
+        ({"for": "\u0663h"}, "'\u0663h' is not NUMBER\\+UNIT \\(ASCII digits"),
         ({"until_idle": True}, "until_idle needs owner presence from logind"),
         ({"for": "5m", "until": "18:00"}, "at most one of"),
         ({"for": 5}, '"for" must be a string'),
@@ -225,6 +230,11 @@ def test_cli_pause_and_resume(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert stop["d"].daemon.owner.pause is not None
         assert main(["pause", "--url", url, "--for=-5m"]) == 2
         assert "--for: duration '-5m' must be positive" in capsys.readouterr().err
+        # "٣h" (Arabic-Indic three): int() and \d read it as 3, the CLI does not
+        assert main(["pause", "--url", url, "--for", "\u0663h"]) == 2
+        assert "--for: duration '\u0663h' is not NUMBER+UNIT (ASCII digits" in (
+            capsys.readouterr().err
+        )
         assert main(["pause", "--url", url, "--until", "2020-01-01T00:00+00:00"]) == 1
         assert "is in the past" in capsys.readouterr().err
         assert main(["resume", "--url", url]) == 0

@@ -1,12 +1,13 @@
 """Run a command where vacancyd's embedded default configuration cannot touch the machine.
 
-The embedded default listens on fixed ports (9470, 9480) and keeps its state in
-/var/lib/vacancyd, so a test that runs it beside a real daemon would collide with it or
-write into its state. :func:`isolated` wraps a command so that it runs in private network
-and mount namespaces (``unshare(1)``, as a mapped root when not already root): only a
-loopback interface, brought up here, is visible, and a scratch directory is mounted over
-/var/lib. Nothing outside can reach the command's listeners, so the test's own client must
-run inside too (as part of the command).
+The embedded default listens on fixed ports (9470, 9480), so a test that runs it beside a
+real daemon would collide with it; its state goes to the user's state directory, and /var/lib
+is covered too so that a regression writing there cannot touch a real daemon's state.
+:func:`isolated` wraps a command so that it runs in private network and mount namespaces
+(``unshare(1)``, as a mapped root when not already root): only a loopback interface,
+brought up here, is visible, and a scratch directory is mounted over /var/lib. Nothing
+outside can reach the command's listeners, so the test's own client must run inside too
+(as part of the command).
 
 ``python -m tests.support.isolation VAR_LIB CMD...`` is the part that runs inside: it brings
 ``lo`` up, bind-mounts VAR_LIB over /var/lib and executes CMD.

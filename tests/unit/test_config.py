@@ -75,6 +75,20 @@ def test_embedded_default_serves_openai_on_loopback_gated_on_memory() -> None:
     assert {r.name: r.kind for r in s.resource}[up.resource] == "memory"
 
 
+def test_embedded_default_keeps_state_out_of_system_paths(tmp_path: Path) -> None:
+    """A developer's or trial run writes no /var/lib; a service's manager decides; a config
+    file without state_dir keeps the service's /var/lib/vacancyd."""
+    home = {"HOME": str(tmp_path)}
+    assert load_default_config(home).state_dir == tmp_path / ".local/state/vacancyd"
+    xdg = {**home, "XDG_STATE_HOME": str(tmp_path / "xdg")}
+    assert load_default_config(xdg).state_dir == tmp_path / "xdg/vacancyd"
+    relative = {**home, "XDG_STATE_HOME": "rel"}  # the XDG spec ignores a relative one
+    assert load_default_config(relative).state_dir == tmp_path / ".local/state/vacancyd"
+    service = {**xdg, "STATE_DIRECTORY": "/var/lib/vacancyd:/var/lib/other"}
+    assert load_default_config(service).state_dir == Path("/var/lib/vacancyd")
+    assert parse_config(ISSUE_CONFIG).state_dir == Path("/var/lib/vacancyd")
+
+
 def test_malformed_toml() -> None:
     (p,) = problems("[server\nlisten = 1")
     assert "not valid TOML" in p and "line 1" in p
@@ -119,6 +133,18 @@ def one_upstream(
 ) -> str:
     """One memory resource and one upstream ``a``, nothing else."""
     return daemon_toml(upstream("a", target, resource=resource, listen=listen), defaults=False)
+
+
+def test_zero_event_subscribers_is_an_error_naming_the_key() -> None:
+    # 0 would silently shut /events to the status page and the Kubernetes companion.
+    ps = problems("[server.limits]\nmax_event_subscribers = 0")
+    assert any("server.limits.max_event_subscribers" in p and "1" in p for p in ps), ps
+    assert (
+        parse_config(
+            "[server.limits]\nmax_event_subscribers = 1"
+        ).server.limits.max_event_subscribers
+        == 1
+    )
 
 
 def test_cross_checks() -> None:

@@ -60,6 +60,10 @@ def test_durations(text: str, seconds: float) -> None:
         ("0m", "is zero"),
         ("400d", "longer than a year"),
         ("", "NUMBER\\+UNIT"),
+        # other scripts' digits: \\d and float() take them, a duration does not
+        ("\u0663h", "ASCII digits 0-9"),  # Arabic-Indic three
+        ("1\u0665m", "ASCII digits 0-9"),  # Arabic-Indic five
+        ("\uff13h", "ASCII digits 0-9"),  # fullwidth three
     ],
 )
 def test_bad_durations(text: str, error: str) -> None:
@@ -85,6 +89,7 @@ def test_until_iso_local_and_with_offset() -> None:
         ("25:00", "not a time of day"),
         ("tomorrow", "neither HH:MM nor an ISO 8601"),
         ("2028-01-01T00:00", "more than a year away"),
+        ("\u0661\u0668:00", "neither HH:MM nor an ISO 8601"),  # Arabic-Indic 18:00
     ],
 )
 def test_bad_until(text: str, error: str) -> None:

@@ -33,6 +33,7 @@ from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import render_status
 from vacancyd.core.ledger import Job
+from vacancyd.core.numbers import parse_int
 from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.proxy import probe
@@ -267,9 +268,9 @@ def make_api(
 
     async def release_job(request: web.Request) -> web.Response:
         try:
-            job_id = int(request.match_info["id"])
-        except ValueError:
-            return _bad_request("job id must be an integer")
+            job_id = parse_int(request.match_info["id"], "job id")
+        except ValueError as exc:
+            return _bad_request(str(exc))
         job = state.ledger.get(job_id)
         if job is None:
             return web.json_response(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -102,5 +104,32 @@ def default_config_text() -> str:
     return resources.files("vacancyd").joinpath(DEFAULT_CONFIG_RESOURCE).read_text("utf-8")
 
 
-def load_default_config() -> Settings:
-    return parse_config(default_config_text(), "<embedded default>")
+def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the embedded default keeps its state: a developer's or a trial run must not
+    write system paths, while a service keeps what its manager gave it.
+
+    ``$STATE_DIRECTORY`` (set by systemd's ``StateDirectory=``; its first path) when set,
+    else ``$XDG_STATE_HOME/vacancyd`` when that is an absolute path, else
+    ``~/.local/state/vacancyd``; ``/var/lib/vacancyd`` (the config file default) only when
+    there is no home directory to find. ``environ`` defaults to ``os.environ``.
+    """
+    env = os.environ if environ is None else environ
+    given = env.get("STATE_DIRECTORY", "").split(":")[0]
+    if given:
+        return Path(given)
+    xdg = env.get("XDG_STATE_HOME", "")
+    if xdg and Path(xdg).is_absolute():  # the XDG spec: a relative one is ignored
+        return Path(xdg) / "vacancyd"
+    home = env.get("HOME", "")
+    try:
+        base = Path(home) if home and Path(home).is_absolute() else Path.home()
+    except (RuntimeError, KeyError):  # no $HOME and no passwd entry
+        return Settings.model_fields["state_dir"].default  # type: ignore[no-any-return]
+    return base / ".local" / "state" / "vacancyd"
+
+
+def load_default_config(environ: Mapping[str, str] | None = None) -> Settings:
+    """The embedded default (``vacancyd run`` without ``--config``), its ``state_dir``
+    resolved by :func:`default_state_dir` from ``environ`` (default ``os.environ``)."""
+    settings = parse_config(default_config_text(), "<embedded default>")
+    return settings.model_copy(update={"state_dir": default_state_dir(environ)})

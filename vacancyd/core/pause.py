@@ -21,7 +21,8 @@ from enum import StrEnum
 #: A pause longer than this is almost certainly a typo; ``indefinite`` says it plainly.
 MAX_PAUSE_S = 366 * 86400.0
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+# [0-9], not \d: \d and float() also take other scripts' digits ("٣h" would be 3 hours)
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -114,7 +115,8 @@ def parse_duration(text: str) -> float:
         pos = m.end()
     if not spec or pos != len(spec):
         raise ValueError(
-            f"duration {text!r} is not NUMBER+UNIT (s, m, h, d), for example 45m or 1h30m"
+            f"duration {text!r} is not NUMBER+UNIT (ASCII digits 0-9; units s, m, h, d), "
+            "for example 45m or 1h30m"
         )
     if total <= 0:
         raise ValueError(f"duration {text!r} is zero")
@@ -131,7 +133,7 @@ def parse_until(text: str, now: float, tz: dt.tzinfo) -> float:
     next occurrence. Raises ValueError for anything else, or a time not after ``now``.
     """
     spec = text.strip()
-    if re.fullmatch(r"\d{1,2}:\d{2}", spec):
+    if re.fullmatch(r"[0-9]{1,2}:[0-9]{2}", spec):
         hours, minutes = (int(p) for p in spec.split(":"))
         if hours > 23 or minutes > 59:
             raise ValueError(f"time {text!r} is not a time of day (00:00-23:59)")

@@ -37,7 +37,7 @@ class BodyBudget:
     """Bytes of request bodies one proxy may hold at once.
 
     ``copying`` is held while a large body is copied whole: joined from its chunks
-    (:func:`read_body`) or read for its facts (``vacancyd.proxy.app``, whose parser builds
+    (:func:`read_body`) or read for its facts (``vacancyd.proxy.jobs``, whose parser builds
     the long values it scans). Those copies are not counted in the budget, so taking them one
     at a time bounds what the proxy holds beyond it to one body, however many arrive at once.
     """

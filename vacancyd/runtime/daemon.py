@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
 import ssl
@@ -157,6 +158,20 @@ SAVE_AT_STOP_S = 5.0
 
 class StartupError(Exception):
     """The daemon could not start (a listener could not bind, a secret could not be read)."""
+
+
+class AddressBusyError(StartupError):
+    """A listener's address is held by another socket or not on this host yet (EADDRINUSE,
+    EADDRNOTAVAIL): often passing at boot, so the exit status asks for a restart."""
+
+
+#: Exit status of ``vacancyd run`` for what a restart cannot fix: an invalid configuration,
+#: an unreadable secret, a refused TLS file. The systemd unit's ``RestartPreventExitStatus``.
+EXIT_CONFIG = 2
+
+#: Exit status when a listener's address is busy or not yet on this host (``EX_TEMPFAIL`` of
+#: sysexits.h): systemd restarts it after the unit's ``RestartSec`` (docs/install.md).
+EXIT_ADDRESS_BUSY = 75
 
 
 #: How often the sockets serving each upstream's target are read (seconds).
@@ -770,9 +785,13 @@ class Daemon:
         try:
             await site.start()
         except OSError as exc:
-            raise StartupError(
-                f"cannot listen on {listen} for {name}: {exc.strerror or exc}"
-            ) from exc
+            problem = f"cannot listen on {listen} for {name}: {exc.strerror or exc}"
+            if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+                raise AddressBusyError(
+                    f"{problem}; exiting with status {EXIT_ADDRESS_BUSY} so that a service "
+                    "manager tries again"
+                ) from exc
+            raise StartupError(problem) from exc
         self._guards[name] = guard
         address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
         self.bound[name] = address
@@ -1278,7 +1297,7 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     parser_problem = lenient_parser_problem()
     if parser_problem is not None:
         log.error("%s", parser_problem)
-        return 2
+        return EXIT_CONFIG
     memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
@@ -1297,9 +1316,12 @@ async def run_daemon(settings: Settings, config_path: Path | None = None) -> int
     try:
         try:
             await daemon.start()
+        except AddressBusyError as exc:
+            log.error("%s", exc)
+            return EXIT_ADDRESS_BUSY
         except (StartupError, ConfigError) as exc:
             log.error("%s", exc)
-            return 2
+            return EXIT_CONFIG
         line = daemon.service_status()
         sdnotify.notify(f"READY=1\nSTATUS={line}")
         if sdnotify.enabled():

@@ -1,0 +1,347 @@
+"""Forwarding a request to the upstream and streaming its reply to the borrower, for work
+and pass-through alike; what the borrower is told when the upstream fails, falls silent
+or a reclaim cuts the job (:mod:`vacancyd.proxy.app`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+
+from vacancyd.adapters.base import UpstreamError, Waker
+from vacancyd.core.classify import Classification
+from vacancyd.core.lifecycle import Ending, JobState
+from vacancyd.core.reasons import ErrorCode, ErrorType, Refuse
+from vacancyd.core.reclaim import Edge
+from vacancyd.core.refusal import render_refusal_bytes
+from vacancyd.proxy import client, headers, observe
+from vacancyd.proxy.base import NO_BODY_STATUSES, ProxyBase
+
+#: The whole proxy logs as ``vacancyd.proxy.app`` (docs/observability.md names it).
+log = logging.getLogger("vacancyd.proxy.app")
+
+
+class Exchange:
+    """The proxy's own view of one job's exchange: the response the borrower already has,
+    whether :class:`Work` has been told it ended, and whether a reclaim's cut is what
+    cancelled the handler.
+
+    Written only by the forwarding code; the job's life is in :class:`Work`.
+    """
+
+    __slots__ = ("cutting", "ended", "failed", "job", "response")
+
+    def __init__(self, job: JobState) -> None:
+        self.job = job
+        self.response: web.StreamResponse | None = None
+        self.ended = False
+        self.cutting = False
+        #: How the exchange ended when the handler still returns a response although it did
+        #: not end well: the upstream failed, or the borrower stopped reading and was cut off.
+        self.failed: Ending | None = None
+
+
+class Forwarding(ProxyBase):
+    """Forwarding a request upstream and streaming the reply back; the end of a job's
+    exchange (completed, failed, silent, cut) as the proxy sees it."""
+
+    def _end_exchange(self, exchange: Exchange, ending: Ending) -> None:
+        """Tell :class:`Work` once that ``exchange`` ended (releasing or tracking its job)."""
+        if not exchange.ended:
+            exchange.ended = True
+            self.work.exchange_ended(exchange.job.id, ending)
+
+    def _after_cut(
+        self, request: web.BaseRequest, exchange: Exchange, edge: Edge
+    ) -> web.StreamResponse:
+        """503 with the edge's reason before headers; an aborted stream after them."""
+        name = self.upstream.name
+        job_id = exchange.job.id
+        if exchange.response is not None:
+            log.info("%s: job %d cut mid-stream by a %s reclaim", name, job_id, edge.trigger)
+            self._cut(request)
+            return exchange.response
+        log.info(
+            "%s: job %d cancelled before its reply by a %s reclaim", name, job_id, edge.trigger
+        )
+        refusal = Refuse.of(
+            edge.reason, f"the lender reclaimed {name!r} ({edge.trigger}) before the reply"
+        )
+        settings = self.upstream.settings
+        rendered = render_refusal_bytes(
+            refusal, name, settings.refusal_status, settings.retry_after_max_s, self._flat(request)
+        )
+        request[observe.REFUSAL] = refusal
+        self.metrics.decision(name, "cancelled", refusal.reason.value)
+        return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
+
+    # -- forwarding ----------------------------------------------------------------------
+    async def _wake(self, request: web.BaseRequest, waker: Waker) -> web.Response | None:
+        """Wake a server a reclaim put to sleep before forwarding borrowed work to it; a 502
+        when it cannot be woken."""
+        name = self.upstream.name
+        try:
+            took = await waker.ensure_awake()
+        except (UpstreamError, TimeoutError) as exc:
+            why = str(exc) or "timed out"
+            self.metrics.wake_seconds.labels(name, "failed").observe(0)
+            log.warning("upstream %s could not be woken: %s", name, why)
+            return self._json_error(
+                request,
+                502,
+                f"the upstream server of {name!r} is asleep and could not be woken ({why})",
+                ErrorType.UPSTREAM,
+                ErrorCode.UPSTREAM_UNREACHABLE,
+                upstream=name,
+            )
+        if took is not None:
+            self.metrics.wake_seconds.labels(name, "woken").observe(took)
+            log.info("upstream %s woken in %.2f s for a borrowed request", name, took)
+        return None
+
+    async def _forward(
+        self,
+        request: web.BaseRequest,
+        c: Classification,
+        query: str,
+        *,
+        body: bytes | None = None,
+        on_sent: Callable[[], None] | None = None,
+        exchange: Exchange | None = None,
+        tracked: str | None = None,
+    ) -> web.StreamResponse:
+        up = self.upstream
+        if exchange is not None and self._waker is not None:
+            failed = await self._wake(request, self._waker)
+            if failed is not None:
+                exchange.failed = Ending.UPSTREAM_FAILED
+                return failed
+        out_headers = self._request_headers(request)
+        observe.inject_trace_context(out_headers)
+        try:
+            upstream_resp = await self.client.request(
+                request.method,
+                _target(c, query),
+                out_headers.items(),
+                body,
+                silence_s=self.silence_s,
+            )
+        except client.UpstreamSilent:
+            if exchange is None:
+                return self._silent_passthrough(request, c, None)
+            return self._silent(request, exchange, c)
+        except (client.ForwardError, ValueError) as exc:
+            return self._forward_failed(request, c, exc, exchange)
+        try:
+            if on_sent is not None:
+                on_sent()
+            if exchange is not None and tracked is not None:
+                edge = self.work.reply_arrived(exchange.job.id, upstream_resp.status)
+                if edge is not None:
+                    return self._after_cut(request, exchange, edge)
+            out_headers = headers.response_headers(
+                upstream_resp.headers, target=up.target, allow=self.pass_response
+            )
+            complete = _complete_body(request, upstream_resp)
+            response: web.StreamResponse
+            if complete is not None:
+                # The whole reply arrived with its headers (a small JSON answer): send both
+                # in one write instead of two. Nothing is held back that was not already here.
+                response = web.Response(
+                    status=upstream_resp.status,
+                    reason=upstream_resp.reason,
+                    headers=out_headers,
+                    body=complete,
+                )
+            else:
+                response = web.StreamResponse(
+                    status=upstream_resp.status, reason=upstream_resp.reason, headers=out_headers
+                )
+            if exchange is not None:
+                exchange.response = response
+                if complete is not None:
+                    # The upstream has finished: end the job now rather than after the
+                    # borrower has the reply, so the fresh capacity sample its release asks
+                    # for is under way while the reply travels (the next back-to-back
+                    # request needs one taken after this release).
+                    self._end_exchange(exchange, Ending.COMPLETED)
+            await response.prepare(request)
+            stalled = self.limits.write_stall_timeout_s
+            try:
+                if complete is None:
+                    async for chunk in upstream_resp.iter_chunks():
+                        async with asyncio.timeout(stalled):
+                            await response.write(chunk)
+                async with asyncio.timeout(stalled):
+                    await response.write_eof()
+            except client.UpstreamSilent:
+                if exchange is None:
+                    return self._silent_passthrough(request, c, response)
+                return self._silent(request, exchange, c)
+            except TimeoutError:
+                return self._stalled(request, exchange, response, stalled)
+            except client.BrokenBody as exc:
+                return self._broken(request, exchange, response, exc)
+            return response
+        finally:
+            # A fully read response returns its connection to the pool; anything else
+            # (cancelled by a client disconnect, cut, stalled) aborts it, which is what
+            # tells the upstream to stop.
+            upstream_resp.release()
+
+    def _forward_failed(
+        self,
+        request: web.BaseRequest,
+        c: Classification,
+        exc: client.ForwardError | ValueError,
+        exchange: Exchange | None,
+    ) -> web.Response:
+        """502 for a request the upstream never answered: connecting failed (refused, timed
+        out) or the server answered with something that is not a valid HTTP response
+        (garbage, oversized headers, a hang-up)."""
+        up = self.upstream
+        unreachable = isinstance(exc, client.ConnectFailed)
+        stage = "connect" if unreachable else "response"
+        self.metrics.upstream_error(up.name, stage)
+        if unreachable:  # the lendability probe answers upstream_unreachable from now
+            self.state.record_reach(
+                up.name, False, self.state.clock(), f"a borrowed request: {exc}"
+            )
+        log.warning(
+            "upstream %s %s for %s %s: %s",
+            up.name,
+            "unreachable" if unreachable else "sent no valid response",
+            request.method,
+            c.path,
+            exc,
+        )
+        what = "could not be reached" if unreachable else "did not send a valid HTTP response"
+        if exchange is not None:
+            exchange.failed = Ending.UPSTREAM_FAILED
+        return self._json_error(
+            request,
+            502,
+            f"the upstream server of {up.name!r} {what} ({exc.__class__.__name__}: {exc})",
+            ErrorType.UPSTREAM,
+            ErrorCode.UPSTREAM_UNREACHABLE if unreachable else ErrorCode.UPSTREAM_PROTOCOL_ERROR,
+            upstream=up.name,
+        )
+
+    def _stalled(
+        self,
+        request: web.BaseRequest,
+        exchange: Exchange | None,
+        response: web.StreamResponse,
+        stalled: float,
+    ) -> web.StreamResponse:
+        """The borrower stopped reading the reply for ``stalled`` seconds: disconnect it."""
+        log.warning(
+            "%s: borrower stopped reading for %g s; disconnecting", self.upstream.name, stalled
+        )
+        if exchange is not None:
+            exchange.failed = Ending.ABORTED
+        self._cut(request)
+        return response
+
+    def _broken(
+        self,
+        request: web.BaseRequest,
+        exchange: Exchange | None,
+        response: web.StreamResponse,
+        exc: client.BrokenBody,
+    ) -> web.StreamResponse:
+        """The reply's body broke off mid-stream: the borrower went away, or the upstream
+        broke (the borrower's connection is reset so the stream never ends cleanly)."""
+        if request.transport is None or request.transport.is_closing():
+            if exchange is not None:
+                exchange.failed = Ending.ABORTED
+            return response  # the borrower went away; nothing left to tell it
+        if exchange is not None:
+            exchange.failed = Ending.UPSTREAM_FAILED
+        self.metrics.upstream_error(self.upstream.name, "stream")
+        log.warning("%s: upstream broke mid-response: %s", self.upstream.name, exc)
+        self._cut(request)
+        return response
+
+    def _silent_passthrough(
+        self, request: web.BaseRequest, c: Classification, begun: web.StreamResponse | None
+    ) -> web.StreamResponse:
+        """A pass-through request (no job, nothing reserved) whose upstream sent nothing for
+        ``upstream_silence_s``: 504 before the reply's headers, a reset connection after
+        them, so a hung server cannot hold a borrower's connection open forever."""
+        name = self.upstream.name
+        self.metrics.upstream_error(name, "silent")
+        log.warning(
+            "%s: upstream sent nothing for %g s on pass-through %s %s%s",
+            name,
+            self.silence_s,
+            request.method,
+            c.path,
+            "; cutting the reply" if begun is not None else "; answering 504",
+        )
+        if begun is not None:
+            self._cut(request)
+            return begun
+        return self._json_error(
+            request,
+            504,
+            f"the upstream server of {name!r} sent nothing for {self.silence_s:g} s; "
+            "vacancyd gave up waiting",
+            ErrorType.UPSTREAM,
+            ErrorCode.UPSTREAM_TIMEOUT,
+            upstream=name,
+        )
+
+    def _silent(
+        self, request: web.BaseRequest, exchange: Exchange, c: Classification
+    ) -> web.StreamResponse:
+        """The upstream sent nothing for ``upstream_silence_s``: :class:`Work` holds the job
+        (the server may still be working), and the borrower gets 504 before the reply's
+        headers, or a reset connection after them (a stream must never end cleanly)."""
+        name = self.upstream.name
+        job_id = exchange.job.id
+        self.metrics.upstream_error(name, "silent")
+        if not exchange.ended:
+            exchange.ended = True
+            self.work.upstream_silent(job_id)
+        log.warning(
+            "%s: upstream sent nothing for %g s on job %d (%s %s)%s",
+            name,
+            self.silence_s,
+            job_id,
+            request.method,
+            c.path,
+            "; cutting the stream" if exchange.response is not None else "; answering 504",
+        )
+        if exchange.response is not None:
+            self._cut(request)
+            return exchange.response
+        return self._json_error(
+            request,
+            504,
+            f"the upstream server of {name!r} sent nothing for {self.silence_s:g} s; "
+            "vacancyd gave up waiting and keeps its resources reserved in case it is still "
+            "working",
+            ErrorType.UPSTREAM,
+            ErrorCode.UPSTREAM_TIMEOUT,
+            upstream=name,
+            job=job_id,
+        )
+
+
+def _target(c: Classification, query: str) -> str:
+    """The request target sent upstream: the dot-resolved raw path and the query as sent."""
+    return f"{c.path}?{query}" if query else c.path
+
+
+def _complete_body(request: web.BaseRequest, upstream: client.Response) -> bytes | None:
+    """The upstream's whole body when it is already buffered, else None (stream it).
+
+    Never for HEAD or bodiless statuses, whose headers must pass exactly as sent.
+    """
+    status = upstream.status
+    if request.method == "HEAD" or status < 200 or status in NO_BODY_STATUSES:
+        return None
+    return upstream.complete_body()
