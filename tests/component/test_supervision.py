@@ -21,21 +21,26 @@ from vacancyd.runtime import durable
 from vacancyd.runtime.daemon import Daemon
 
 
-def config(target: str) -> str:
-    return daemon_toml(upstream("a", target), upstream("b", target), collectors={"poll_s": 0.2})
+def config(target: str, state_dir: Path) -> str:
+    return daemon_toml(
+        upstream("a", target),
+        upstream("b", target),
+        collectors={"poll_s": 0.2},
+        state_dir=state_dir,
+    )
 
 
-async def started(target: str) -> Daemon:
-    daemon = Daemon(parse_config(config(target), "<test>"))
+async def started(target: str, state_dir: Path) -> Daemon:
+    daemon = Daemon(parse_config(config(target, state_dir), "<test>"))
     await daemon.start()
     await RunningDaemon(daemon).wait_ready()
     return daemon
 
 
-async def test_every_listener_and_loop_is_a_named_essential_task() -> None:
+async def test_every_listener_and_loop_is_a_named_essential_task(tmp_path: Path) -> None:
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        daemon = await started(target)
+        daemon = await started(target, tmp_path)
         try:
             running = daemon.supervisor.running()
             bound = daemon.bound
@@ -54,11 +59,11 @@ def _from_vacancyd(task: asyncio.Task[object]) -> bool:
     return code is not None and f"{os.sep}vacancyd{os.sep}" in code.co_filename
 
 
-async def test_every_task_the_daemon_runs_is_supervised_named_and_flagged() -> None:
+async def test_every_task_the_daemon_runs_is_supervised_named_and_flagged(tmp_path: Path) -> None:
     app, _ = openai_like_app()
     async with serve_app(app) as target:
         before = asyncio.all_tasks()
-        daemon = await started(target)
+        daemon = await started(target, tmp_path)
         try:
             supervised = daemon.supervisor.tasks()
             ours = [t for t in asyncio.all_tasks() - before if _from_vacancyd(t)]
@@ -80,10 +85,10 @@ async def test_every_task_the_daemon_runs_is_supervised_named_and_flagged() -> N
 
 
 @pytest.mark.parametrize("which", ["b", "api"])
-async def test_a_listener_that_dies_stops_the_daemon_nonzero(which: str) -> None:
+async def test_a_listener_that_dies_stops_the_daemon_nonzero(which: str, tmp_path: Path) -> None:
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        daemon = await started(target)
+        daemon = await started(target, tmp_path)
         try:
             waiting = asyncio.get_running_loop().create_task(daemon.wait())
             await asyncio.sleep(0.05)
@@ -98,10 +103,10 @@ async def test_a_listener_that_dies_stops_the_daemon_nonzero(which: str) -> None
             await daemon.shutdown()
 
 
-async def test_a_clean_shutdown_is_not_a_listener_failure() -> None:
+async def test_a_clean_shutdown_is_not_a_listener_failure(tmp_path: Path) -> None:
     app, _ = openai_like_app()
     async with serve_app(app) as target:
-        daemon = await started(target)
+        daemon = await started(target, tmp_path)
         url = f"http://{daemon.bound['a']}/v1/models"
         async with aiohttp.ClientSession() as http, http.get(url) as resp:
             assert resp.status == 200

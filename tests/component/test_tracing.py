@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.support.config import daemon_toml, upstream
-from tests.support.daemon import RunningDaemon, openai_like_app, serve_app
+from tests.support.daemon import RunningDaemon, openai_like_app, serve_app, temporary_state_dir
 from vacancyd.config import parse_config
 from vacancyd.runtime.daemon import Daemon
 
@@ -23,23 +24,24 @@ BORROWER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 BORROWER_SPAN = "b7ad6b7169203331"
 
 
-def toml(target: str) -> str:
-    return daemon_toml(upstream("up", target, on_owner_return="cancel"))
+def toml(target: str, state_dir: Path) -> str:
+    return daemon_toml(upstream("up", target, on_owner_return="cancel"), state_dir=state_dir)
 
 
 @asynccontextmanager
 async def traced() -> AsyncIterator[tuple[RunningDaemon, Any, list[dict[str, object]]]]:
     exporter = sdk_export.InMemorySpanExporter()
     app, seen = openai_like_app()
-    async with serve_app(app) as url:
-        daemon = Daemon(parse_config(toml(url), "<test>"), span_exporter=exporter)
-        try:
-            await daemon.start()
-            d = RunningDaemon(daemon)
-            await d.wait_ready()
-            yield d, exporter, seen
-        finally:
-            await daemon.shutdown()
+    with temporary_state_dir() as state_dir:
+        async with serve_app(app) as url:
+            daemon = Daemon(parse_config(toml(url, state_dir), "<test>"), span_exporter=exporter)
+            try:
+                await daemon.start()
+                d = RunningDaemon(daemon)
+                await d.wait_ready()
+                yield d, exporter, seen
+            finally:
+                await daemon.shutdown()
 
 
 def spans(exporter: Any, name: str) -> list[Any]:
@@ -112,8 +114,8 @@ async def test_reclaim_is_its_own_span() -> None:
         assert reclaim.events[0].name in ("waiting", "proceeding")
 
 
-def test_tracing_is_off_by_default() -> None:
-    settings = parse_config(toml("http://127.0.0.1:1"), "<test>")
+def test_tracing_is_off_by_default(tmp_path: Path) -> None:
+    settings = parse_config(toml("http://127.0.0.1:1", tmp_path), "<test>")
     assert settings.telemetry.otlp_endpoint is None
     from vacancyd.runtime.telemetry import start_tracing, traces_url
 

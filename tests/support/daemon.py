@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,14 +51,22 @@ class RunningDaemon:
         await self.wait_until(lambda: state.ready(state.clock())[0], timeout_s, "readiness")
 
 
+@contextmanager
+def temporary_state_dir() -> Iterator[Path]:
+    """A fresh state directory that is removed afterwards, for a daemon a test builds itself:
+    tests never read or write the machine's /var/lib/vacancyd, nor each other's state."""
+    with tempfile.TemporaryDirectory(prefix="vacancyd-state-") as scratch:
+        yield Path(scratch)
+
+
 @asynccontextmanager
 async def running_daemon(toml: str) -> AsyncIterator[RunningDaemon]:
     """A config that sets no ``state_dir`` gets a fresh temporary one: tests never read or
     write the machine's /var/lib/vacancyd (held jobs, learned state), nor each other's."""
     settings = parse_config(toml, "<test>")
-    with tempfile.TemporaryDirectory(prefix="vacancyd-state-") as scratch:
+    with temporary_state_dir() as scratch:
         if "state_dir" not in settings.model_fields_set:
-            settings = settings.model_copy(update={"state_dir": Path(scratch)})
+            settings = settings.model_copy(update={"state_dir": scratch})
         daemon = Daemon(settings)
         try:
             await daemon.start()
