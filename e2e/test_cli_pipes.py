@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.test_daemon_process import free_port, proc_env, vacancyd, wait_for
+from e2e.test_daemon_process import lender_config, proc_env, vacancyd, wait_for
 from tests.support.daemon import single_upstream_toml
 from vacancyd.cli import BROKEN_PIPE_EXIT
 
@@ -24,16 +24,7 @@ __all__ = ["proc_env"]  # the fixture, shared with test_daemon_process
 @pytest.fixture(scope="module")
 def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("pipes")
-    api = free_port()
-    cfg = tmp / "v.toml"
-    cfg.write_text(
-        single_upstream_toml(
-            api=api,
-            proxy=free_port(),
-            target=f"http://127.0.0.1:{free_port()}",
-            state_dir=tmp / "state",
-        )
-    )
+    cfg, api, _proxy = lender_config(tmp)
     p = subprocess.Popen(
         vacancyd("run", "--config", str(cfg)),
         stdout=subprocess.DEVNULL,

@@ -28,6 +28,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def lender_config(directory: Path) -> tuple[Path, int, int]:
+    """Writes ``directory/v.toml``: one upstream nobody serves, on free API and proxy ports,
+    with its state in ``directory/state``. Returns (config path, API port, proxy port)."""
+    api, proxy = free_port(), free_port()
+    cfg = directory / "v.toml"
+    cfg.write_text(
+        single_upstream_toml(
+            api=api,
+            proxy=proxy,
+            target=f"http://127.0.0.1:{free_port()}",
+            state_dir=directory / "state",
+        )
+    )
+    return cfg, api, proxy
+
+
 def vacancyd(*args: str) -> list[str]:
     return [sys.executable, "-m", "vacancyd", *args]
 
@@ -210,16 +226,7 @@ def test_version() -> None:
 
 def test_systemd_notify_ready_and_stopping(tmp_path: Path, proc_env: dict[str, str]) -> None:
     """Type=notify: READY=1 once every listener is bound, STOPPING=1 on SIGTERM."""
-    api = free_port()
-    cfg = tmp_path / "v.toml"
-    cfg.write_text(
-        single_upstream_toml(
-            api=api,
-            proxy=free_port(),
-            target=f"http://127.0.0.1:{free_port()}",
-            state_dir=tmp_path / "state",
-        )
-    )
+    cfg, api, _proxy = lender_config(tmp_path)
     sock_path = str(tmp_path / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(sock_path)
@@ -254,16 +261,7 @@ def test_systemd_notify_ready_and_stopping(tmp_path: Path, proc_env: dict[str, s
 def test_systemd_status_line_follows_lendability(tmp_path: Path, proc_env: dict[str, str]) -> None:
     """STATUS= (what `systemctl status` shows) is kept current: it says whether the upstream
     is lent or why not, and how many jobs run, and changes when lending is switched off."""
-    api = free_port()
-    cfg = tmp_path / "v.toml"
-    cfg.write_text(
-        single_upstream_toml(
-            api=api,
-            proxy=free_port(),
-            target=f"http://127.0.0.1:{free_port()}",
-            state_dir=tmp_path / "state",
-        )
-    )
+    cfg, api, _proxy = lender_config(tmp_path)
     sock_path = str(tmp_path / "notify.sock")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(sock_path)

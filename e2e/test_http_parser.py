@@ -10,8 +10,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from e2e.test_daemon_process import free_port, proc_env, vacancyd, wait_for
-from tests.support.daemon import single_upstream_toml
+from e2e.test_daemon_process import lender_config, proc_env, vacancyd, wait_for
 
 __all__ = ["proc_env"]  # the fixture, shared with test_daemon_process
 
@@ -29,24 +28,10 @@ SMUGGLING = {
 }
 
 
-def config(tmp_path: Path) -> tuple[Path, int, int]:
-    api, proxy = free_port(), free_port()
-    cfg = tmp_path / "v.toml"
-    cfg.write_text(
-        single_upstream_toml(
-            api=api,
-            proxy=proxy,
-            target=f"http://127.0.0.1:{free_port()}",
-            state_dir=tmp_path / "state",
-        )
-    )
-    return cfg, api, proxy
-
-
 def test_the_daemon_refuses_to_start_on_the_lenient_parser(
     tmp_path: Path, proc_env: dict[str, str]
 ) -> None:
-    cfg, api, _proxy = config(tmp_path)
+    cfg, api, _proxy = lender_config(tmp_path)
     env = {**proc_env, "AIOHTTP_NO_EXTENSIONS": "1"}
     p = subprocess.Popen(
         vacancyd("run", "--config", str(cfg)),
@@ -73,7 +58,7 @@ def test_with_the_compiled_parser_ambiguous_framing_is_refused(
 ) -> None:
     """What the refusal to start protects: the same request on the daemon as it runs is a
     400 from the parser, never forwarded."""
-    cfg, api, proxy = config(tmp_path)
+    cfg, api, proxy = lender_config(tmp_path)
     env = {k: v for k, v in proc_env.items() if k != "AIOHTTP_NO_EXTENSIONS"}
     p = subprocess.Popen(
         vacancyd("run", "--config", str(cfg)),
