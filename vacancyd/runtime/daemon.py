@@ -124,7 +124,7 @@ from vacancyd.runtime.tasks import Supervisor, hold_listener
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
 from vacancyd.web.access import AccessLogger, RefusalLog
-from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.auth import Authenticator, Token, borrower_token
 from vacancyd.web.framing import lenient_parser_problem
 from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
@@ -307,7 +307,9 @@ class DurablePauseStore:
 
 
 def read_tokens(secrets: Secrets) -> list[Token]:
-    return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens]
+    return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens] + [
+        borrower_token(name, secret) for name, secret in secrets.borrowers
+    ]
 
 
 @dataclass
@@ -453,7 +455,7 @@ class Daemon:
             self.state,
             settings,
             started_at=started_at,
-            secrets=lambda: [t[1] for t in secrets.tokens] + list(secrets.credentials.values()),
+            secrets=secrets.all_secrets,
             users=lambda: self.presence.seen_users if self.presence is not None else (),
         )
         probes: dict[str, ProbeEndpoint] = {}
