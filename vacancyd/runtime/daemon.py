@@ -101,6 +101,7 @@ from vacancyd.config.zone import resolve_zone
 from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.sharing import CardSharing, ExclusiveSettings
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
@@ -316,6 +317,7 @@ class Daemon:
     state: SharedState = field(init=False)
     metrics: Metrics = field(init=False)
     supervisor: Supervisor = field(init=False)
+    calls: UpstreamCalls = field(init=False)
     work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
@@ -353,7 +355,10 @@ class Daemon:
         self.supervisor = Supervisor()
         self.saver = learned.LearnedSaver(self.state, self.settings.state_dir)
         attach_saver(self.metrics, self.saver)
-        self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
+        self.calls = UpstreamCalls(self.metrics)
+        self.work = Work(
+            self.state, supervisor=self.supervisor, metrics=self.metrics, calls=self.calls
+        )
         self.saver.holds = self.work.held
         if not self.saver.holds_frozen:  # else never written: every resource refuses anyway
             self.work.on_holds = lambda _held: self.saver.mark("holds", "")
@@ -367,7 +372,7 @@ class Daemon:
         self.reclaimer = Reclaimer(
             self.state,
             policies={u.name: reclaim_policy(u) for u in self.settings.upstream},
-            controllers={},
+            calls=self.calls,
             warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
             supervisor=self.supervisor,
             metrics=self.metrics,
@@ -504,7 +509,7 @@ class Daemon:
                 controller = adapter.make_controller(
                     self._control_session(credential), upstream.target
                 )
-                self.reclaimer.controllers[up.name] = controller
+                self.calls.add(up.name, controller)
                 view = getattr(controller, "view", None)
                 if callable(view):
                     self.state.upstream_views[up.name] = view
@@ -530,6 +535,7 @@ class Daemon:
                 session=session,
                 work=self.work,
                 controller=controller,
+                calls=self.calls,
                 tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
             )
             self._clients.append(proxy.client)
@@ -666,7 +672,7 @@ class Daemon:
             CardSharing(
                 self.state.upstreams,
                 exclusive,
-                self.reclaimer.controllers,
+                self.calls,
                 warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
                 clock=self.state.clock,
                 registry=self.metrics.registry,
