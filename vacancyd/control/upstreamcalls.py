@@ -200,7 +200,9 @@ class UpstreamCalls:
         """Load ``model`` again on ``upstream``, bounded by :data:`WARM_DEADLINE_S`."""
         controller = self._controllers.get(upstream)
         if controller is None:
-            outcome = Outcome[None](Call.WARM, upstream, Status.NOT_SUPPORTED, "no warm API")
+            outcome: Outcome[None] = Outcome(
+                Call.WARM, upstream, Status.NOT_SUPPORTED, "no warm API"
+            )
         else:
 
             async def go() -> tuple[Status, str]:
@@ -215,7 +217,9 @@ class UpstreamCalls:
         ``vacancyd_reclaim_cancelled_jobs_total{kind="queued"}``."""
         controller = self._controllers.get(upstream)
         if controller is None:
-            outcome = Outcome[None](Call.CANCEL, upstream, Status.NOT_SUPPORTED, "no cancel API")
+            outcome: Outcome[None] = Outcome(
+                Call.CANCEL, upstream, Status.NOT_SUPPORTED, "no cancel API"
+            )
         else:
 
             async def go() -> tuple[Status, str]:
