@@ -10,7 +10,21 @@
  *   gpu INDEX UUID BUSID TOTAL_MIB USED_MIB FREE_MIB UTIL_PCT
  *   lost INDEX                                 every call on that GPU: NVML_ERROR_GPU_IS_LOST
  *   err CALL CODE                              CALL in count, handle, uuid, pci, memory, util,
- *                                              compute, graphics, procutil
+ *                                              compute, graphics, procutil, temp, energy,
+ *                                              powerget, powerset
+ *   temp INDEX CELSIUS                         nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)
+ *   energy INDEX MILLIJOULES                   nvmlDeviceGetTotalEnergyConsumption; without
+ *                                              this line: NVML_ERROR_NOT_SUPPORTED
+ *   power INDEX DEFAULT_MW MIN_MW MAX_MW       the power limit calls (milliwatts); without
+ *                                              this line: NVML_ERROR_NOT_SUPPORTED
+ *   euid UID                                   the effective uid nvmlDeviceSetPowerManagement-
+ *                                              Limit checks (default: the real one); not 0:
+ *                                              NVML_ERROR_NO_PERMISSION, as the driver answers
+ *
+ * A power limit that nvmlDeviceSetPowerManagementLimit sets outlives the scenario's rewrites,
+ * as the driver keeps it until it is unloaded: it is written to the file named by
+ * FAKE_NVML_SCENARIO with ".limits" appended, one "INDEX MILLIWATTS" line per GPU (delete it
+ * to "reload the driver"). Until a GPU has a line there its limit is DEFAULT_MW.
  *   proc INDEX compute|graphics PID USED_MIB
  *   sample INDEX PID TIMESTAMP_US SM_PCT
  *   nofilter                                   return samples older than lastSeenTimeStamp too
@@ -21,12 +35,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
     NVML_SUCCESS = 0,
     NVML_ERROR_UNINITIALIZED = 1,
     NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_GPU_IS_LOST = 15,
@@ -80,21 +97,34 @@ typedef struct nvmlProcessUtilizationSample_st {
 #define MAX_ROWS 256
 #define MIB (1024ULL * 1024ULL)
 
-enum { C_COUNT, C_HANDLE, C_UUID, C_PCI, C_MEMORY, C_UTIL, C_COMPUTE, C_GRAPHICS, C_PROCUTIL, C_N };
+enum {
+    C_COUNT, C_HANDLE, C_UUID, C_PCI, C_MEMORY, C_UTIL, C_COMPUTE, C_GRAPHICS, C_PROCUTIL,
+    C_TEMP, C_ENERGY, C_POWERGET, C_POWERSET, C_N
+};
 static const char *CALLS[C_N] = {"count", "handle", "uuid", "pci", "memory",
-                                 "util", "compute", "graphics", "procutil"};
+                                 "util", "compute", "graphics", "procutil",
+                                 "temp", "energy", "powerget", "powerset"};
+
+/* NVML_TEMPERATURE_GPU, the one nvmlTemperatureSensors_t value there is. */
+#define NVML_TEMPERATURE_GPU 0
 
 struct gpu {
     int present, lost;
     char uuid[128], bus[64];
     unsigned long long total, used, free;
     unsigned int util;
+    int has_temp, has_energy, has_power;
+    unsigned int temp;
+    unsigned long long energy_mj;
+    unsigned int power_default, power_min, power_max;
 };
 struct proc { int gpu, graphics; unsigned int pid; unsigned long long mem; };
 struct sample { int gpu; unsigned int pid; unsigned long long ts; unsigned int sm; };
 
 struct scenario {
     int init_code, nofilter, ngpus;
+    int has_euid;
+    unsigned int euid;
     int err[C_N];
     struct gpu gpus[MAX_GPUS];
     struct proc procs[MAX_ROWS];
@@ -130,6 +160,24 @@ static int load(struct scenario *s) {
                 g->total = t * MIB; g->used = u * MIB; g->free = fr * MIB; g->util = ut;
                 if (i + 1 > s->ngpus) s->ngpus = i + 1;
             }
+        } else if (!strcmp(word, "temp")) {
+            int i; unsigned int c;
+            if (sscanf(line, "%*s %d %u", &i, &c) == 2 && i >= 0 && i < MAX_GPUS) {
+                s->gpus[i].has_temp = 1; s->gpus[i].temp = c;
+            }
+        } else if (!strcmp(word, "energy")) {
+            int i; unsigned long long mj;
+            if (sscanf(line, "%*s %d %llu", &i, &mj) == 2 && i >= 0 && i < MAX_GPUS) {
+                s->gpus[i].has_energy = 1; s->gpus[i].energy_mj = mj;
+            }
+        } else if (!strcmp(word, "power")) {
+            int i; unsigned int d, lo, hi;
+            if (sscanf(line, "%*s %d %u %u %u", &i, &d, &lo, &hi) == 4 && i >= 0 && i < MAX_GPUS) {
+                struct gpu *g = &s->gpus[i];
+                g->has_power = 1; g->power_default = d; g->power_min = lo; g->power_max = hi;
+            }
+        } else if (!strcmp(word, "euid")) {
+            if (sscanf(line, "%*s %u", &s->euid) == 1) s->has_euid = 1;
         } else if (!strcmp(word, "lost")) {
             int i;
             if (sscanf(line, "%*s %d", &i) == 1 && i >= 0 && i < MAX_GPUS) s->gpus[i].lost = 1;
@@ -178,7 +226,8 @@ const char *nvmlErrorString(nvmlReturn_t result) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
     case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case 3: return "Not Supported";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
     case 9: return "Driver Not Loaded";
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
@@ -308,4 +357,110 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
     }
     *processSamplesCount = n;
     return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensorType, unsigned int *temp) {
+    struct scenario s; load(&s);
+    int i; nvmlReturn_t r = device(&s, d, C_TEMP, &i);
+    if (r) return r;
+    if (sensorType != NVML_TEMPERATURE_GPU || temp == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!s.gpus[i].has_temp) return NVML_ERROR_NOT_SUPPORTED;
+    *temp = s.gpus[i].temp;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t d, unsigned long long *energy) {
+    struct scenario s; load(&s);
+    int i; nvmlReturn_t r = device(&s, d, C_ENERGY, &i);
+    if (r) return r;
+    if (energy == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!s.gpus[i].has_energy) return NVML_ERROR_NOT_SUPPORTED;
+    *energy = s.gpus[i].energy_mj;
+    return NVML_SUCCESS;
+}
+
+/* The limits file: FAKE_NVML_SCENARIO + ".limits". */
+static int limits_path(char *out, size_t size) {
+    const char *path = getenv("FAKE_NVML_SCENARIO");
+    if (path == NULL) return 0;
+    snprintf(out, size, "%s.limits", path);
+    return 1;
+}
+
+static unsigned int current_limit(struct scenario *s, int index) {
+    unsigned int limit = s->gpus[index].power_default;
+    char path[1024];
+    if (!limits_path(path, sizeof path)) return limit;
+    FILE *f = fopen(path, "r");
+    if (f == NULL) return limit;
+    int i; unsigned int mw;
+    while (fscanf(f, "%d %u", &i, &mw) == 2)
+        if (i == index) limit = mw;
+    fclose(f);
+    return limit;
+}
+
+static nvmlReturn_t power_device(struct scenario *s, nvmlDevice_t d, int call, int *index) {
+    nvmlReturn_t r = device(s, d, call, index);
+    if (r) return r;
+    if (!s->gpus[*index].has_power) return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t d, unsigned int *limit) {
+    struct scenario s; load(&s);
+    int i; nvmlReturn_t r = power_device(&s, d, C_POWERGET, &i);
+    if (r) return r;
+    if (limit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *limit = current_limit(&s, i);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t d, unsigned int *minLimit,
+                                                         unsigned int *maxLimit) {
+    struct scenario s; load(&s);
+    int i; nvmlReturn_t r = power_device(&s, d, C_POWERGET, &i);
+    if (r) return r;
+    if (minLimit == NULL || maxLimit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *minLimit = s.gpus[i].power_min;
+    *maxLimit = s.gpus[i].power_max;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t d, unsigned int *defaultLimit) {
+    struct scenario s; load(&s);
+    int i; nvmlReturn_t r = power_device(&s, d, C_POWERGET, &i);
+    if (r) return r;
+    if (defaultLimit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *defaultLimit = s.gpus[i].power_default;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t d, unsigned int limit) {
+    struct scenario s; load(&s);
+    int i; nvmlReturn_t r = power_device(&s, d, C_POWERSET, &i);
+    if (r) return r;
+    unsigned int euid = s.has_euid ? s.euid : (unsigned int)geteuid();
+    if (euid != 0) return NVML_ERROR_NO_PERMISSION;
+    if (limit < s.gpus[i].power_min || limit > s.gpus[i].power_max)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* Keep every other GPU's line, replace this one's. */
+    char path[1024], tmp[1100];
+    if (!limits_path(path, sizeof path)) return NVML_ERROR_UNKNOWN;
+    unsigned int limits[MAX_GPUS]; int set[MAX_GPUS] = {0};
+    FILE *f = fopen(path, "r");
+    if (f != NULL) {
+        int k; unsigned int mw;
+        while (fscanf(f, "%d %u", &k, &mw) == 2)
+            if (k >= 0 && k < MAX_GPUS) { limits[k] = mw; set[k] = 1; }
+        fclose(f);
+    }
+    limits[i] = limit; set[i] = 1;
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    f = fopen(tmp, "w");
+    if (f == NULL) return NVML_ERROR_UNKNOWN;
+    for (int k = 0; k < MAX_GPUS; k++)
+        if (set[k]) fprintf(f, "%d %u\n", k, limits[k]);
+    fclose(f);
+    return rename(tmp, path) == 0 ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
 }

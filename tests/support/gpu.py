@@ -67,13 +67,26 @@ class Gpu:
     used_mib: int = 1024
     free_mib: int | None = None
     util_pct: int = 5
+    #: °C (None: the card has no temperature sensor, NVML_ERROR_NOT_SUPPORTED).
+    temp_c: int | None = None
+    #: Cumulative energy in mJ since the driver loaded (None: NVML_ERROR_NOT_SUPPORTED).
+    energy_mj: int | None = None
+    #: Power limits in mW: (default, min, max); None: the power calls are not supported.
+    power_mw: tuple[int, int, int] | None = None
 
-    def line(self) -> str:
+    def lines(self) -> list[str]:
         free = self.total_mib - self.used_mib if self.free_mib is None else self.free_mib
-        return (
+        out = [
             f"gpu {self.index} {self.uuid} {self.bus} {self.total_mib} {self.used_mib} "
             f"{free} {self.util_pct}"
-        )
+        ]
+        if self.temp_c is not None:
+            out.append(f"temp {self.index} {self.temp_c}")
+        if self.energy_mj is not None:
+            out.append(f"energy {self.index} {self.energy_mj}")
+        if self.power_mw is not None:
+            out.append(f"power {self.index} {' '.join(str(v) for v in self.power_mw)}")
+        return out
 
 
 @dataclass
@@ -88,7 +101,26 @@ class Scenario:
     lost: set[int] = field(default_factory=set)
     init: int = 0
     nofilter: bool = False
+    #: The effective uid the fake's nvmlDeviceSetPowerManagementLimit checks (None: the
+    #: process's own); anything but 0 is refused NVML_ERROR_NO_PERMISSION.
+    euid: int | None = None
     _ts: int = 1_000_000
+
+    @property
+    def limits_path(self) -> Path:
+        """Where the fake keeps the power limits set on it (they outlive ``write()``)."""
+        return self.path.with_name(self.path.name + ".limits")
+
+    def power_limit_mw(self, index: int = 0) -> int | None:
+        """The power limit set on GPU ``index`` (mW), or None while it has its default."""
+        if not self.limits_path.exists():
+            return None
+        limit = None
+        for line in self.limits_path.read_text(encoding="utf-8").splitlines():
+            gpu, mw = line.split()
+            if int(gpu) == index:
+                limit = int(mw)
+        return limit
 
     def sample(self, pid: int, sm_pct: int, gpu: int = 0) -> None:
         """Append a process utilization sample with a fresh (increasing) timestamp."""
@@ -97,13 +129,15 @@ class Scenario:
 
     def write(self) -> None:
         lines = [f"init {self.init}"]
-        lines += [g.line() for g in self.gpus]
+        lines += [line for g in self.gpus for line in g.lines()]
         lines += [f"lost {i}" for i in sorted(self.lost)]
         lines += [f"err {call} {code}" for call, code in self.errors.items()]
         lines += [f"proc {g} {kind} {pid} {mib}" for g, kind, pid, mib in self.procs]
         lines += [f"sample {g} {pid} {ts} {sm}" for g, pid, ts, sm in self.samples]
         if self.nofilter:
             lines.append("nofilter")
+        if self.euid is not None:
+            lines.append(f"euid {self.euid}")
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
         tmp.replace(self.path)

@@ -97,6 +97,8 @@ resources = st.builds(
     hold_write_error=opt(text),
     jobs=small,
     card=opt(st.sampled_from(["idle", "shared", "exclusive"])),
+    temperature_c=opt(st.integers(0, 1200).map(lambda i: i / 10)),
+    energy_j=opt(tenths),
 )
 
 servers = st.builds(

@@ -23,6 +23,7 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "why_not", "error", "jobs", "card": str | null,
                           "held_by": {"job", "upstream", "phase"} | null,
                           "state_error": str | null, "hold_write_error": str | null,
+                          "temperature_c": °C | null, "energy_j": J | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
                                        "owner_load_ratio", "borrower_load_ratio",
                                        "calibration_observed_s", "calibration_needed_s",

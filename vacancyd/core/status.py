@@ -128,6 +128,11 @@ class ResourceStatus:
     #: What it is doing when upstreams with ``exclusive_of`` share it (idle, shared,
     #: exclusive: ``vacancyd.core.sharing.CardState``); None when no such upstream uses it.
     card: str | None = None
+    #: A GPU's temperature (°C) in the newest capacity sample; None where it reports none.
+    temperature_c: float | None = field(default=None, metadata=shape(round_to=1))
+    #: A GPU's cumulative energy counter (joules since its driver loaded) in the newest
+    #: capacity sample; None where the card has no counter.
+    energy_j: float | None = field(default=None, metadata=shape(round_to=1))
 
     JSON_EXTRA: ClassVar[tuple[str, ...]] = ("lendable",)
 

@@ -239,6 +239,8 @@ def _resource(inputs: StatusInputs, name: str, view: ResourceView) -> ResourceSt
         card=sharing.card_state(name, inputs.holders, inputs.upstreams).value
         if exclusive
         else None,
+        temperature_c=value.temperature_c if value else None,
+        energy_j=value.energy_j if value else None,
     )
 
 

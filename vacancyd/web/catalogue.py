@@ -215,6 +215,21 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("resource",),
     ),
     MetricSpec(
+        "vacancyd_gpu_temperature_celsius",
+        MetricType.GAUGE,
+        "The GPU's temperature in the newest capacity sample (absent where it reports none).",
+        ("resource",),
+    ),
+    MetricSpec(
+        "vacancyd_gpu_energy_joules",
+        MetricType.COUNTER,
+        (
+            "The GPU's cumulative energy counter since its driver loaded (absent where the "
+            "card has no counter)."
+        ),
+        ("resource",),
+    ),
+    MetricSpec(
         "vacancyd_resource_lendable",
         MetricType.GAUGE,
         ("1 when the resource passes its switch, quality and probe policy checks."),
