@@ -42,7 +42,7 @@ from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.runtime import calibration, durable, learned
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import SharedState
-from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.auth import Authenticator, Token, borrower_token
 from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
 
@@ -156,8 +156,11 @@ class DurablePauseStore:
 
 
 def read_tokens(secrets: Secrets) -> list[Token]:
-    """The bearer tokens the secrets declare."""
-    return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens]
+    """The bearer tokens the secrets declare: ``[[server.tokens]]``, then each
+    ``[[borrower]]``'s (which names its borrower)."""
+    return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens] + [
+        borrower_token(name, secret) for name, secret in secrets.borrowers
+    ]
 
 
 def make_authenticator(settings: Settings, tokens: list[Token], metrics: Metrics) -> Authenticator:

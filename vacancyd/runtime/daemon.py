@@ -305,7 +305,7 @@ class Daemon:
             self.state,
             settings,
             started_at=started_at,
-            secrets=lambda: [t[1] for t in secrets.tokens] + list(secrets.credentials.values()),
+            secrets=secrets.all_secrets,
             users=lambda: self.presence.seen_users if self.presence is not None else (),
         )
         api = make_api(
