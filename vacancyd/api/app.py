@@ -141,6 +141,7 @@ def make_api(
     *,
     started_at: float,
     release: Callable[[int], Job | None],
+    reclaim: Callable[[str | None, str], list[str]],
     events_keepalive_s: float = events.KEEPALIVE_S,
     max_event_subscribers: int = 32,
     controls: PauseControl | None = None,
@@ -151,7 +152,9 @@ def make_api(
     | None = None,
 ) -> web.Application:
     """The operator's application. ``release(job_id)`` frees a borrowed job's reservation
-    and returns its ledger record as it was (None for an unknown job). ``probes`` maps an
+    and returns its ledger record as it was (None for an unknown job); ``reclaim(resource,
+    detail)`` raises an operator's reclaim edge (of every upstream when ``resource`` is None)
+    and returns the upstreams it reclaims. ``probes`` maps an
     upstream name to its lendability probe (which checks its own token rule); it may be
     filled after this call. ``extra_routes(app, scoped, mutation)`` adds further routes (the debug
     window and diagnostics, vacancyd.api.ops)."""
@@ -263,7 +266,7 @@ def make_api(
             f" on {resource}" if resource else "",
             request.remote,
         )
-        state.raise_edge("admin", state.clock(), resource=resource, detail="admin request")
+        reclaim(resource, "admin request")
         return web.json_response({"raised": True, "reclaim": dict(state.reclaim_views)})
 
     async def release_job(request: web.Request) -> web.Response:

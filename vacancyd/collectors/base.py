@@ -50,8 +50,8 @@ async def run_probe_loop(
     *,
     interval_s: float,
     timeout_s: float,
-    on_sample: Callable[[T, float], None],
-    on_error: Callable[[str, float], None],
+    on_sample: Callable[[T, float], object],
+    on_error: Callable[[str, float], object],
     wake: asyncio.Event | None = None,
     count: CountFailure | None = None,
 ) -> None:
