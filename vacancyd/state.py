@@ -252,6 +252,9 @@ class SharedState:
         #: Host-side Kubernetes publishing's own state for /status and /metrics (set by
         #: vacancyd.k8s.host when ``[kubernetes]`` is configured).
         self.publisher_status: Callable[[], PublisherStatus] | None = None
+        #: Why the usage ledger is not as it should be (``vacancyd.runtime.usage``), read
+        #: for /status; None when no ledger is kept.
+        self.usage_error: Callable[[], str | None] | None = None
 
     @property
     def reclaim_views(self) -> Mapping[str, dict[str, object]]:

@@ -50,6 +50,7 @@ class ErrorType(StrEnum):
     NOT_IMPLEMENTED = "not_implemented"
     UPSTREAM = "upstream_error"
     NO_VACANCY = "no_vacancy"
+    SERVER = "server_error"  #: vacancyd itself cannot answer now (the usage ledger)
 
 
 class ErrorCode(StrEnum):
@@ -102,6 +103,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_MODEL = "unknown_model"
     UNKNOWN_JOB = "unknown_job"
     TOO_MANY_SUBSCRIBERS = "too_many_subscribers"
+    #: ``GET /usage``: the usage ledger cannot be read now (its error is in /status).
+    USAGE_UNAVAILABLE = "usage_unavailable"
 
 
 class CreditCode(StrEnum):

@@ -114,6 +114,7 @@ class StatusInputs:
     sleep: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     pools: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     write_errors: Mapping[str, str] = field(default_factory=dict)
+    usage_error: str | None = None
     owner_controls: Mapping[str, object] | None = None
     kubernetes: PublisherStatus | None = None
 
@@ -141,7 +142,9 @@ def build_status(inputs: StatusInputs) -> StatusDocument:
             for name, members in inputs.pools.items()
         },
         stopping=snap.stopping,
-        durable_state=DurableStateStatus(dict(inputs.write_errors)),
+        durable_state=DurableStateStatus(
+            dict(inputs.write_errors), usage_ledger_error=inputs.usage_error
+        ),
         owner_controls=_owner_controls(inputs),
         kubernetes=inputs.kubernetes,
     )

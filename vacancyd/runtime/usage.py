@@ -210,8 +210,8 @@ class UsageStore:
             self._upkeep = None
         if not self._closed:
             self._closed = True
-            await self._run(self._close_db)
-            self._executor.shutdown(wait=True)
+            await self._run(self._close_db)  # runs after every row queued before it
+            self._executor.shutdown(wait=False)  # nothing is left; never join on the loop
 
     def record(self, row: UsageRow) -> concurrent.futures.Future[None]:
         """Write ``row`` and commit it, on the store's thread; returns at once (callable from
@@ -285,6 +285,10 @@ class UsageStore:
         return True
 
     def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise sqlite3.OperationalError(f"cannot create {self.path.parent}: {exc}") from exc
         db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
