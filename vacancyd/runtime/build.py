@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vacancyd.adapters import ADAPTERS
-from vacancyd.adapters.base import Controller
 from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.collectors import system
 from vacancyd.collectors.nvidia import GpuCapacityProbe, NvmlGpu, SmiProbe
@@ -33,6 +32,7 @@ from vacancyd.config.zone import resolve_zone
 from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.sharing import CardSharing, ExclusiveSettings
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
@@ -187,7 +187,7 @@ def make_authenticator(settings: Settings, tokens: list[Token], metrics: Metrics
 def card_sharing(
     settings: Settings,
     state: SharedState,
-    controllers: Mapping[str, Controller],
+    calls: UpstreamCalls,
     metrics: Metrics,
 ) -> CardSharing | None:
     """Exclusivity effects for upstreams with ``exclusive_of`` (Ollama + ComfyUI); None
@@ -204,7 +204,7 @@ def card_sharing(
     return CardSharing(
         state.upstreams,
         exclusive,
-        controllers,
+        calls,
         warm_models={u.name: u.warm_model for u in settings.upstream if u.warm_model},
         clock=state.clock,
         registry=metrics.registry,
@@ -239,6 +239,8 @@ class Collaborators:
     metrics: Metrics
     supervisor: Supervisor
     saver: learned.LearnedSaver
+    #: every call to an upstream server's own API (controllers are added as proxies start)
+    calls: UpstreamCalls
     work: Work
     reclaimer: Reclaimer
     owner: OwnerControls
@@ -255,7 +257,8 @@ def build(settings: Settings) -> Collaborators:
     supervisor = Supervisor()
     saver = learned.LearnedSaver(state, settings.state_dir)
     attach_saver(metrics, saver)
-    work = Work(state, supervisor=supervisor, metrics=metrics)
+    calls = UpstreamCalls(metrics)
+    work = Work(state, supervisor=supervisor, metrics=metrics, calls=calls)
     saver.holds = work.held
     if not saver.holds_frozen:  # else never written: every resource refuses anyway
         work.on_holds = lambda _held: saver.mark("holds", "")
@@ -267,7 +270,7 @@ def build(settings: Settings) -> Collaborators:
     reclaimer = Reclaimer(
         state,
         policies={u.name: reclaim_policy(u) for u in settings.upstream},
-        controllers={},
+        calls=calls,
         warm_models={u.name: u.warm_model for u in settings.upstream if u.warm_model},
         supervisor=supervisor,
         metrics=metrics,
@@ -285,6 +288,7 @@ def build(settings: Settings) -> Collaborators:
         metrics=metrics,
         supervisor=supervisor,
         saver=saver,
+        calls=calls,
         work=work,
         reclaimer=reclaimer,
         owner=owner,

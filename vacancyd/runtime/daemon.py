@@ -79,6 +79,7 @@ from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamS
 from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
 from vacancyd.control.owner import OwnerControls
 from vacancyd.control.reclaim import Reclaimer
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
 from vacancyd.core.lifecycle import JobPhase, JobRules, JobState, ReleaseBy
@@ -170,6 +171,7 @@ class Daemon:
     state: SharedState = field(init=False)
     metrics: Metrics = field(init=False)
     supervisor: Supervisor = field(init=False)
+    calls: UpstreamCalls = field(init=False)
     work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
@@ -193,6 +195,7 @@ class Daemon:
         self.metrics = parts.metrics
         self.supervisor = parts.supervisor
         self.saver = parts.saver
+        self.calls = parts.calls
         self.work = parts.work
         self.reclaimer = parts.reclaimer
         self.owner = parts.owner
@@ -343,7 +346,7 @@ class Daemon:
             controller = adapter.make_controller(
                 self.listeners.control_session(credential), upstream.target
             )
-            self.reclaimer.controllers[up.name] = controller
+            self.calls.add(up.name, controller)
             view = getattr(controller, "view", None)
             if callable(view):
                 self.state.upstream_views[up.name] = view
@@ -365,6 +368,7 @@ class Daemon:
             auth=auth,
             work=self.work,
             controller=controller,
+            calls=self.calls,
             probes=probes,
             trace=None if self.tracing is None else self.tracing.middleware(up.name),
         )
@@ -416,7 +420,7 @@ class Daemon:
 
     def _share_cards(self) -> None:
         """Exclusivity effects for upstreams with ``exclusive_of`` (Ollama + ComfyUI)."""
-        sharing = card_sharing(self.settings, self.state, self.reclaimer.controllers, self.metrics)
+        sharing = card_sharing(self.settings, self.state, self.calls, self.metrics)
         if sharing is not None:
             self.work.share_cards(sharing)
 
