@@ -24,6 +24,8 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "held_by": {"job", "upstream", "phase"} | null,
                           "state_error": str | null, "hold_write_error": str | null,
                           "temperature_c": °C | null, "energy_j": J | null,
+                          "thermal": {"max_c", "resume_c", "hot_yield_after_s", "hot",
+                                      "hot_for_s", "above_for_s"} | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
                                        "owner_load_ratio", "borrower_load_ratio",
                                        "calibration_observed_s", "calibration_needed_s",

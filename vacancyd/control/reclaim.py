@@ -107,6 +107,7 @@ class Reclaimer:
             Trigger.PRESSURE: f"resource {edge.resource!r} is under owner GPU pressure",
             Trigger.ADMIN: "an operator reclaimed this upstream",
             Trigger.HOLD: f"the owner's controls hold this host ({edge.detail})",
+            Trigger.THERMAL: f"GPU {edge.resource!r} stayed too hot ({edge.detail})",
         }[edge.trigger]
         return Refuse.of(
             edge.reason,
