@@ -42,6 +42,7 @@ from vacancyd.core.events import (
     Shutdown,
     StateEvent,
     Stopping,
+    ThermalChanged,
     UnseenGpuWorkChanged,
     VetoChanged,
 )
@@ -70,6 +71,7 @@ from vacancyd.core.snapshot import (
     Snapshot,
 )
 from vacancyd.core.status import PublisherStatus
+from vacancyd.core.thermal import ThermalChange, ThermalPolicy, ThermalTracker
 from vacancyd.core.veto import VetoTracker
 
 log = logging.getLogger(__name__)
@@ -172,6 +174,7 @@ class SharedState:
         release_after_s: float = 60.0,
         clock: Callable[[], float] | None = None,
         pressure: Mapping[str, PressurePolicy] | None = None,
+        thermal: Mapping[str, ThermalPolicy] | None = None,
     ) -> None:
         self.resources = dict(resources)
         self.upstreams = dict(upstreams)
@@ -220,6 +223,11 @@ class SharedState:
             for name, p in (pressure or {}).items()
         }
         self.unseen = UnseenGpuWork()
+        #: Per GPU with ``max_temperature_c``: its temperature guard (vacancyd.core.thermal),
+        #: fed by each capacity sample.
+        self.thermal: dict[str, ThermalTracker] = {
+            name: ThermalTracker(p) for name, p in (thermal or {}).items()
+        }
         #: Each upstream's latest reclaim as published by vacancyd.control.reclaim.
         self.reclaims: dict[str, Reclaim] = {}
         #: Per resource, when a reclaim last unloaded an upstream depending on it (monotonic).
@@ -255,6 +263,9 @@ class SharedState:
         #: Host-side Kubernetes publishing's own state for /status and /metrics (set by
         #: vacancyd.k8s.host when ``[kubernetes]`` is configured).
         self.publisher_status: Callable[[], PublisherStatus] | None = None
+        #: Why the usage ledger is not as it should be (``vacancyd.runtime.usage``), read
+        #: for /status; None when no ledger is kept.
+        self.usage_error: Callable[[], str | None] | None = None
 
     @property
     def reclaim_views(self) -> Mapping[str, dict[str, object]]:
@@ -328,7 +339,9 @@ class SharedState:
         value = capacity.value if capacity is not None else None
         return value.free_mib if value is not None else None
 
-    def record_capacity(self, name: str, reading: CapacityReading, now: float) -> None:
+    def record_capacity(self, name: str, reading: CapacityReading, now: float) -> tuple[Edge, ...]:
+        """A capacity sample of ``name`` at ``now`` (monotonic s); returns the thermal edge a
+        GPU that stayed too hot raises (none otherwise)."""
         before = self.capacity[name].quality(now, self.resources[name].stale_after_s)
         self.capacity[name] = self.capacity[name].succeeded(reading, now)
         pending = self._to_measure.get(name)
@@ -338,8 +351,52 @@ class SharedState:
         if before is not Quality.READY:
             log.info("resource %s measured", name)
             self._emit(CapacityChanged(name, Quality.READY))
+        tracker = self.thermal.get(name)
+        raised: tuple[Edge, ...] = ()
+        if tracker is not None:
+            raised = self._observe_thermal(name, tracker, reading.temperature_c, now)
         self._wake(self._observed, name)
         self._sampled()
+        return raised
+
+    def _observe_thermal(
+        self, name: str, tracker: ThermalTracker, temperature_c: float | None, now: float
+    ) -> tuple[Edge, ...]:
+        """Feed GPU ``name``'s temperature guard; a ``yield`` change raises a ``thermal``
+        reclaim edge (returned), answered by each affected upstream's reclaim policy as
+        pressure is."""
+        raised: tuple[Edge, ...] = ()
+        for change in tracker.observe(temperature_c, now):
+            assert temperature_c is not None  # observe changes nothing without a reading
+            policy = tracker.policy
+            if change is ThermalChange.HOT:
+                log.warning(
+                    "resource %s: %g °C, above its %g °C limit: no new borrowed work until "
+                    "it is below %g °C",
+                    name,
+                    temperature_c,
+                    policy.max_c,
+                    policy.resume_c,
+                )
+            elif change is ThermalChange.COOLED:
+                log.info("resource %s: cooled to %g °C; lending may resume", name, temperature_c)
+            else:
+                log.warning(
+                    "resource %s: above %g °C for %g s; yielding its borrowed work",
+                    name,
+                    policy.max_c,
+                    policy.hot_yield_after_s,
+                )
+            self._emit(ThermalChanged(name, change.value, tracker.hot, temperature_c, now))
+            if change is ThermalChange.YIELD:
+                raised += self.raise_edge(
+                    Trigger.THERMAL,
+                    now,
+                    resource=name,
+                    detail=f"{temperature_c:g} °C, above {policy.max_c:g} °C for "
+                    f"{policy.hot_yield_after_s:g} s",
+                )
+        return raised
 
     def record_capacity_failure(self, name: str, error: str, now: float) -> None:
         previous = self.capacity[name]
@@ -883,6 +940,7 @@ class SharedState:
                     charged_mib=self.ledger.charged_mib(name),
                     hold_unsaved=name in self.unsaved_holds,
                     hold_write_error=self.unsaved_holds.get(name),
+                    thermal=tracker.view() if (tracker := self.thermal.get(name)) else None,
                 )
                 for name, policy in self.resources.items()
             },

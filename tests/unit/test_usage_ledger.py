@@ -161,7 +161,9 @@ async def test_a_corrupt_ledger_is_set_aside_and_a_fresh_one_started(
 
 
 async def test_an_unopenable_ledger_is_not_set_aside_and_never_raises(tmp_path: Path) -> None:
-    s = UsageStore(tmp_path / "missing-dir" / USAGE_FILE, retention_days=90)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the directory should be")
+    s = UsageStore(blocker / USAGE_FILE, retention_days=90)
     await s.open()
     assert s.error is not None and "cannot open" in s.error
     fut = s.record(row(1))
@@ -169,7 +171,7 @@ async def test_an_unopenable_ledger_is_not_set_aside_and_never_raises(tmp_path: 
     assert fut.exception() is None and s.dropped == 1
     with pytest.raises(LedgerUnreadable):
         await s.groups(0.0, "borrower")
-    (tmp_path / "missing-dir").mkdir()  # repaired: the next write opens it
+    blocker.unlink()  # repaired: the next write opens it
     await asyncio.wrap_future(s.record(row(2)))
     assert s.error is None
     assert [r[0] for r in rows_on_disk(s.path)] == [2]

@@ -94,8 +94,8 @@ def sample_now(
     name: str,
     probe: Callable[[], T],
     *,
-    on_sample: Callable[[T, float], None],
-    on_error: Callable[[str, float], None],
+    on_sample: Callable[[T, float], object],
+    on_error: Callable[[str, float], object],
     count: CountFailure | None = None,
 ) -> Callable[[], None]:
     """A call that samples ``probe`` at once, on the calling thread, and records the result

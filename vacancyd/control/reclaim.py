@@ -35,6 +35,7 @@ from vacancyd.control.spawn import Spawner
 from vacancyd.control.upstreamcalls import Status, UpstreamCalls
 from vacancyd.control.work import Work
 from vacancyd.core.lifecycle import JobState
+from vacancyd.core.observations import CapacityReading
 from vacancyd.core.reasons import ReclaimOutcome
 from vacancyd.core.reclaim import (
     Edge,
@@ -115,6 +116,11 @@ class Reclaimer:
         """A pressure poll of GPU ``name`` at ``now`` (monotonic s): recorded in the state,
         and its rising edge, if any, answered. Returns the upstreams it reclaims."""
         return self.answer(self.state.record_pressure(name, sample, now))
+
+    def record_capacity(self, name: str, reading: CapacityReading, now: float) -> list[str]:
+        """A capacity sample of resource ``name`` at ``now`` (monotonic s): recorded in the
+        state, and the thermal edge of a GPU that stayed too hot, if any, answered."""
+        return self.answer(self.state.record_capacity(name, reading, now))
 
     def record_pressure_failure(self, name: str, error: str, now: float) -> list[str]:
         """A failed pressure poll of GPU ``name``: as :meth:`record_pressure`."""

@@ -24,6 +24,7 @@ from vacancyd.config.policies import (
     pressure_policy,
     reclaim_policy,
     resource_policy,
+    thermal_policy,
     upstream_policy,
 )
 from vacancyd.config.secrets import Secrets
@@ -94,6 +95,11 @@ def build_state(settings: Settings) -> SharedState:
         presence_max_age_s=settings.presence_max_age_s,
         release_after_s=settings.owner.release_after_s,
         pressure=pressure,
+        thermal={
+            r.name: limits
+            for r in settings.resource
+            if r.enabled and (limits := thermal_policy(r)) is not None
+        },
     )
     saved = calibration.load_calibrations(settings.state_dir, pressure)
     for name, data in saved.items():

@@ -139,7 +139,7 @@ class Loops:
                 continue
             name = res.name
             probe = capacity_probe(res, self.settings, self.gpus)
-            on_sample = partial(state.record_capacity, name)
+            on_sample = partial(self.reclaimer.record_capacity, name)
             on_error = partial(state.record_capacity_failure, name)
             count = self.metrics.collector_failures(f"capacity:{name}")
             if probe is system.sample_memory:
