@@ -115,7 +115,7 @@ async def test_a_body_at_the_limit_never_stalls_the_loop(
     else:
         body, ctype = many_token_json(size), "application/json"
         path = "/v1/chat/completions"
-    monkeypatch.setattr("vacancyd.runtime.daemon.TARGET_WATCH_S", 3600.0)
+    monkeypatch.setattr("vacancyd.runtime.loops.TARGET_WATCH_S", 3600.0)
     async with lender() as d:
         # the daemon reads the machine's socket table at start (then every 15 s) to see how
         # the upstream listens: tens of ms of CPU on a busy machine, none of it the body's

@@ -314,3 +314,46 @@ def test_reused_pid_counts_as_the_owners(nvml: Scenario, server: tuple[Any, ...]
     assert att.borrower_load == 0
     assert att.seen == {"llm": False}
     assert probe._trees is None  # re-read next poll
+
+
+# -- temperature and the energy counter ----------------------------------------------------
+
+
+def test_capacity_carries_temperature_and_energy(nvml: Scenario) -> None:
+    nvml.gpus = [Gpu(temp_c=67, energy_mj=86_400_123_456)]
+    nvml.write()
+    gpu = NvmlGpu(GpuSelector.parse(0))
+    reading = read_nvml_capacity(gpu)
+    assert reading.temperature_c == 67.0
+    assert reading.energy_j == pytest.approx(86_400_123.456)
+    nvml.gpus = [Gpu(temp_c=71, energy_mj=86_500_123_456)]
+    nvml.write()
+    later = read_nvml_capacity(gpu)
+    assert later.temperature_c == 71.0
+    assert later.energy_j is not None and reading.energy_j is not None
+    assert later.energy_j - reading.energy_j == pytest.approx(100_000.0)  # cumulative
+
+
+def test_a_card_without_energy_counter_or_sensor_reads_none(nvml: Scenario) -> None:
+    nvml.gpus = [Gpu(temp_c=None, energy_mj=None)]
+    nvml.write()
+    reading = read_nvml_capacity(NvmlGpu(GpuSelector.parse(0)))
+    assert reading.energy_j is None and reading.temperature_c is None
+    assert reading.total_mib == 24576  # memory is read all the same
+
+
+def test_a_failing_sensor_leaves_memory_measured(
+    nvml: Scenario, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml.gpus = [Gpu(temp_c=60, energy_mj=5000)]
+    nvml.errors = {"temp": 999, "energy": 999}
+    nvml.write()
+    gpu = NvmlGpu(GpuSelector.parse(0))
+    for _ in range(3):
+        reading = read_nvml_capacity(gpu)
+        assert reading.temperature_c is None and reading.energy_j is None
+        assert reading.used_mib == 1024
+    assert len([r for r in caplog.records if "temperature failed" in r.getMessage()]) == 1
+    nvml.errors = {}
+    nvml.write()
+    assert read_nvml_capacity(gpu).temperature_c == 60.0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
@@ -66,7 +66,7 @@ class OneDocument(Collector):
     def __init__(self, doc: StatusDocument) -> None:
         self._doc = doc
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield from render_gauges(self._doc)
 
 

@@ -78,7 +78,7 @@ async def test_daemon_start_warns_when_headless_meets_a_local_desktop(
     fake = await FakeLogind.start(bus.address, [DESK])
     try:
         async with serve_app(openai_like_app()[0]) as target:
-            with caplog.at_level(logging.WARNING, logger="vacancyd.runtime.daemon"):
+            with caplog.at_level(logging.WARNING, logger="vacancyd.runtime.loops"):
                 async with running_daemon(headless(bus.address, target)):
                     for _ in range(100):
                         if any("headless" in r.getMessage() for r in caplog.records):

@@ -38,13 +38,15 @@ class StateCollector(Collector):
     def __init__(self, state: SharedState) -> None:
         self._state = state
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         yield from render_gauges(read_status(self._state))
 
 
-def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
+def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     """Every lender gauge, read from ``doc`` alone (nothing from the live state beside it,
-    so a scrape agrees with the ``/status`` and the publication of the same document)."""
+    so a scrape agrees with the ``/status`` and the publication of the same document). The
+    GPU's energy counter is a counter family: the card's own cumulative counter, read in
+    each capacity sample."""
     yield gauge("vacancyd_lending_enabled", value=1.0 if doc.lending_enabled else 0.0)
     presence = doc.presence
     g = gauge("vacancyd_presence_sampled")
@@ -68,7 +70,13 @@ def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
     util = gauge("vacancyd_resource_utilization_ratio")
     used = gauge("vacancyd_resource_used_bytes")
     lendable = gauge("vacancyd_resource_lendable")
+    temperature = gauge("vacancyd_gpu_temperature_celsius")
+    energy = counter_family("vacancyd_gpu_energy_joules")
     for name, res in sorted(doc.resources.items()):
+        if res.temperature_c is not None:
+            temperature.add_metric([name], res.temperature_c)
+        if res.energy_j is not None:
+            energy.add_metric([name], res.energy_j)
         enabled.add_metric([name], 1.0 if res.enabled else 0.0)
         for each in Quality:
             quality.add_metric([name, each.value], 1.0 if each is res.quality else 0.0)
@@ -83,7 +91,7 @@ def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily]:
         if res.has_bytes and res.used_mib is not None:
             used.add_metric([name], res.used_mib * MIB)
         lendable.add_metric([name], 1.0 if res.lendable else 0.0)
-    yield from (enabled, quality, age_g, free, total, used, util, lendable)
+    yield from (enabled, quality, age_g, free, total, used, util, lendable, temperature, energy)
     yield from _pressure_metrics(doc)
     yield from _learned_metrics(doc)
 

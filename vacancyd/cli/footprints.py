@@ -26,14 +26,14 @@ def _write_text(path: Path, text: str) -> None:
 
 def _free_mib_probe(settings: Settings) -> Any:
     """An async ``free_mib(resource)`` reading the GPU (NVML, nvidia-smi) as the daemon does."""
-    from vacancyd.runtime.daemon import _capacity_probe
+    from vacancyd.runtime.build import capacity_probe
 
     probes: dict[str, Any] = {}
     gpus: dict[str, Any] = {}
 
     async def free_mib(resource: str) -> float:
         res = next(r for r in settings.resource if r.name == resource)
-        probe = probes.setdefault(resource, _capacity_probe(res, settings, gpus))
+        probe = probes.setdefault(resource, capacity_probe(res, settings, gpus))
         reading = await asyncio.to_thread(probe)
         if reading.free_mib is None:
             from vacancyd.runtime.measure import MeasureError

@@ -1,6 +1,7 @@
 """NVIDIA GPU capacity and per-process pressure.
 
-Capacity: free, used and total memory (MiB) and utilization (0–1) of one declared GPU,
+Capacity: free, used and total memory (MiB), utilization (0–1), temperature (°C) and the
+cumulative energy counter (joules; None on cards without one) of one declared GPU,
 selected by NVML index, UUID (``GPU-…``) or PCI bus id (``0000:01:00.0``), read through
 nvidia-ml-py's ``pynvml``. When the NVML library cannot be loaded at all, capacity falls back
 to ``nvidia-smi --query-gpu`` CSV, run with a hard deadline and killed past it.
@@ -72,6 +73,8 @@ class NvmlGpu:
         self.uuid: str | None = None
         self._handle: object | None = None
         self._lock = threading.Lock()
+        #: The newest error reading an optional figure (temperature, energy), per figure.
+        self.optional_errors: dict[str, str] = {}
 
     def handle(self) -> object:
         """The NVML device handle. Raises NvmlMissing or ProbeError."""
@@ -137,8 +140,43 @@ def read_nvml_capacity(gpu: NvmlGpu) -> CapacityReading:
     if utilization is not None and not 0.0 <= utilization <= 1.0:
         raise ProbeError(f"NVML reported utilization {utilization:.0%} for GPU {gpu.selector}")
     return CapacityReading(
-        free_mib=free / MIB, total_mib=total / MIB, utilization=utilization, used_mib=used / MIB
+        free_mib=free / MIB,
+        total_mib=total / MIB,
+        utilization=utilization,
+        used_mib=used / MIB,
+        temperature_c=_optional(gpu, "temperature", _read_temperature, handle),
+        energy_j=_optional(gpu, "energy counter", _read_energy, handle),
     )
+
+
+def _read_temperature(handle: object) -> float | None:
+    celsius = int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
+    # NVML's sensor is an unsigned °C; anything outside a card's range is no reading.
+    return float(celsius) if 0 <= celsius <= 150 else None
+
+
+def _read_energy(handle: object) -> float | None:
+    return int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)) / 1000.0  # mJ -> J
+
+
+def _optional(
+    gpu: NvmlGpu, what: str, read: Callable[[object], float | None], handle: object
+) -> float | None:
+    """A figure some cards lack (temperature, the energy counter): None where the card does
+    not support it, and None (logged once per distinct error) where reading it fails, so a
+    missing sensor never makes the memory reading unknown."""
+    try:
+        value = read(handle)
+    except pynvml.NVMLError_NotSupported:
+        return None
+    except pynvml.NVMLError as exc:
+        error = _nvml_error(exc)
+        if gpu.optional_errors.get(what) != error:
+            gpu.optional_errors[what] = error
+            log.warning("GPU %s: reading its %s failed: %s", gpu.selector, what, error)
+        return None
+    gpu.optional_errors.pop(what, None)
+    return value
 
 
 # -- nvidia-smi fallback --------------------------------------------------------------------

@@ -85,9 +85,13 @@ class CapacityReading:
     ``free_mib``/``total_mib`` are MiB (None for CPU, which has no byte capacity);
     ``utilization`` is a 0–1 ratio (None when the probe cannot read it); ``used_mib`` is MiB
     in use as the device reports it (None where the probe has no such figure).
+    ``temperature_c``: a GPU's temperature in °C; ``energy_j``: its cumulative energy counter
+    in joules since the driver loaded (both None where the card or the probe has none).
     """
 
     free_mib: float | None
     total_mib: float | None
     utilization: float | None = None
     used_mib: float | None = None
+    temperature_c: float | None = None
+    energy_j: float | None = None

@@ -47,267 +47,124 @@ Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1), after 
 borrowed work in flight finishes for at most ``[server] shutdown_grace_s`` seconds; a second
 SIGTERM/SIGINT ends the drain at once (still exit 0). SIGHUP re-reads and validates the
 configuration file and logs the verdict; it never stops the daemon.
+
+This module is the lifecycle (start, wait, drain, shutdown, SIGHUP); what the daemon is made
+of is built in :mod:`vacancyd.runtime.build`, its listeners bound and closed by
+:mod:`vacancyd.runtime.listeners`, its sampling loops started by
+:mod:`vacancyd.runtime.loops`. The names tests and the command line import from here are
+re-exported.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import signal
-import ssl
-import sys
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
-from functools import partial
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import health_probe, make_api
-from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import read_status
-from vacancyd.collectors import exposure, logind, presence, reach, system
-from vacancyd.collectors.base import (
-    run_async_probe_loop,
-    run_inline_probe_loop,
-    run_probe_loop,
-    sample_now,
-)
-from vacancyd.collectors.nvidia import GpuCapacityProbe, GpuPressureProbe, NvmlGpu, SmiProbe
+from vacancyd.api.usage import UsageReport
+from vacancyd.collectors import logind
 from vacancyd.config.load import ConfigError, load_config
-from vacancyd.config.model import (
-    FOLLOWED_SHUTDOWN_DELAY_S,
-    ResourceSettings,
-    Settings,
-    is_loopback,
-    split_listen,
-)
-from vacancyd.config.policies import (
-    pressure_policy,
-    reclaim_policy,
-    resource_policy,
-    upstream_policy,
-)
+from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamSettings
 from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
-from vacancyd.config.zone import resolve_zone
-from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
+from vacancyd.control.owner import OwnerControls
 from vacancyd.control.reclaim import Reclaimer
-from vacancyd.control.sharing import CardSharing, ExclusiveSettings
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
-from vacancyd.core import presence as presence_rules
-from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
-from vacancyd.core.exposure import Exposure, ListenerExposure
-from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.lifecycle import JobPhase, JobRules, JobState, ReleaseBy
-from vacancyd.core.observations import CapacityReading
-from vacancyd.core.power import PowerPolicy
-from vacancyd.core.sharing import UnloadTimeout
-from vacancyd.core.snapshot import ServerState
 from vacancyd.core.status import service_status_line
 from vacancyd.k8s.host import HostPublisher
-from vacancyd.proxy.app import Proxy, Upstream, make_server
-from vacancyd.proxy.client import UpstreamClient
-from vacancyd.proxy.observe import ProxyAccessLogger
+from vacancyd.proxy.app import Proxy, Upstream
 from vacancyd.proxy.probe import ProbeEndpoint
-from vacancyd.proxy.tunnel import TunnelLimits
-from vacancyd.runtime import calibration, durable, learned, lendability, memory, sdnotify
-from vacancyd.runtime.tasks import Supervisor, hold_listener
-from vacancyd.runtime.telemetry import Tracing, start_tracing
-from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
-from vacancyd.web.access import AccessLogger, RefusalLog
-from vacancyd.web.auth import Authenticator, Token
-from vacancyd.web.framing import lenient_parser_problem
-from vacancyd.web.logins import Logins
-from vacancyd.web.metrics import Metrics
-from vacancyd.web.site import (
-    SERVER_HEADER,
-    ConnectionGuard,
-    ConnectionLimits,
-    GuardedTCPSite,
-    Probe,
+from vacancyd.runtime import learned, lendability, memory, sdnotify
+from vacancyd.runtime.build import (
+    PAUSE_VERSION,
+    Collaborators,
+    DurablePauseStore,
+    build,
+    build_state,
+    capacity_probe,
+    card_sharing,
+    check_state_dir,
+    make_authenticator,
+    owner_controls_config,
+    read_tokens,
 )
-from vacancyd.web.tls import TlsError, TlsFiles, reload_context, server_context
+from vacancyd.runtime.listeners import (
+    CLOSE_TIMEOUT_S,
+    EXIT_ADDRESS_BUSY,
+    HURRIED_CLOSE_S,
+    AddressBusyError,
+    Listeners,
+    StartupError,
+    reply_headers,
+)
+from vacancyd.runtime.loops import (
+    CALIBRATION_SAVE_INTERVAL_S,
+    TARGET_WATCH_S,
+    Loops,
+    warn_if_headless_at_a_desk,
+)
+from vacancyd.runtime.tasks import Supervisor
+from vacancyd.runtime.telemetry import Tracing, start_tracing
+from vacancyd.runtime.usage import USAGE_FILE, UsageStore
+from vacancyd.state import SharedState
+from vacancyd.web.auth import Authenticator
+from vacancyd.web.framing import lenient_parser_problem
+from vacancyd.web.metrics import Metrics
+
+__all__ = [
+    "CALIBRATION_SAVE_INTERVAL_S",
+    "CLOSE_TIMEOUT_S",
+    "DRAIN_POLL_S",
+    "EXIT_ADDRESS_BUSY",
+    "EXIT_CONFIG",
+    "HURRIED_CLOSE_S",
+    "PAUSE_VERSION",
+    "SAVE_AT_STOP_S",
+    "SHUTDOWN_GRACE_S",
+    "TARGET_WATCH_S",
+    "AddressBusyError",
+    "Collaborators",
+    "Daemon",
+    "DurablePauseStore",
+    "StartupError",
+    "build_state",
+    "capacity_probe",
+    "owner_controls_config",
+    "read_tokens",
+    "recheck_config",
+    "reply_headers",
+    "run_daemon",
+    "warn_if_headless_at_a_desk",
+]
 
 log = logging.getLogger(__name__)
-
 
 #: The default ``[server] shutdown_grace_s``: seconds borrowed work in flight gets to finish
 #: after SIGTERM/SIGINT (the drain), within systemd's ``TimeoutStopSec=30``.
 SHUTDOWN_GRACE_S = 20.0
-#: Once the drain is over, how long requests still being answered (refusals, pass-through
-#: reads) and WebSocket closing handshakes get before their connections close (seconds).
-CLOSE_TIMEOUT_S = 1.0
-#: After a second SIGTERM/SIGINT, how long requests still being answered get before their
-#: connections are reset (seconds), instead of CLOSE_TIMEOUT_S.
-HURRIED_CLOSE_S = 0.2
 #: How often the drain looks whether the borrowed work in flight has finished (seconds).
 DRAIN_POLL_S = 0.05
 #: At the end of a stop, how long writing the state directory (held jobs first) may take
 #: before the daemon stops without waiting for it (seconds; logged).
 SAVE_AT_STOP_S = 5.0
 
-
-class StartupError(Exception):
-    """The daemon could not start (a listener could not bind, a secret could not be read)."""
-
-
-class AddressBusyError(StartupError):
-    """A listener's address is held by another socket or not on this host yet (EADDRINUSE,
-    EADDRNOTAVAIL): often passing at boot, so the exit status asks for a restart."""
-
-
 #: Exit status of ``vacancyd run`` for what a restart cannot fix: an invalid configuration,
 #: an unreadable secret, a refused TLS file. The systemd unit's ``RestartPreventExitStatus``.
 EXIT_CONFIG = 2
-
-#: Exit status when a listener's address is busy or not yet on this host (``EX_TEMPFAIL`` of
-#: sysexits.h): systemd restarts it after the unit's ``RestartSec`` (docs/install.md).
-EXIT_ADDRESS_BUSY = 75
-
-
-#: How often the sockets serving each upstream's target are read (seconds).
-TARGET_WATCH_S = 15.0
-
-#: How often learned calibrations are written to the state directory (seconds).
-CALIBRATION_SAVE_INTERVAL_S = 300.0
-
-
-def _capacity_probe(
-    res: ResourceSettings, settings: Settings, gpus: dict[str, NvmlGpu]
-) -> Callable[[], CapacityReading]:
-    if res.kind == "memory":
-        return system.sample_memory
-    if res.kind == "cpu":
-        return system.CpuProbe()
-    selector = GpuSelector.parse(res.device)
-    gpu = gpus.setdefault(res.name, NvmlGpu(selector))
-    # nvidia-smi must finish inside the probe deadline, leaving the loop time to kill it.
-    smi_deadline = max(0.1, settings.collectors.probe_timeout_s * 0.8)
-    return GpuCapacityProbe(gpu, SmiProbe(selector, smi_deadline))
-
-
-def build_state(settings: Settings) -> SharedState:
-    resources = {r.name: resource_policy(settings, r) for r in settings.resource}
-    upstreams = {
-        u.name: upstream_policy(
-            settings,
-            u,
-            needs_model_observation=ADAPTERS[u.adapter].needs_model_observation,
-            canonical_model=ADAPTERS[u.adapter].canonical_model,
-        )
-        for u in settings.upstream
-    }
-    source = presence_rules.resolve_source(settings.owner.presence, sys.platform)
-    pressure = {
-        r.name: policy
-        for r in settings.resource
-        if r.enabled and (policy := pressure_policy(r)) is not None
-    }
-    state = SharedState(
-        resources,
-        upstreams,
-        presence_source=source.value,
-        presence_refuses=source is not presence_rules.PresenceSource.UNSUPPORTED,
-        presence_max_age_s=settings.presence_max_age_s,
-        release_after_s=settings.owner.release_after_s,
-        pressure=pressure,
-    )
-    saved = calibration.load_calibrations(settings.state_dir, pressure)
-    for name, data in saved.items():
-        state.pressure[name].pending_cache = data
-    learned.load_learned(state, settings.state_dir)
-    return state
-
-
-def reply_headers(
-    state: SharedState, keepalive_s: float
-) -> Callable[[web.BaseRequest, web.StreamResponse], Awaitable[None]]:
-    """The hook every listener runs on each reply: it names vacancyd, never the Python or
-    aiohttp version (nor the upstream's own ``Server``, which the proxy drops); a reply that
-    keeps its connection says for how long an idle connection stays open
-    (``Keep-Alive: timeout=N``, ``keepalive_s`` in whole seconds, rounded down), so a client
-    pool retires it before the listener closes it; and while the daemon drains it says
-    ``Connection: close``, so a client's pool moves off this lender instead of reusing a
-    connection that is about to close."""
-    keep_alive = f"timeout={max(1, int(keepalive_s))}"
-
-    async def hook(request: web.BaseRequest, response: web.StreamResponse) -> None:
-        response.headers["Server"] = SERVER_HEADER
-        if response.status == 101:  # an upgrade keeps its Connection and has no idle timer
-            return
-        if state.stopping:
-            response.force_close()
-            response.headers["Connection"] = "close"  # the hook runs after aiohttp set it
-        elif response.keep_alive is not False and request.keep_alive:
-            response.headers["Keep-Alive"] = keep_alive
-
-    return hook
-
-
-def owner_controls_config(settings: Settings) -> OwnerControlsConfig:
-    """The owner-controls loop's settings; raises ConfigError when the zone is unknown."""
-    owner = settings.owner
-    zone_name = settings.schedule.timezone if settings.schedule else None
-    try:
-        tz, zone = resolve_zone(zone_name)
-    except ValueError as exc:
-        raise ConfigError("configuration", [f"schedule.timezone: {exc}"]) from exc
-    exclusive = {}
-    for scope in ExclusiveScope:
-        names = frozenset(a.name for a in owner.exclusive_apps if a.scope == scope.value)
-        if names:
-            exclusive[scope] = ExclusiveTracker(
-                names, owner.exclusive_grace_s, owner.exclusive_resume_after_s
-            )
-    source = presence_rules.resolve_source(owner.presence, sys.platform)
-    return OwnerControlsConfig(
-        state_dir=settings.state_dir,
-        tz=tz,
-        zone=zone,
-        schedule=None if settings.schedule is None else settings.schedule.build(tz, zone),
-        power=PowerPolicy(owner.lend_on_battery, owner.min_battery_percent),
-        exclusive=exclusive,
-        gpu_resources=frozenset(r.name for r in settings.resource if r.kind == "gpu"),
-        presence_evidence=source is presence_rules.PresenceSource.LOGIND,
-        poll_s=settings.collectors.poll_s,
-        probe_timeout_s=settings.collectors.probe_timeout_s,
-    )
-
-
-#: The saved pause's format version in ``STATE_DIR/pause.json``.
-PAUSE_VERSION = 1
-
-
-class DurablePauseStore:
-    """The owner's pause as a versioned durable-state file (:mod:`vacancyd.runtime.durable`)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def load(self) -> Mapping[str, object] | None:
-        try:
-            return durable.read_state(self.path, {PAUSE_VERSION})
-        except durable.StateFileError as exc:
-            raise ValueError(str(exc)) from exc
-
-    def save(self, data: Mapping[str, object] | None) -> None:
-        if data is None:
-            durable.remove_state(self.path)
-        else:
-            durable.write_state(self.path, {"version": PAUSE_VERSION, **data})
-
-
-def read_tokens(secrets: Secrets) -> list[Token]:
-    return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens]
 
 
 @dataclass
@@ -316,69 +173,52 @@ class Daemon:
     state: SharedState = field(init=False)
     metrics: Metrics = field(init=False)
     supervisor: Supervisor = field(init=False)
+    calls: UpstreamCalls = field(init=False)
     work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
-    bound: dict[str, str] = field(default_factory=dict)
-    #: runner per listener name ("api" and each upstream's name)
-    _runners: dict[str, web.BaseRunner] = field(default_factory=dict)
-    #: the listeners' shared TLS context (None: plain HTTP) and the files it was loaded from
-    tls: ssl.SSLContext | None = None
-    _tls_files: TlsFiles | None = None
-    _sessions: list[aiohttp.ClientSession] = field(default_factory=list)
-    _clients: list[UpstreamClient] = field(default_factory=list)
+    saver: learned.LearnedSaver = field(init=False)
+    listeners: Listeners = field(init=False)
+    loops: Loops = field(init=False)
+    _saved_holds: list[learned.SavedHold] = field(init=False)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     #: Set by a second SIGTERM/SIGINT: the drain ends now.
     _hurry: asyncio.Event = field(default_factory=asyncio.Event)
-    #: connection budgets per listener name, and the proxies (tunnels) per upstream or pool
-    _guards: dict[str, ConnectionGuard] = field(default_factory=dict)
-    _proxies: dict[str, Proxy] = field(default_factory=dict)
-    #: the proxy listeners' refusal lines, summed up per (listener, reason) under a flood
-    _refusal_log: RefusalLog = field(default_factory=RefusalLog)
-    _gpus: dict[str, NvmlGpu] = field(default_factory=dict)
-    presence: logind.LogindPresence | None = None
     kubernetes: HostPublisher | None = None
-    saver: learned.LearnedSaver = field(init=False)
-    _saved_holds: list[learned.SavedHold] = field(init=False)
     #: replaces the OTLP exporter when set (tests pass an in-memory one)
     span_exporter: Any = None
     tracing: Tracing | None = None
     diagnostics: Diagnostics | None = None
+    #: The usage ledger (opened by :meth:`start`, closed at the end of :meth:`stop`).
+    usage: UsageStore | None = None
 
     def __post_init__(self) -> None:
-        self.state = build_state(self.settings)
-        self._saved_holds = learned.load_holds(self.state, self.settings.state_dir)
-        self.metrics = Metrics()
-        attach_state(self.metrics, self.state)
-        self.supervisor = Supervisor()
-        self.saver = learned.LearnedSaver(self.state, self.settings.state_dir)
-        attach_saver(self.metrics, self.saver)
-        self.work = Work(self.state, supervisor=self.supervisor, metrics=self.metrics)
-        self.saver.holds = self.work.held
-        if not self.saver.holds_frozen:  # else never written: every resource refuses anyway
-            self.work.on_holds = lambda _held: self.saver.mark("holds", "")
-            self.saver.holds_written = self.work.holds_saved
-            self.saver.holds_failed = self.work.holds_unsaved
-        for up in self.settings.upstream:
-            if up.busy == "wait":
-                self.work.enable_wait(
-                    up.name, max_waiting=up.waiting_limit, timeout_s=up.wait_timeout
-                )
-        self.reclaimer = Reclaimer(
-            self.state,
-            policies={u.name: reclaim_policy(u) for u in self.settings.upstream},
-            controllers={},
-            warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
-            supervisor=self.supervisor,
-            metrics=self.metrics,
-            work=self.work,
-        )
-        self.owner = OwnerControls(
-            self.state,
-            owner_controls_config(self.settings),
-            DurablePauseStore(self.settings.state_dir / PAUSE_FILE),
-            supervisor=self.supervisor,
-        )
+        parts = build(self.settings)
+        self.state = parts.state
+        self._saved_holds = parts.saved_holds
+        self.metrics = parts.metrics
+        self.supervisor = parts.supervisor
+        self.saver = parts.saver
+        self.calls = parts.calls
+        self.work = parts.work
+        self.reclaimer = parts.reclaimer
+        self.owner = parts.owner
+        self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
+        self.loops = Loops(self.settings, self.state, self.metrics, self.supervisor)
+
+    @property
+    def bound(self) -> dict[str, str]:
+        """The bound address per listener name ("api", each upstream's and pool's name)."""
+        return self.listeners.bound
+
+    @property
+    def _runners(self) -> dict[str, web.BaseRunner]:
+        return self.listeners.runners
+
+    @property
+    def presence(self) -> logind.LogindPresence | None:
+        """The logind presence source, once started (None with any other source)."""
+        return self.loops.presence
 
     def request_stop(self) -> None:
         """SIGTERM/SIGINT: the first starts the stop (and its drain); another one, once
@@ -421,170 +261,34 @@ class Daemon:
         settings = self.settings
         started_at = self.state.clock()
         secrets = read_secrets(settings, credentials=credentials_directory())
-        tokens = read_tokens(secrets)
-        server = settings.server
-        if server.tls_cert_file is not None and server.tls_key_file is not None:
-            self._tls_files = TlsFiles(
-                server.tls_cert_file, server.tls_key_file, server.tls_client_ca_file
-            )
-            try:
-                self.tls = server_context(self._tls_files)
-            except TlsError as exc:
-                raise StartupError(str(exc)) from exc
-        auth = Authenticator(
-            tokens,
-            trust_loopback=server.trust_loopback,
-            metrics=self.metrics,
-            allow_unauthenticated_remote=server.allow_unauthenticated_remote,
-            server_names=server.server_names,
-            allowed_origins=server.allowed_origins,
-            logins=Logins(),
-            trusted_proxies=server.trusted_proxies,
-        )
-        limits = server.limits
+        self.listeners.load_tls()
+        auth = make_authenticator(settings, read_tokens(secrets), self.metrics)
         self.tracing = start_tracing(
             settings.telemetry, self.state, self.span_exporter, supervisor=self.supervisor
         )
-
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
-        self.diagnostics = Diagnostics(
-            self.state,
-            settings,
-            started_at=started_at,
-            secrets=lambda: [t[1] for t in secrets.tokens] + list(secrets.credentials.values()),
-            users=lambda: self.presence.seen_users if self.presence is not None else (),
-        )
+        await self._open_usage()
         probes: dict[str, ProbeEndpoint] = {}
-        api = make_api(
-            self.state,
-            auth,
-            self.metrics,
-            started_at=started_at,
-            release=self.work.admin_release,
-            max_event_subscribers=limits.max_event_subscribers,
-            controls=self.owner,
-            probes=probes,
-            extra_routes=self.diagnostics.install,
-        )
-        state = self.state
-        await self._serve("api", api, server.listen, probe=lambda path: health_probe(state, path))
-
+        await self._serve_api(auth, secrets, started_at, probes)
         self._restore_holds()
         proxies: dict[str, Proxy] = {}
         for up in settings.upstream:
             credential = secrets.credentials.get(up.name)
-            adapter = ADAPTERS[up.adapter]
-            upstream = Upstream(
-                settings=up,
-                policy=self.state.upstreams[up.name],
-                adapter=adapter,
-                target=URL(str(up.target)),
-                credential=credential,
-            )
-            timeout = aiohttp.ClientTimeout(
-                total=None,
-                connect=limits.upstream_connect_timeout_s,
-                sock_connect=limits.upstream_connect_timeout_s,
-            )
-            session = aiohttp.ClientSession(
-                trust_env=False,
-                auto_decompress=False,
-                timeout=timeout,
-                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-                connector=aiohttp.TCPConnector(limit=0),
-                # A proxy must not keep one borrower's cookies for the next (and storing
-                # them costs a jar lookup per request): Set-Cookie passes through untouched.
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-            self._sessions.append(session)
-            controller = None
-            if adapter.make_controller is not None:
-                controller = adapter.make_controller(
-                    self._control_session(credential), upstream.target
-                )
-                self.reclaimer.controllers[up.name] = controller
-                view = getattr(controller, "view", None)
-                if callable(view):
-                    self.state.upstream_views[up.name] = view
-            self.work.add_upstream(
-                up.name,
-                JobRules(
-                    tracked=controller is not None,
-                    cut_is_uncertain=adapter.cut_is_uncertain,
-                    idle_evidence=adapter.observable,
-                    silence_s=up.silence_limit,
-                    detached_s=up.detached_work_timeout
-                    if adapter.detached_work and adapter.observable
-                    else None,
-                ),
-                controller,
-            )
-            proxy = Proxy(
-                upstream,
-                state=self.state,
-                auth=auth,
-                metrics=self.metrics,
-                limits=limits,
-                session=session,
-                work=self.work,
-                controller=controller,
-                tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
-            )
-            self._clients.append(proxy.client)
-            probes[up.name] = ProbeEndpoint(up.public_probe, proxy.probe)
-            self.state.set_listener(up.name, up.listen, bound=False)
-            address = await self._serve(
-                up.name,
-                proxy,
-                up.listen,
-                access_log_class=ProxyAccessLogger.bind(
-                    up.name, self.metrics.request_duration, self._refusal_log
-                ),
-                traced=True,
-            )
-            self.state.set_listener(up.name, address, bound=True)
-            self._start_reach_check(upstream)
-            if adapter.observable:
-                self._start_observer(upstream, credential)
-            proxies[up.name] = proxy
-            self._proxies[up.name] = proxy
-
+            proxies[up.name] = await self._serve_upstream(up, credential, auth, probes)
         for pool in settings.pool:
-            first = proxies[pool.members[0]]
-            pool_proxy = Proxy(
-                replace(first.upstream, alias=pool.name),
-                state=self.state,
-                auth=auth,
-                metrics=self.metrics,
-                limits=limits,
-                session=first.session,
-                upstream_client=first.client,
-                work=self.work,
-                tunnels=TunnelLimits(
-                    first.upstream.settings.websocket_max_tunnels,
-                    first.upstream.settings.websocket_idle_timeout_s,
-                ),
-                members={m: proxies[m] for m in pool.members},
+            await self.listeners.serve_pool(
+                pool.name, pool.listen, pool.members, proxies, auth=auth, work=self.work
             )
-            self._proxies[pool.name] = pool_proxy
-            self.state.pools[pool.name] = tuple(pool.members)
-            self.state.set_listener(pool.name, pool.listen, bound=False)
-            address = await self._serve(
-                pool.name,
-                pool_proxy,
-                pool.listen,
-                access_log_class=ProxyAccessLogger.bind(pool.name, None, self._refusal_log),
-            )
-            self.state.set_listener(pool.name, address, bound=True)
-
         self.work.watch_restored()
         self._share_cards()
-        self._start_collectors()
-        self._check_state_dir()
+        self.loops.start_collectors()
+        self.supervisor.spawn(self.owner.run(), name="owner controls", essential=True)
+        self.loops.start_presence()
+        check_state_dir(self.settings.state_dir, self.saver)
         self.supervisor.spawn(self.saver.run(), name="state saver", essential=False)
-        self.supervisor.spawn(self._watch_targets(), name="target listeners", essential=False)
+        self.supervisor.spawn(self.loops.watch_targets(), name="target listeners", essential=False)
         self.supervisor.spawn(
             lendability.watch(self.state), name="lendability watcher", essential=False
         )
@@ -592,6 +296,105 @@ class Daemon:
             warn_if_headless_at_a_desk(settings), name="headless check", essential=False
         )
         self._start_kubernetes(started_at)
+
+    async def _open_usage(self) -> None:
+        """Open the usage ledger (off the loop; a failure is its error in /status, never
+        fatal) and show its error in /status."""
+        store = UsageStore(
+            self.settings.state_dir / USAGE_FILE,
+            retention_days=self.settings.usage_retention_days,
+        )
+        await store.open()
+        self.usage = store
+        self.state.usage_error = lambda: store.error
+
+    async def _serve_api(
+        self,
+        auth: Authenticator,
+        secrets: Secrets,
+        started_at: float,
+        probes: dict[str, ProbeEndpoint],
+    ) -> None:
+        """Bind the API listener (``probes``: filled in as the proxies are built)."""
+        settings = self.settings
+        self.diagnostics = Diagnostics(
+            self.state,
+            settings,
+            started_at=started_at,
+            secrets=secrets.all_secrets,
+            users=lambda: self.presence.seen_users if self.presence is not None else (),
+        )
+        api = make_api(
+            self.state,
+            auth,
+            self.metrics,
+            started_at=started_at,
+            release=self.work.admin_release,
+            max_event_subscribers=settings.server.limits.max_event_subscribers,
+            controls=self.owner,
+            probes=probes,
+            usage=None
+            if self.usage is None
+            else UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
+            extra_routes=self.diagnostics.install,
+        )
+        state = self.state
+        await self.listeners.serve(
+            "api", api, settings.server.listen, probe=lambda path: health_probe(state, path)
+        )
+
+    async def _serve_upstream(
+        self,
+        up: UpstreamSettings,
+        credential: str | None,
+        auth: Authenticator,
+        probes: dict[str, ProbeEndpoint],
+    ) -> Proxy:
+        """Build one upstream's proxy (and its controller, when its adapter has one), bind
+        its listener, and start its connection check and server observer."""
+        adapter = ADAPTERS[up.adapter]
+        upstream = Upstream(
+            settings=up,
+            policy=self.state.upstreams[up.name],
+            adapter=adapter,
+            target=URL(str(up.target)),
+            credential=credential,
+        )
+        controller = None
+        if adapter.make_controller is not None:
+            controller = adapter.make_controller(
+                self.listeners.control_session(credential), upstream.target
+            )
+            self.calls.add(up.name, controller)
+            view = getattr(controller, "view", None)
+            if callable(view):
+                self.state.upstream_views[up.name] = view
+        self.work.add_upstream(
+            up.name,
+            JobRules(
+                tracked=controller is not None,
+                cut_is_uncertain=adapter.cut_is_uncertain,
+                idle_evidence=adapter.observable,
+                silence_s=up.silence_limit,
+                detached_s=up.detached_work_timeout
+                if adapter.detached_work and adapter.observable
+                else None,
+            ),
+            controller,
+        )
+        proxy = await self.listeners.serve_upstream(
+            upstream,
+            auth=auth,
+            work=self.work,
+            controller=controller,
+            calls=self.calls,
+            probes=probes,
+            trace=None if self.tracing is None else self.tracing.middleware(up.name),
+        )
+        self.loops.start_reach_check(upstream)
+        if adapter.observable:
+            self.loops.start_observer(upstream, self.listeners.observer_session(credential))
+        return proxy
 
     def _restore_holds(self) -> None:
         """Hold again what was held when vacancyd last stopped, before any proxy listens."""
@@ -629,23 +432,6 @@ class Daemon:
             self.saver.mark("holds", "")  # the restored jobs have new ids
         self._saved_holds = []
 
-    def _check_state_dir(self) -> None:
-        """Say at startup, not at the first save, when the state directory is unusable."""
-        path = self.settings.state_dir
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            probe = path / ".vacancyd-write-check"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            log.error(
-                "state directory %s is not writable (%s): learned calibration, contexts, "
-                "footprint priors and held jobs will not survive a restart",
-                path,
-                exc.strerror or exc,
-            )
-            self.saver.errors[str(path)] = f"not writable: {exc.strerror or exc}"
-
     @property
     def waiting(self) -> WaitRooms[JobState]:
         """The wait queues of upstreams with ``busy = "wait"``."""
@@ -653,55 +439,9 @@ class Daemon:
 
     def _share_cards(self) -> None:
         """Exclusivity effects for upstreams with ``exclusive_of`` (Ollama + ComfyUI)."""
-        exclusive = {
-            u.name: ExclusiveSettings(
-                u.unload_timeout, UnloadTimeout(u.on_unload_timeout or UnloadTimeout.FORWARD)
-            )
-            for u in self.settings.upstream
-            if u.exclusive_of
-        }
-        if not exclusive:
-            return
-        self.work.share_cards(
-            CardSharing(
-                self.state.upstreams,
-                exclusive,
-                self.reclaimer.controllers,
-                warm_models={u.name: u.warm_model for u in self.settings.upstream if u.warm_model},
-                clock=self.state.clock,
-                registry=self.metrics.registry,
-            )
-        )
-
-    async def _watch_targets(self) -> None:
-        """Every TARGET_WATCH_S, read which sockets serve each upstream's target (in a
-        thread: the socket table can be large) and warn when one listens on the network."""
-        targets = []
-        for up in self.settings.upstream:
-            url = URL(str(up.target))
-            if url.host is not None and url.port is not None:
-                targets.append((up.name, url.host, url.port))
-        state = self.state
-        while True:
-            try:
-                async with asyncio.timeout(self.settings.collectors.probe_timeout_s * 5):
-                    found = await asyncio.to_thread(exposure.observe_targets, targets)
-            except TimeoutError:
-                found = {
-                    name: Exposure(ListenerExposure.UNKNOWN, "reading the socket table timed out")
-                    for name, _, _ in targets
-                }
-            for name, verdict in found.items():
-                before = state.target_exposure.get(name)
-                network = ListenerExposure.LISTENS_ON_NETWORK
-                if verdict.state is network and (before is None or before.state is not network):
-                    log.warning(
-                        "upstream %s: %s; bind it to 127.0.0.1 so borrowers must pass the gate",
-                        name,
-                        verdict.detail,
-                    )
-                state.target_exposure[name] = verdict
-            await asyncio.sleep(TARGET_WATCH_S)
+        sharing = card_sharing(self.settings, self.state, self.calls, self.metrics)
+        if sharing is not None:
+            self.work.share_cards(sharing)
 
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes
@@ -719,321 +459,9 @@ class Daemon:
             lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
         )
 
-    async def _serve(
-        self,
-        name: str,
-        app: web.Application | Proxy,
-        listen: str,
-        *,
-        probe: Probe | None = None,
-        access_log_class: type[AbstractAccessLogger] | None = None,
-        traced: bool = False,
-    ) -> str:
-        """Bind ``listen`` for the API application or a proxy (an aiohttp low-level server:
-        the proxy routes every request itself; ``traced``: its requests get spans while
-        tracing is on). Raises StartupError when it cannot bind."""
-        limits = self.settings.server.limits
-        handler_settings: dict[str, Any] = {
-            "handler_cancellation": True,
-            "keepalive_timeout": limits.keepalive_timeout_s,
-            "lingering_time": 0,
-            "access_log": logging.getLogger(f"vacancyd.access.{name}"),
-            "access_log_class": access_log_class or AccessLogger.bind(name),
-        }
-        # Borrowed work had its drain before the runner is cleaned up (Daemon.shutdown):
-        # what is still being answered then gets CLOSE_TIMEOUT_S, then is cancelled.
-        hook = reply_headers(self.state, limits.keepalive_timeout_s)
-        runner: web.BaseRunner
-        if isinstance(app, Proxy):
-            trace = None
-            if traced and self.tracing is not None:
-                trace = self.tracing.middleware(app.upstream.name)
-            runner = web.ServerRunner(
-                make_server(app, trace=trace, reply_hook=hook, **handler_settings),
-                handle_signals=False,
-                shutdown_timeout=CLOSE_TIMEOUT_S,
-            )
-        else:
-            app.on_response_prepare.append(hook)
-            runner = web.AppRunner(
-                app, handle_signals=False, shutdown_timeout=CLOSE_TIMEOUT_S, **handler_settings
-            )
-        await runner.setup()
-        self._runners[name] = runner
-        host, port = split_listen(listen)
-        metrics = self.metrics
-        guard = ConnectionGuard(
-            ConnectionLimits(
-                max_connections=limits.max_connections,
-                max_unauthenticated=limits.unauthenticated_cap,
-                max_unauthenticated_per_peer=limits.max_unauthenticated_per_peer,
-                unauthenticated_timeout_s=limits.unauthenticated_timeout_s,
-                header_read_timeout_s=limits.header_read_timeout_s,
-            ),
-            probe=probe,
-            on_refused=lambda why: metrics.connections_refused.labels(name, why).inc(),
-            on_malformed=lambda: metrics.malformed_requests.labels(name).inc(),
-        )
-        site = GuardedTCPSite(runner, host, port, guard=guard, ssl_context=self.tls)
-        if self.tls is None and not is_loopback(host):
-            log.warning(
-                "%s listens on %s without TLS: bearer tokens and prompts cross the network in "
-                "clear text; set [server] tls_cert_file and tls_key_file (THREAT_MODEL.md)",
-                name,
-                listen,
-            )
-        try:
-            await site.start()
-        except OSError as exc:
-            problem = f"cannot listen on {listen} for {name}: {exc.strerror or exc}"
-            if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
-                raise AddressBusyError(
-                    f"{problem}; exiting with status {EXIT_ADDRESS_BUSY} so that a service "
-                    "manager tries again"
-                ) from exc
-            raise StartupError(problem) from exc
-        self._guards[name] = guard
-        address = f"{host}:{site.port}" if ":" not in host else f"[{host}]:{site.port}"
-        self.bound[name] = address
-        log.info("%s listening on %s://%s", name, "https" if self.tls else "http", address)
-        server = site.listening
-        assert server is not None
-        task_name = f"api@{address}" if name == "api" else f"listener {name}@{address}"
-        self.supervisor.spawn(hold_listener(task_name, server), name=task_name, essential=True)
-        return address
-
-    def _control_session(self, credential: str | None) -> aiohttp.ClientSession:
-        """A session for vacancyd's own calls to an upstream (unload, cancel, queue reads)."""
-        session = aiohttp.ClientSession(
-            trust_env=False,
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=self.settings.server.limits.upstream_connect_timeout_s
-            ),
-            headers={"Authorization": f"Bearer {credential}"} if credential else None,
-        )
-        self._sessions.append(session)
-        return session
-
-    def _start_reach_check(self, upstream: Upstream) -> None:
-        """While the lendability probe is asked (within the last minute), check on the
-        collectors' cadence (at most every 2 s) that the upstream's server accepts
-        connections (vacancyd.core.reach)."""
-        name = upstream.name
-        state = self.state
-        cfg = self.settings.collectors
-        interval = min(cfg.poll_s, 2.0)
-        state.reach_max_age_s = max(state.reach_max_age_s, 5 * (interval + cfg.probe_timeout_s))
-        host, port = reach.target_address(upstream.target)
-
-        def wanted() -> bool:
-            asked = state.reach_asked_at.get(name)
-            return asked is not None and state.clock() - asked <= REACH_DEMAND_S
-
-        self.supervisor.spawn(
-            reach.run_reach_loop(
-                host,
-                port,
-                interval_s=interval,
-                timeout_s=cfg.probe_timeout_s,
-                wanted=wanted,
-                wake=state.sample_wanted(f"reach:{name}"),
-                on_result=lambda ok, t, error: state.record_reach(name, ok, t, error),
-            ),
-            name=f"connection check {name}",
-            essential=False,
-        )
-
-    def _start_observer(self, upstream: Upstream, credential: str | None) -> None:
-        adapter = upstream.adapter
-        session = aiohttp.ClientSession(
-            trust_env=False,
-            timeout=aiohttp.ClientTimeout(total=self.settings.collectors.probe_timeout_s),
-            headers={"Authorization": f"Bearer {credential}"} if credential else None,
-        )
-        self._sessions.append(session)
-        name = upstream.name
-        state = self.state
-        poll = min(self.settings.collectors.poll_s, 2.0)
-        probe: Callable[[], Awaitable[ServerState]]
-        if adapter.make_observer is not None:
-
-            def known() -> Mapping[str, int | None]:
-                learned = state.learning.get(name)
-                return {} if learned is None else learned.modelfile_num_ctx
-
-            probe = adapter.make_observer(session, upstream.target, known)
-        else:
-            observe = adapter.observe
-            assert observe is not None
-            probe = lambda: observe(session, upstream.target)  # noqa: E731
-
-        self.supervisor.spawn(
-            run_async_probe_loop(
-                f"observer {name}",
-                probe,
-                interval_s=poll,
-                timeout_s=self.settings.collectors.probe_timeout_s,
-                on_sample=lambda s, t: state.record_server(name, s, t),
-                on_error=lambda e, t: state.record_server_failure(name, e, t),
-                wake=state.sample_wanted(f"server:{name}"),
-                count=self.metrics.collector_failures(f"server:{name}"),
-            ),
-            name=f"observer {name}",
-            essential=True,
-        )
-
-    def _start_collectors(self) -> None:
-        cfg = self.settings.collectors
-        state = self.state
-        for res in self.settings.resource:
-            if not res.enabled:
-                continue
-            name = res.name
-            probe = _capacity_probe(res, self.settings, self._gpus)
-            on_sample = partial(state.record_capacity, name)
-            on_error = partial(state.record_capacity_failure, name)
-            count = self.metrics.collector_failures(f"capacity:{name}")
-            if probe is system.sample_memory:
-                # /proc/meminfo is kernel memory, not a disk or a driver: every sample,
-                # the one a release asks for included, is taken on the loop, not handed to a
-                # thread and back (and one source keeps the samples in the order taken).
-                sample = sample_now(
-                    name, probe, on_sample=on_sample, on_error=on_error, count=count
-                )
-                state.sample_inline(name, sample)
-                self.supervisor.spawn(
-                    run_inline_probe_loop(sample, interval_s=cfg.poll_s),
-                    name=f"collector {name}",
-                    essential=True,
-                )
-                continue
-            self.supervisor.spawn(
-                run_probe_loop(
-                    name,
-                    probe,
-                    interval_s=cfg.poll_s,
-                    timeout_s=cfg.probe_timeout_s,
-                    on_sample=on_sample,
-                    on_error=on_error,
-                    wake=state.sample_wanted(name),
-                    count=count,
-                ),
-                name=f"collector {name}",
-                essential=True,
-            )
-        self._start_pressure()
-        self.supervisor.spawn(self.owner.run(), name="owner controls", essential=True)
-        source = presence_rules.resolve_source(self.settings.owner.presence, sys.platform)
-        if source is presence_rules.PresenceSource.LOGIND:
-            self._start_logind()
-        elif source is presence_rules.PresenceSource.UNSUPPORTED:
-            log.warning(
-                "no owner-presence backend on %s: presence is unknown and does not refuse; "
-                "lending here depends on capacity alone",
-                sys.platform,
-            )
-            state.record_presence(logind.unsupported_reading(sys.platform), state.clock())
-        elif source is presence_rules.PresenceSource.HEADLESS:
-            self.supervisor.spawn(
-                run_probe_loop(
-                    "presence",
-                    presence.sample_headless,
-                    interval_s=cfg.poll_s,
-                    timeout_s=cfg.probe_timeout_s,
-                    on_sample=state.record_presence,
-                    on_error=state.record_presence_failure,
-                    count=self.metrics.collector_failures("presence"),
-                ),
-                name="collector presence",
-                essential=True,
-            )
-        else:
-            log.warning(
-                "no owner presence source is configured ([owner] presence); host-scoped "
-                "upstreams refuse with owner_active until one is"
-            )
-
-    def _start_logind(self) -> None:
-        owner = self.settings.owner
-        cfg = self.settings.collectors
-        wake = self.state.sample_wanted("presence")
-        client = logind.LogindClient(
-            owner.bus_address,
-            signals=owner.signals,
-            on_signal=lambda _member: wake.set(),
-            spawn=lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False),
-        )
-        policy = presence_rules.PresencePolicy(
-            owner_processes=frozenset(owner.processes),
-            idle_after_s=owner.idle_after_s,
-            count_remote_graphical=owner.remote_graphical == "count",
-        )
-        self.presence = logind.LogindPresence(client, policy)
-        self.supervisor.spawn(
-            logind.run_logind_loop(
-                self.presence,
-                self.state,
-                interval_s=cfg.poll_s,
-                timeout_s=cfg.probe_timeout_s,
-                wake=wake,
-                count=self.metrics.collector_failures("presence"),
-            ),
-            name="collector presence",
-            essential=True,
-        )
-
-    def _start_pressure(self) -> None:
-        """One pressure loop per GPU with pressure, and the calibration saver."""
-        state = self.state
-        targets = {}
-        for up in self.settings.upstream:
-            url = URL(str(up.target))
-            if url.host is not None and url.port is not None:
-                targets[up.name] = (url.host, url.port)
-        for res in self.settings.resource:
-            ps = state.pressure.get(res.name)
-            if ps is None:
-                continue
-            gpu = self._gpus.setdefault(res.name, NvmlGpu(GpuSelector.parse(res.device)))
-            name = res.name
-            self.supervisor.spawn(
-                run_probe_loop(
-                    f"pressure {name}",
-                    GpuPressureProbe(gpu, targets),
-                    interval_s=ps.policy.poll_s,
-                    timeout_s=self.settings.collectors.probe_timeout_s,
-                    on_sample=lambda r, t, n=name: state.record_pressure(  # type: ignore[misc]
-                        n, PressureSample(r.attribution, r.gpu), t
-                    ),
-                    on_error=lambda e, t, n=name: state.record_pressure_failure(n, e, t),  # type: ignore[misc]
-                    wake=state.sample_wanted(f"pressure:{name}"),
-                    count=self.metrics.collector_failures(f"pressure:{name}"),
-                ),
-                name=f"pressure {name}",
-                essential=True,
-            )
-        if state.pressure:
-            self.supervisor.spawn(
-                self._save_calibrations_forever(), name="calibration saver", essential=False
-            )
-
-    async def _save_calibrations_forever(self) -> None:
-        while True:
-            await asyncio.sleep(CALIBRATION_SAVE_INTERVAL_S)
-            await self.save_calibrations()
-
     async def save_calibrations(self) -> None:
         """Write every identified GPU's calibration to the state directory; logs failures."""
-        for name, ps in self.state.pressure.items():
-            if ps.gpu is None or ps.learner.settings.fixed is not None:
-                continue
-            data = ps.learner.to_cache(ps.gpu)
-            try:
-                await asyncio.to_thread(
-                    calibration.save_calibration, self.settings.state_dir, name, data
-                )
-            except OSError as exc:
-                log.warning("resource %s: cannot save calibration: %s", name, exc)
+        await self.loops.save_calibrations()
 
     async def wait(self) -> int:
         """Wait for a stop request (returns 0) or an essential task's failure (returns 1)."""
@@ -1113,7 +541,7 @@ class Daemon:
         api = self._runners.pop("api", None)
         await self._close_listeners(self._runners)
         self._hold_what_is_unwatched()
-        self._refusal_log.flush()  # the last window's refusal counts are not lost
+        self.listeners.refusal_log.flush()  # the last window's refusal counts are not lost
         if self.kubernetes is not None:
             await self.kubernetes.stop()
         if api is not None:
@@ -1124,10 +552,9 @@ class Daemon:
             await self.tracing.shutdown()
         await self.save_calibrations()
         await self._save_at_stop()
-        for session in self._sessions:
-            await session.close()
-        for upstream_client in self._clients:
-            await upstream_client.close()
+        if self.usage is not None:
+            await self.usage.close()  # after the listeners: every finished job is written
+        await self.listeners.close_sessions()
         log.info("stopped %.3f s after the stop began", loop.time() - began)
 
     async def _drain(self, began: float, grace_s: float, delay_s: float) -> None:
@@ -1153,31 +580,9 @@ class Daemon:
                     await self._hurry.wait()
 
     async def _close_listeners(self, runners: Mapping[str, web.BaseRunner]) -> None:
-        """Close ``runners`` together: requests still being answered get up to
-        ``CLOSE_TIMEOUT_S``, unless the stop is hurried (a second SIGTERM/SIGINT, before or
-        during the close): then they get ``HURRIED_CLOSE_S`` and their connections are
-        reset, so the daemon exits at once instead of waiting out the close timeout."""
-        closing: asyncio.Future[Any] = asyncio.gather(
-            *(runner.cleanup() for runner in runners.values())
-        )
-        hurry: asyncio.Future[Any] = asyncio.get_running_loop().create_task(
-            self._hurry.wait(), name="hurry"
-        )
-        try:
-            await asyncio.wait({closing, hurry}, return_when=asyncio.FIRST_COMPLETED)
-            if not closing.done():
-                with contextlib.suppress(TimeoutError):
-                    # a moment for what is about to end on its own (/events' last event)
-                    async with asyncio.timeout(HURRIED_CLOSE_S):
-                        await asyncio.shield(closing)
-            if not closing.done():
-                reset = sum(
-                    guard.reset_busy() for name, guard in self._guards.items() if name in runners
-                )
-                log.info("closing: %d connection(s) still answering were reset", reset)
-            await closing
-        finally:
-            hurry.cancel()
+        """Close ``runners`` together (:meth:`Listeners.close`): a hurried stop resets what
+        is still answering instead of waiting out the close timeout."""
+        await self.listeners.close(runners, self._hurry)
 
     def _hold_what_is_unwatched(self) -> None:
         """Once no exchange runs: hold every job whose completion is still uncertain (a
@@ -1222,24 +627,12 @@ class Daemon:
         request (their jobs end as cut, not as borrower disconnects). Returns how many
         connections were cut."""
         self.work.cut_for_stop()
-        closed = await asyncio.gather(
-            *(proxy.tunnels.close_all(CLOSE_TIMEOUT_S) for proxy in self._proxies.values())
-        )
-        reset = sum(guard.reset_busy() for name, guard in self._guards.items() if name != "api")
-        return sum(closed) + reset
+        return await self.listeners.cut_proxies()
 
     async def reload_tls(self) -> bool:
         """Load renewed TLS files into the running context (SIGHUP). Returns False, logging
         why, when they cannot be loaded; the running certificate stays in use then."""
-        if self.tls is None or self._tls_files is None:
-            return True
-        try:
-            await asyncio.to_thread(reload_context, self.tls, self._tls_files)
-        except TlsError as exc:
-            log.error("SIGHUP: %s; the running certificate stays in use", exc)
-            return False
-        log.info("SIGHUP: TLS certificate reloaded from %s", self._tls_files.cert)
-        return True
+        return await self.listeners.reload_tls()
 
 
 async def recheck_config(path: Path | None) -> bool:
@@ -1268,24 +661,6 @@ async def recheck_config(path: Path | None) -> bool:
         path,
     )
     return True
-
-
-async def warn_if_headless_at_a_desk(settings: Settings) -> str | None:
-    """Log (and return) a warning when presence is ``headless`` on a machine where logind
-    lists a local graphical session. Never raises: no logind means nothing to warn about."""
-    if settings.owner.presence != "headless":
-        return None
-    from vacancyd.collectors.logind import LogindError, local_sessions
-
-    try:
-        sessions = await local_sessions(settings.owner.bus_address)
-    except LogindError as exc:
-        log.debug("headless check: %s", exc)
-        return None
-    warning = presence_rules.headless_warning(sessions)
-    if warning:
-        log.warning("%s", warning)
-    return warning
 
 
 async def run_daemon(settings: Settings, config_path: Path | None = None) -> int:

@@ -215,6 +215,21 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("resource",),
     ),
     MetricSpec(
+        "vacancyd_gpu_temperature_celsius",
+        MetricType.GAUGE,
+        "The GPU's temperature in the newest capacity sample (absent where it reports none).",
+        ("resource",),
+    ),
+    MetricSpec(
+        "vacancyd_gpu_energy_joules",
+        MetricType.COUNTER,
+        (
+            "The GPU's cumulative energy counter since its driver loaded (absent where the "
+            "card has no counter)."
+        ),
+        ("resource",),
+    ),
+    MetricSpec(
         "vacancyd_resource_lendable",
         MetricType.GAUGE,
         ("1 when the resource passes its switch, quality and probe policy checks."),
@@ -441,7 +456,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("1 when the last attempt of every Kubernetes write (host-side publishing) succeeded."),
         (),
     ),
-    # Job execution (vacancyd.control.work).
+    # Calls to the upstream servers' own APIs (vacancyd.control.upstreamcalls).
+    MetricSpec(
+        "vacancyd_upstream_calls",
+        MetricType.COUNTER,
+        (
+            "Calls to an upstream server's own API, by call (unload, clear, free, warm, "
+            "cancel, wake, resident) and outcome (done, skipped, failed, timed_out)."
+        ),
+        ("upstream", "call", "outcome"),
+    ),
+    # Job execution (vacancyd.control.work, vacancyd.control.upstreamcalls).
     MetricSpec(
         "vacancyd_reclaim_cancelled_jobs",
         MetricType.COUNTER,
@@ -451,7 +476,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ),
         ("upstream", "kind"),
     ),
-    # Reclaim (vacancyd.control.reclaim).
+    # Reclaim (vacancyd.control.reclaim; its unload: vacancyd.control.upstreamcalls).
     MetricSpec(
         "vacancyd_reclaims",
         MetricType.COUNTER,
