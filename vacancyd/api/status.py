@@ -26,6 +26,8 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                           "temperature_c": °C | null, "energy_j": J | null,
                           "thermal": {"max_c", "resume_c", "hot_yield_after_s", "hot",
                                       "hot_for_s", "above_for_s"} | null,
+                          "power_limit": {"lend_w", "original_w", "applied", "problem",
+                                          "error"} | null,
                           "pressure": {"quality", "calibrated", "engaged", "threshold_ratio",
                                        "owner_load_ratio", "borrower_load_ratio",
                                        "calibration_observed_s", "calibration_needed_s",
@@ -155,6 +157,7 @@ def gather_status_inputs(state: SharedState, started_at: float | None = None) ->
         },
         pools=dict(state.pools),
         write_errors=dict(state.write_errors),
+        power_limits=dict(state.power_limits),
         owner_controls=None if state.owner_view is None else state.owner_view(),
         kubernetes=None if state.publisher_status is None else state.publisher_status(),
     )
