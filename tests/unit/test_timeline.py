@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 
 from vacancyd.core.history import VALID_FOR_S, HistorySample, ResourceSample
 from vacancyd.core.timeline import SPAN_S, borrower_label, duration_words, render_timeline
+from vacancyd.core.usage import borrower_label as usage_label
 
 NS = "{http://www.w3.org/2000/svg}"
 BERLIN = ZoneInfo("Europe/Berlin")
@@ -212,3 +213,38 @@ def test_durations_in_words() -> None:
     assert duration_words(3 * 3600) == "3 h"
     assert duration_words(3 * 3600 + 600) == "3 h 10 min"
     assert borrower_label("x" * 40).endswith("…") and len(borrower_label("x" * 40)) == 28
+
+
+def test_the_unnamed_borrower_is_named_as_everywhere_else() -> None:
+    assert borrower_label("") == usage_label("") == "default"
+
+
+def test_a_flood_of_samples_draws_a_bounded_picture_with_its_peaks() -> None:
+    """A day of samples every 15 s, each different (a flapping switch): no more shapes than
+    the plot has pixels, and a one-sample peak still shows."""
+    samples = [
+        HistorySample(
+            NOW - SPAN_S + 15 * i,
+            i % 2 == 0,
+            i % 3 == 0,
+            {"gpu0": ResourceSample(1000.0 + i % 5, 24576.0, 95.0 if i == 3000 else 40.0)},
+            {"alice": 1 + i % 2, "bob": i % 3},
+        )
+        for i in range(5760)
+    ]
+    svg = render_timeline(samples, now_wall=NOW, tz=BERLIN)
+    root = parse(svg)
+    assert len(svg) < 200_000
+    assert len(list(root.iter(NS + "rect"))) < 4 * 416 + 40
+    for line in root.iter(NS + "polyline"):
+        assert len(line.get("points", "").split()) <= 2 * 416
+    desc = root.find(NS + "desc")
+    assert desc is not None and desc.text is not None and "up to 95 °C" in desc.text
+    ys = [
+        float(p.split(",")[1])
+        for line in root.iter(NS + "polyline")
+        if "temperature" in "".join(line.itertext())
+        for p in line.get("points", "").split()
+    ]
+    assert "95 °C" in " ".join(tips(root, "polyline"))
+    assert max(ys) - min(ys) > 30  # the peak's column stands out over the 40 °C level

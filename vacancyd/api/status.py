@@ -17,7 +17,7 @@ Shape (all times seconds; ``*_age_s`` from the monotonic clock; sizes MiB)::
                                 "remote", "active", "locked", "idle", "idle_for_s",
                                 "owner_processes"?}],
                   "session_counts": {KIND: int}},
-     "durable_state": {"write_errors": {PATH: str}},
+     "durable_state": {"write_errors": {PATH: str}, "usage_ledger_error": str | null},
      "resources": {NAME: {"kind", "enabled", "quality", "age_s", "free_mib", "total_mib",
                           "utilization_ratio", "used_mib", "lendable", "lendable_mib",
                           "why_not", "error", "jobs", "card": str | null,
@@ -158,6 +158,7 @@ def gather_status_inputs(state: SharedState, started_at: float | None = None) ->
         pools=dict(state.pools),
         write_errors=dict(state.write_errors),
         power_limits=dict(state.power_limits),
+        usage_error=None if state.usage_error is None else state.usage_error(),
         owner_controls=None if state.owner_view is None else state.owner_view(),
         kubernetes=None if state.publisher_status is None else state.publisher_status(),
     )

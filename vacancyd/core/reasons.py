@@ -3,7 +3,8 @@
 Every reason and error code vacancyd emits is a member of an enum here, and nowhere else:
 the gate's refusal reasons (:class:`Reason`), the ``error.type`` and ``error.code`` of the
 errors it answers itself (:class:`ErrorType`, :class:`ErrorCode`), a residency proof's
-reason (:class:`CreditCode`), why a job is held (:class:`HoldReason`), how a reclaim
+reason (:class:`CreditCode`), which fresh sample could change a refusal (:class:`Refresh`),
+why a job is held (:class:`HoldReason`), how a reclaim
 ended (:class:`ReclaimOutcome`), why a GPU's power limit was not taken
 (:class:`PowerLimitProblem`), the reasons of the
 browser guards (:class:`GuardReason`) and the authenticator's outcomes
@@ -54,6 +55,7 @@ class ErrorType(StrEnum):
     NOT_IMPLEMENTED = "not_implemented"
     UPSTREAM = "upstream_error"
     NO_VACANCY = "no_vacancy"
+    SERVER = "server_error"  #: vacancyd itself cannot answer now (the usage ledger)
 
 
 class ErrorCode(StrEnum):
@@ -106,6 +108,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_MODEL = "unknown_model"
     UNKNOWN_JOB = "unknown_job"
     TOO_MANY_SUBSCRIBERS = "too_many_subscribers"
+    #: ``GET /usage``: the usage ledger cannot be read now (its error is in /status).
+    USAGE_UNAVAILABLE = "usage_unavailable"
 
 
 class CreditCode(StrEnum):
@@ -235,6 +239,18 @@ RETRY_AFTER_S: dict[Reason, int] = {
 }
 
 
+class Refresh(StrEnum):
+    """Which fresh sample could change a refusal (:attr:`Refuse.refresh`): admission waits
+    for that sample and decides once more, and a waiting request keeps waiting through the
+    refusal. Never rendered on the wire."""
+
+    #: A new observation of the upstream's server (key ``server:NAME``): a stale or missing
+    #: observation, or a residency proof that failed only for the observation's age.
+    SERVER = "server"
+    #: A capacity sample of the refusal's resource taken after its last release.
+    CAPACITY = "capacity"
+
+
 @dataclass(frozen=True, slots=True)
 class Credit:
     """Outcome of a residency proof (docs/architecture.md step 6).
@@ -275,6 +291,8 @@ class Refuse:
 
     ``retry_after_s`` is whole seconds for the Retry-After header. ``detail`` is a sentence
     for a person; ``resource`` names the resource a per-resource step refused on.
+    ``extra``: fields the refusal body carries (an owner hold's ``hold`` and ``until``).
+    ``refresh``: the fresh sample that could change this refusal, None when none could.
     """
 
     reason: Reason
@@ -283,6 +301,7 @@ class Refuse:
     resource: str | None = None
     credit: Credit | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    refresh: Refresh | None = None
 
     @classmethod
     def of(cls, reason: Reason, detail: str, **kw: object) -> Refuse:

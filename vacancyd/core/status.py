@@ -404,9 +404,12 @@ class PublisherStatus:
 @dataclass(frozen=True, slots=True)
 class DurableStateStatus:
     """The durable state files: each file (or the directory) whose newest write failed,
-    with why."""
+    with why; and the usage ledger's error."""
 
     write_errors: Mapping[str, str] = field(default_factory=dict, metadata=shape(sort=True))
+    #: Why the usage ledger (``usage.sqlite3``) is not as it should be: set aside as
+    #: corrupt since the start, or unopenable or unwritable now; None when all is well.
+    usage_ledger_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

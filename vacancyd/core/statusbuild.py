@@ -119,6 +119,7 @@ class StatusInputs:
     write_errors: Mapping[str, str] = field(default_factory=dict)
     #: Per GPU with a lending power limit: the power limiter's report.
     power_limits: Mapping[str, PowerLimitStatus] = field(default_factory=dict)
+    usage_error: str | None = None
     owner_controls: Mapping[str, object] | None = None
     kubernetes: PublisherStatus | None = None
 
@@ -146,7 +147,9 @@ def build_status(inputs: StatusInputs) -> StatusDocument:
             for name, members in inputs.pools.items()
         },
         stopping=snap.stopping,
-        durable_state=DurableStateStatus(dict(inputs.write_errors)),
+        durable_state=DurableStateStatus(
+            dict(inputs.write_errors), usage_ledger_error=inputs.usage_error
+        ),
         owner_controls=_owner_controls(inputs),
         kubernetes=inputs.kubernetes,
     )

@@ -25,9 +25,9 @@ import html
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from vacancyd.core.history import UNNAMED, VALID_FOR_S, HistorySample
+from vacancyd.core.history import UNNAMED, VALID_FOR_S, HistorySample, ResourceSample
 
 #: What the page draws (seconds).
 SPAN_S = 24 * 3600.0
@@ -69,10 +69,11 @@ def _num(value: float) -> str:
 
 
 def borrower_label(name: str) -> str:
-    """How a borrower is named on the page: the unnamed borrower (the shared borrow token)
-    as ``unnamed``, long names cut to :data:`_NAME_CHARS` characters."""
+    """How a borrower is named on the timeline: the unnamed borrower (the shared borrow
+    token) as ``default``, as everywhere else (:data:`vacancyd.core.usage.UNNAMED_LABEL`),
+    long names cut to :data:`_NAME_CHARS` characters."""
     if name == UNNAMED:
-        return "unnamed (shared token)"
+        return "default"
     return name if len(name) <= _NAME_CHARS else name[: _NAME_CHARS - 1] + "…"
 
 
@@ -108,6 +109,44 @@ def _segments(samples: Iterable[HistorySample], start: float, end: float) -> lis
         seg_start = max(s.at_wall, start)
         if seg_end > seg_start:
             out.append(_Segment(seg_start, seg_end, s))
+    return out
+
+
+def _coarsen(
+    segments: Sequence[_Segment], start: float, end: float, columns: int
+) -> list[_Segment]:
+    """``segments`` (sorted, not overlapping) reduced to at most ``columns`` equal columns
+    of [start, end]: each column shows the sample that covers most of it (none when less
+    than half of it is covered), with each resource's highest memory use and temperature
+    within the column, so a short peak still shows."""
+    width = (end - start) / columns
+    out: list[_Segment] = []
+    j = 0
+    for c in range(columns):
+        a, b = start + c * width, start + (c + 1) * width
+        while j < len(segments) and segments[j].end <= a:
+            j += 1
+        best: HistorySample | None = None
+        best_s = covered = 0.0
+        peaks: dict[str, list[float | None]] = {}
+        k = j
+        while k < len(segments) and segments[k].start < b:
+            seg = segments[k]
+            overlap = min(b, seg.end) - max(a, seg.start)
+            if overlap > 0:
+                covered += overlap
+                if overlap > best_s:
+                    best, best_s = seg.sample, overlap
+                for name, r in seg.sample.resources.items():
+                    top = peaks.setdefault(name, [None, None, None])
+                    for i, v in enumerate((r.used_mib, r.total_mib, r.temperature_c)):
+                        current = top[i]
+                        if v is not None and (current is None or v > current):
+                            top[i] = v
+            k += 1
+        if best is not None and covered >= width / 2:
+            resources = {n: ResourceSample(*v) for n, v in peaks.items()}
+            out.append(_Segment(a, b, replace(best, resources=resources)))
     return out
 
 
@@ -251,6 +290,9 @@ def render_timeline(
     start = now_wall - span_s
     frame = _Frame(start, span_s, width)
     segments = _segments(samples, start, now_wall)
+    # what is drawn: at most one shape per two pixels, however many samples
+    columns = frame.plot_w // 2
+    drawn = segments if len(segments) <= columns else _coarsen(segments, start, now_wall, columns)
     parts: list[str] = []
 
     # -- row labels and frames ---------------------------------------------------------
@@ -268,11 +310,11 @@ def render_timeline(
         )
 
     # -- owner and lending -------------------------------------------------------------
-    owner_s = lending_s = 0.0
-    owner_key = {i: seg.sample.owner_present for i, seg in enumerate(segments)}
-    lending_key = {i: seg.sample.lending for i, seg in enumerate(segments)}
-    for a, b, present in _runs(segments, owner_key):
-        owner_s += (b - a) if present else 0.0
+    owner_s = sum(seg.end - seg.start for seg in segments if seg.sample.owner_present)
+    lending_s = sum(seg.end - seg.start for seg in segments if seg.sample.lending)
+    owner_key = {i: seg.sample.owner_present for i, seg in enumerate(drawn)}
+    lending_key = {i: seg.sample.lending for i, seg in enumerate(drawn)}
+    for a, b, present in _runs(drawn, owner_key):
         what = "owner present" if present else "owner away"
         parts.append(
             _rect(
@@ -284,8 +326,7 @@ def render_timeline(
                 f"{what} {_clock(a, tz)}–{_clock(b, tz)}",
             )
         )
-    for a, b, on in _runs(segments, lending_key):
-        lending_s += (b - a) if on else 0.0
+    for a, b, on in _runs(drawn, lending_key):
         what = "lending on" if on else "lending off"
         parts.append(
             _rect(
@@ -319,14 +360,15 @@ def render_timeline(
             out.append(("", -rest))  # negative: the others' share, drawn last
         return tuple(out)
 
-    work_key = {i: grouped(seg.sample.borrowers) for i, seg in enumerate(segments)}
+    work_key = {i: grouped(seg.sample.borrowers) for i, seg in enumerate(drawn)}
     peak = max((seg.sample.jobs for seg in segments), default=0)
+    scale_jobs = max((seg.sample.jobs for seg in drawn), default=0)
     wy, wh = frame.work
-    for a, b, key in _runs(segments, work_key):
+    for a, b, key in _runs(drawn, work_key):
         assert isinstance(key, tuple)
         y = wy + wh
         for name, n in key:
-            h = abs(n) / max(peak, 1) * (wh - 2)
+            h = abs(n) / max(scale_jobs, 1) * (wh - 2)
             y -= h
             who = f"{len(others)} other borrowers" if n < 0 else borrower_label(name)
             tip = (
@@ -371,12 +413,12 @@ def render_timeline(
     for name in names:
         used = {
             i: seg.sample.resources[name].used_mib
-            for i, seg in enumerate(segments)
+            for i, seg in enumerate(drawn)
             if name in seg.sample.resources
         }
         temp = {
             i: seg.sample.resources[name].temperature_c
-            for i, seg in enumerate(segments)
+            for i, seg in enumerate(drawn)
             if name in seg.sample.resources
         }
         seen_used = [v for v in used.values() if v is not None]
@@ -384,7 +426,7 @@ def render_timeline(
         if seen_used and mem_top > 0:
             peaks[name] = max(seen_used)
             scale = {"lo": 0.0, "hi": mem_top, "top": my + 2, "height": mh - 4}
-            for line in _lines(frame, segments, used, scale):
+            for line in _lines(frame, drawn, used, scale):
                 parts.append(
                     _polyline(
                         line,
@@ -395,7 +437,7 @@ def render_timeline(
         if seen_temp:
             hottest[name] = max(seen_temp)
             scale = {"lo": temp_lo, "hi": temp_hi, "top": ty + 2, "height": th - 4}
-            for line in _lines(frame, segments, temp, scale):
+            for line in _lines(frame, drawn, temp, scale):
                 parts.append(
                     _polyline(
                         line,

@@ -73,6 +73,7 @@ from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.ops import Diagnostics
 from vacancyd.api.status import read_status
+from vacancyd.api.usage import UsageReport
 from vacancyd.collectors import logind
 from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamSettings
@@ -119,6 +120,7 @@ from vacancyd.runtime.loops import (
 from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.runtime.telemetry import Tracing, start_tracing
+from vacancyd.runtime.usage import USAGE_FILE, UsageStore
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.framing import lenient_parser_problem
@@ -189,6 +191,9 @@ class Daemon:
     span_exporter: Any = None
     tracing: Tracing | None = None
     diagnostics: Diagnostics | None = None
+    #: The usage ledger: built here so what records into it can be handed ``usage.record``
+    #: before the start; opened by :meth:`start`, closed at the end of :meth:`shutdown`.
+    usage: UsageStore = field(init=False)
 
     def __post_init__(self) -> None:
         parts = build(self.settings)
@@ -203,7 +208,13 @@ class Daemon:
         self.owner = parts.owner
         self.power = parts.power
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
-        self.loops = Loops(self.settings, self.state, self.metrics, self.supervisor)
+        self.loops = Loops(
+            self.settings, self.state, self.metrics, self.supervisor, self.owner, self.reclaimer
+        )
+        self.usage = UsageStore(
+            self.settings.state_dir / USAGE_FILE,
+            retention_days=self.settings.usage_retention_days,
+        )
 
     @property
     def bound(self) -> dict[str, str]:
@@ -268,8 +279,9 @@ class Daemon:
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
-        # A power limit a crash left applied is restored before anything is lent again.
+        # A power limit a crash left applied is restored as the daemon starts.
         self.supervisor.spawn(self.power.run(), name="power limits", essential=False)
+        await self._open_usage()
         probes: dict[str, ProbeEndpoint] = {}
         await self._serve_api(auth, secrets, started_at, probes)
         self._restore_holds()
@@ -297,6 +309,13 @@ class Daemon:
         )
         self._start_kubernetes(started_at)
 
+    async def _open_usage(self) -> None:
+        """Open the usage ledger (off the loop; a failure is its error in /status, never
+        fatal) and show its error in /status."""
+        store = self.usage
+        await store.open()
+        self.state.usage_error = lambda: store.error
+
     async def _serve_api(
         self,
         auth: Authenticator,
@@ -319,9 +338,11 @@ class Daemon:
             self.metrics,
             started_at=started_at,
             release=self.work.admin_release,
+            reclaim=self.reclaimer.reclaim,
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
+            usage=UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
             extra_routes=self.diagnostics.install,
         )
         state = self.state
@@ -539,6 +560,7 @@ class Daemon:
             await self.tracing.shutdown()
         await self.save_calibrations()
         await self._save_at_stop()
+        await self.usage.close()  # after the listeners: every finished job is written
         await self.listeners.close_sessions()
         log.info("stopped %.3f s after the stop began", loop.time() - began)
 

@@ -12,6 +12,11 @@ and a fresh one is started; the store keeps the error (:attr:`UsageStore.error`,
 directory it may not write) is left alone: the store records nothing, keeps the error and
 tries again at the next hourly upkeep.
 
+The same database keeps the lender's history for the status page's timeline (table
+``history``, one sample a minute and one at each presence or lending edge,
+:mod:`vacancyd.runtime.history`): 48 hours of it, at most
+:data:`~vacancyd.core.history.MAX_SAMPLES` rows, pruned with the jobs.
+
 Times are wall-clock seconds since the epoch; a local day is the lender's local time.
 """
 
@@ -29,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from vacancyd.core import history as history_rules
+from vacancyd.core.history import HistorySample
 from vacancyd.core.usage import GROUP_BY, Since, UsageGroup, UsageRow
 
 log = logging.getLogger(__name__)
@@ -60,7 +67,17 @@ CREATE TABLE IF NOT EXISTS jobs (
     bytes_out INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS jobs_ended_at ON jobs (ended_at);
+CREATE TABLE IF NOT EXISTS history (
+    at_wall REAL NOT NULL,
+    owner_present INTEGER NOT NULL,
+    lending INTEGER NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS history_at_wall ON history (at_wall);
 """
+_INSERT_HISTORY = (
+    "INSERT INTO history (at_wall, owner_present, lending, detail) VALUES (?, ?, ?, ?)"
+)
 
 _INSERT = (
     "INSERT INTO jobs (job_id, borrower, upstream, model, resource, started_at, ended_at, "
@@ -133,8 +150,13 @@ def read_groups(path: Path, since: float, by: str) -> list[UsageGroup]:
     unknown ``by``."""
     if not path.exists():
         return []
+    # A read-only open of a WAL database creates its -wal and -shm files when they are not
+    # there, owned by the reader: root's `sudo vacancyd usage` would leave files the service's
+    # user cannot open. Without a -wal file no daemon has rows outside the main file, so it
+    # is read as immutable (no side files); with one, the daemon's own files are used.
+    immutable = "" if path.with_name(path.name + "-wal").exists() else "&immutable=1"
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=5.0)
     except sqlite3.Error as exc:
         raise LedgerUnreadable(f"cannot open {path}: {exc}") from exc
     try:
@@ -210,13 +232,14 @@ class UsageStore:
             self._upkeep = None
         if not self._closed:
             self._closed = True
-            await self._run(self._close_db)
-            self._executor.shutdown(wait=True)
+            await self._run(self._close_db)  # runs after every row queued before it
+            self._executor.shutdown(wait=False)  # nothing is left; never join on the loop
 
     def record(self, row: UsageRow) -> concurrent.futures.Future[None]:
         """Write ``row`` and commit it, on the store's thread; returns at once (callable from
-        the event loop, never blocks it). The returned future is done once the row is
-        committed (or dropped: the error is then in :attr:`error`); it never raises."""
+        the event loop, never blocks it; also before :meth:`open`, the first row then opens
+        the ledger). The returned future is done once the row is committed (or dropped: the
+        error is then in :attr:`error`); it never raises."""
         if self._closed:
             self.dropped += 1
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -237,9 +260,28 @@ class UsageStore:
             self._executor, self._query, float(start), by
         )
 
+    def record_history(self, sample: HistorySample) -> concurrent.futures.Future[None]:
+        """Write one history sample (vacancyd.runtime.history) to the ``history`` table and
+        commit it, on the store's thread; returns at once and never raises, like
+        :meth:`record`. Samples older than 48 hours, and the oldest past
+        :data:`~vacancyd.core.history.MAX_SAMPLES`, are deleted at open and hourly."""
+        if self._closed:
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+        return self._executor.submit(self._insert_history, sample)
+
+    async def history(self, since: float) -> list[HistorySample]:
+        """The history samples taken at or after ``since`` (wall s), oldest first (rows that
+        cannot be read are skipped). Raises :class:`LedgerUnreadable` when the database
+        cannot be read now."""
+        if self._closed:
+            raise LedgerUnreadable("the usage ledger is closed")
+        return await self._run(lambda: self._query_history(since))
+
     async def prune(self) -> int:
-        """Delete the rows past retention now; the number deleted (0 when the ledger is not
-        usable)."""
+        """Delete the rows past retention now (and the history past its own); the number of
+        jobs deleted (0 when the ledger is not usable)."""
         return await self._run(self._prune)
 
     async def _run(self, fn: Callable[[], T]) -> T:
@@ -285,6 +327,10 @@ class UsageStore:
         return True
 
     def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise sqlite3.OperationalError(f"cannot create {self.path.parent}: {exc}") from exc
         db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -376,6 +422,7 @@ class UsageStore:
     def _prune(self) -> int:
         if self._db is None:
             return 0
+        self._prune_history()
         try:
             cursor = self._db.execute(
                 "DELETE FROM jobs WHERE ended_at < ?", (self.clock() - self.retention_s,)
@@ -384,6 +431,58 @@ class UsageStore:
             self._fail(f"could not delete old rows from the usage ledger: {exc}")
             return 0
         return cursor.rowcount
+
+    def _insert_history(self, sample: HistorySample) -> None:
+        if self._db is None and not self._open_db():
+            return
+        row = history_rules.to_row(sample)
+        for attempt in (1, 2):
+            assert self._db is not None
+            try:
+                self._db.execute(_INSERT_HISTORY, row)  # autocommit
+                return
+            except sqlite3.Error as exc:
+                if attempt == 1 and is_corruption(exc):
+                    self._close_db()
+                    if self._open_db():
+                        continue
+                else:
+                    self._fail(f"could not record the lender's history: {exc}")
+                return
+
+    def _query_history(self, since: float) -> list[HistorySample]:
+        if self._db is None and not self._open_db():
+            raise LedgerUnreadable(self.error or "the usage ledger is not open")
+        assert self._db is not None
+        try:
+            cursor = self._db.execute(
+                "SELECT at_wall, owner_present, lending, detail FROM history "
+                "WHERE at_wall >= ? ORDER BY at_wall",
+                (since,),
+            )
+            rows = cursor.fetchall()
+        except sqlite3.Error as exc:
+            raise LedgerUnreadable(f"cannot read the history in {self.path}: {exc}") from exc
+        samples = (history_rules.from_row(tuple(row)) for row in rows)
+        return [s for s in samples if s is not None]
+
+    def _prune_history(self) -> int:
+        """Delete history past its retention (48 h) and past its row bound; the number of
+        rows deleted."""
+        if self._db is None:
+            return 0
+        cutoff = history_rules.retention_cutoff(self.clock())
+        try:
+            old = self._db.execute("DELETE FROM history WHERE at_wall < ?", (cutoff,)).rowcount
+            over = self._db.execute(
+                "DELETE FROM history WHERE rowid NOT IN "
+                "(SELECT rowid FROM history ORDER BY at_wall DESC LIMIT ?)",
+                (history_rules.MAX_SAMPLES,),
+            ).rowcount
+        except sqlite3.Error as exc:
+            self._fail(f"could not delete old history from the usage ledger: {exc}")
+            return 0
+        return old + over
 
     def _close_db(self) -> None:
         if self._db is not None:
