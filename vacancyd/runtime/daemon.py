@@ -205,7 +205,9 @@ class Daemon:
         self.reclaimer = parts.reclaimer
         self.owner = parts.owner
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
-        self.loops = Loops(self.settings, self.state, self.metrics, self.supervisor)
+        self.loops = Loops(
+            self.settings, self.state, self.metrics, self.supervisor, self.owner, self.reclaimer
+        )
         self.usage = UsageStore(
             self.settings.state_dir / USAGE_FILE,
             retention_days=self.settings.usage_retention_days,
@@ -331,6 +333,7 @@ class Daemon:
             self.metrics,
             started_at=started_at,
             release=self.work.admin_release,
+            reclaim=self.reclaimer.reclaim,
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
