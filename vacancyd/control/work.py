@@ -62,11 +62,12 @@ from vacancyd.core.lifecycle import (
     WatchIdle,
 )
 from vacancyd.core.policy import UpstreamPolicy
-from vacancyd.core.reasons import Admit, Decision, Reason, Refuse
+from vacancyd.core.reasons import Admit, Decision, Reason, Refresh, Refuse
 from vacancyd.core.reclaim import Edge
+from vacancyd.core.reclaim import refusal as reclaim_refusal
 from vacancyd.core.sharing import serve_order
 from vacancyd.core.snapshot import RequestFacts, Snapshot
-from vacancyd.core.waiting import waits_on
+from vacancyd.core.waiting import refresh_key, waits_on
 from vacancyd.state import SharedState
 from vacancyd.web.metrics import Metrics
 
@@ -80,8 +81,6 @@ IDLE_POLL_S = 0.25
 
 #: Returns True when it cancelled a running exchange (False: it had already finished).
 CutExchange = Callable[[], bool]
-#: Asks whether an upstream is being reclaimed: the refusal new work gets, or None.
-ReclaimCheck = Callable[[str], Refuse | None]
 
 
 @dataclass
@@ -119,8 +118,8 @@ class Work:
         self._watched: set[int] = set()
         self._upstreams: dict[str, _Upstream] = {}
         self._jobs: dict[int, JobState] = {}
-        self._listeners: list[Callable[[str], None]] = []
-        self._reclaiming: ReclaimCheck = lambda _upstream: None
+        #: Per upstream: set whenever one of its jobs changes phase (see :meth:`changes`).
+        self._changes: dict[str, asyncio.Event] = {}
         #: Wait queues of upstreams with ``busy = "wait"`` (see :meth:`enable_wait`).
         self.rooms: WaitRooms[JobState] = WaitRooms(
             state.clock,
@@ -152,26 +151,18 @@ class Work:
         """Carry out exclusivity for upstreams with ``exclusive_of`` (set once)."""
         self.card = card
 
-    def guard_with(self, check: ReclaimCheck) -> None:
-        """Refuse admission while ``check`` says the upstream is being reclaimed (set once,
-        by the reclaimer)."""
-        self._reclaiming = check
-
-    def subscribe(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(upstream)`` whenever the set of jobs deferring a reclaim changes."""
-        self._listeners.append(listener)
-
     # -- admission -----------------------------------------------------------------------
 
     def refusal(self, upstream: str) -> Refuse | None:
-        """The reclaim refusal new work on ``upstream`` gets now, or None."""
-        return self._reclaiming(upstream)
+        """The reclaim refusal new work on ``upstream`` gets now (while the reclaim the
+        reclaimer published for it is open: :func:`vacancyd.core.reclaim.refusal`), or None."""
+        return reclaim_refusal(self.state.reclaims.get(upstream))
 
     async def admit(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
         """Gate then ledger, with at most one fresh observation in between; then, where the
         upstream says so, a wait for a slot and the exclusive job's unload.
 
-        A refusal that says a fresher sample could change it (``extra["refresh"]``) waits up
+        A refusal that says a fresher sample could change it (``Refuse.refresh``) waits up
         to :data:`REFRESH_WAIT_S` seconds for one and decides once more; the second decision
         stands. The sample waited for is the one the refusal needs: after the last release
         for the post-completion rule (asked for by that release, so usually under way or
@@ -212,13 +203,13 @@ class Work:
             facts,
             snap,
             policies,
-            lambda p: self._reclaiming(p.name) or self.state.ledger.fits(p.name, p.resources),
+            lambda p: self.refusal(p.name) or self.state.ledger.fits(p.name, p.resources),
         )
         if isinstance(choice, pool.Choice):
             return choice.member.name
         for policy in policies:
             refusal = gate.decide(facts, snap, policy)
-            if isinstance(refusal, Refuse) and refusal.extra.get("refresh") is not None:
+            if isinstance(refusal, Refuse) and refusal.refresh is not None:
                 return policy.name
         if choice.reason is Reason.RESOURCE_BUSY:
             waiting = [m for m in members if self.rooms.has_queue(m)]
@@ -234,7 +225,7 @@ class Work:
         decision = self._decide(facts, self.state.snapshot(), policy)
         if isinstance(decision, Refuse):
             return decision
-        reclaiming = self._reclaiming(upstream)
+        reclaiming = self.refusal(upstream)
         if reclaiming is not None:
             return reclaiming
         if self.rooms.has_queue(upstream) and self.rooms.waiting(upstream):
@@ -257,10 +248,7 @@ class Work:
             decision = self._decide(facts, snap, policy)
             if isinstance(decision, Admit):
                 return self._reserve(upstream, decision, snap.now, facts)
-            refresh = decision.extra.get("refresh")
-            if refresh is None:
-                return decision
-            key = f"server:{upstream}" if refresh == "server" else decision.resource
+            key = refresh_key(decision, upstream)
             released = max(
                 (v.released_at or 0.0 for n in policy.resources if (v := snap.resources.get(n))),
                 default=None,
@@ -273,7 +261,7 @@ class Work:
             ):
                 return decision
             refreshed[key] = released
-            view = snap.resources.get(key) if refresh == "capacity" else None
+            view = snap.resources.get(key) if decision.refresh is Refresh.CAPACITY else None
             after = view.released_at if view is not None else None
             if not await self.state.fresh_sample(key, REFRESH_WAIT_S, after=after):
                 return decision
@@ -345,7 +333,7 @@ class Work:
     def _reserve(
         self, upstream: str, admit: Admit, now: float, facts: RequestFacts
     ) -> JobState | Refuse:
-        reclaiming = self._reclaiming(upstream)
+        reclaiming = self.refusal(upstream)
         if reclaiming is not None:
             return reclaiming
         policy = self.state.upstreams[upstream]
@@ -743,9 +731,19 @@ class Work:
             extra={"upstream": job.upstream, "job": job.id, "outcome": outcome.value},
         )
 
+    def changes(self, upstream: str) -> asyncio.Event:
+        """The event set whenever a job of ``upstream`` changes phase (admitted work starts,
+        lands, ends, is held or released): a reclaim waiting for that work to end clears it
+        and waits on it. One per upstream, created on first use."""
+        event = self._changes.get(upstream)
+        if event is None:
+            event = self._changes[upstream] = asyncio.Event()
+        return event
+
     def _changed(self, upstream: str) -> None:
-        for listener in self._listeners:
-            listener(upstream)
+        event = self._changes.get(upstream)
+        if event is not None:
+            event.set()
 
     def _cancel_exchange(self, job: JobState) -> None:
         cut = self._upstreams[job.upstream].cut.get(job.id)

@@ -192,8 +192,9 @@ class Daemon:
     span_exporter: Any = None
     tracing: Tracing | None = None
     diagnostics: Diagnostics | None = None
-    #: The usage ledger (opened by :meth:`start`, closed at the end of :meth:`stop`).
-    usage: UsageStore | None = None
+    #: The usage ledger: built here so what records into it can be handed ``usage.record``
+    #: before the start; opened by :meth:`start`, closed at the end of :meth:`shutdown`.
+    usage: UsageStore = field(init=False)
 
     def __post_init__(self) -> None:
         parts = build(self.settings)
@@ -207,7 +208,13 @@ class Daemon:
         self.reclaimer = parts.reclaimer
         self.owner = parts.owner
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
-        self.loops = Loops(self.settings, self.state, self.metrics, self.supervisor)
+        self.loops = Loops(
+            self.settings, self.state, self.metrics, self.supervisor, self.owner, self.reclaimer
+        )
+        self.usage = UsageStore(
+            self.settings.state_dir / USAGE_FILE,
+            retention_days=self.settings.usage_retention_days,
+        )
 
     @property
     def bound(self) -> dict[str, str]:
@@ -298,20 +305,15 @@ class Daemon:
         self.supervisor.spawn(
             warn_if_headless_at_a_desk(settings), name="headless check", essential=False
         )
-        if self.usage is not None:
-            recorder = HistoryRecorder(self.state, self.usage)
-            self.supervisor.spawn(recorder.run(), name="history recorder", essential=False)
+        recorder = HistoryRecorder(self.state, self.usage)
+        self.supervisor.spawn(recorder.run(), name="history recorder", essential=False)
         self._start_kubernetes(started_at)
 
     async def _open_usage(self) -> None:
         """Open the usage ledger (off the loop; a failure is its error in /status, never
         fatal) and show its error in /status."""
-        store = UsageStore(
-            self.settings.state_dir / USAGE_FILE,
-            retention_days=self.settings.usage_retention_days,
-        )
+        store = self.usage
         await store.open()
-        self.usage = store
         self.state.usage_error = lambda: store.error
 
     def _extra_routes(
@@ -349,12 +351,11 @@ class Daemon:
             self.metrics,
             started_at=started_at,
             release=self.work.admin_release,
+            reclaim=self.reclaimer.reclaim,
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
-            usage=None
-            if self.usage is None
-            else UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
+            usage=UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
             extra_routes=self._extra_routes,
         )
         state = self.state
@@ -571,8 +572,7 @@ class Daemon:
             await self.tracing.shutdown()
         await self.save_calibrations()
         await self._save_at_stop()
-        if self.usage is not None:
-            await self.usage.close()  # after the listeners: every finished job is written
+        await self.usage.close()  # after the listeners: every finished job is written
         await self.listeners.close_sessions()
         log.info("stopped %.3f s after the stop began", loop.time() - began)
 
