@@ -61,7 +61,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,8 +70,10 @@ from aiohttp import web
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
+from vacancyd.api.app import Handler as ApiHandler
 from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.ops import Diagnostics
+from vacancyd.api.overview import Overview
 from vacancyd.api.status import read_status
 from vacancyd.api.usage import UsageReport
 from vacancyd.collectors import logind
@@ -102,6 +104,7 @@ from vacancyd.runtime.build import (
     owner_controls_config,
     read_tokens,
 )
+from vacancyd.runtime.history import HistoryRecorder
 from vacancyd.runtime.listeners import (
     CLOSE_TIMEOUT_S,
     EXIT_ADDRESS_BUSY,
@@ -302,6 +305,8 @@ class Daemon:
         self.supervisor.spawn(
             warn_if_headless_at_a_desk(settings), name="headless check", essential=False
         )
+        recorder = HistoryRecorder(self.state, self.usage)
+        self.supervisor.spawn(recorder.run(), name="history recorder", essential=False)
         self._start_kubernetes(started_at)
 
     async def _open_usage(self) -> None:
@@ -311,6 +316,19 @@ class Daemon:
         await store.open()
         self.state.usage_error = lambda: store.error
         self.supervisor.spawn(store.upkeep(), name="usage ledger upkeep", essential=False)
+
+    def _extra_routes(
+        self,
+        app: web.Application,
+        scoped: Callable[[str, ApiHandler], ApiHandler],
+        mutation: Callable[[ApiHandler], ApiHandler],
+    ) -> None:
+        """The API routes beyond make_api's: the debug window and diagnostics, and the
+        status page's overview (timeline and today's totals, vacancyd.api.overview)."""
+        if self.diagnostics is not None:
+            self.diagnostics.install(app, scoped, mutation)
+        tz, zone = self.owner.config.tz, self.owner.config.zone
+        Overview(self.usage, self.usage, tz, zone).install(app, scoped)
 
     async def _serve_api(
         self,
@@ -339,7 +357,7 @@ class Daemon:
             controls=self.owner,
             probes=probes,
             usage=UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
-            extra_routes=self.diagnostics.install,
+            extra_routes=self._extra_routes,
         )
         state = self.state
         await self.listeners.serve(
