@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
 from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
-from vacancyd.control.upstreamcalls import UpstreamCalls
+from vacancyd.control.upstreamcalls import Outcome, UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.core import gate, pool
 from vacancyd.core.ledger import Job, Phase
@@ -83,6 +84,16 @@ IDLE_POLL_S = 0.25
 CutExchange = Callable[[], bool]
 
 
+@dataclass(frozen=True, slots=True)
+class CutResult:
+    """What :meth:`Work.cut` did: ``streams``, the exchanges it cut while they ran (their
+    upstream connections closed); ``cancels``, each server's cancel of tracked jobs in its
+    queue, as :class:`~vacancyd.control.upstreamcalls.UpstreamCalls` ended it."""
+
+    streams: int = 0
+    cancels: tuple[Outcome[None], ...] = ()
+
+
 @dataclass
 class _Upstream:
     rules: JobRules
@@ -94,9 +105,17 @@ class Work:
     """Every borrowed job on this daemon; one per daemon, touched only from the event loop."""
 
     def __init__(
-        self, state: SharedState, *, supervisor: Spawner, metrics: Metrics, calls: UpstreamCalls
+        self,
+        state: SharedState,
+        *,
+        supervisor: Spawner,
+        metrics: Metrics,
+        calls: UpstreamCalls,
+        observers: Sequence[JobObserver] = (),
     ) -> None:
         self.state = state
+        #: Told when each job starts and stops holding its resources (the power limiter).
+        self._observers = tuple(observers)
         #: Every call to the servers (here: cancelling tracked work in a server's queue).
         self.calls = calls
         self.supervisor = supervisor
@@ -363,7 +382,18 @@ class Work:
                 )
         job = JobState(reserved.id, upstream, reserved.resources, now, reserved.model)
         self._jobs[job.id] = job
+        self._tell(reserved, started=True)
         return job
+
+    def _tell(self, job: Job, *, started: bool) -> None:
+        for observer in self._observers:
+            try:
+                if started:
+                    observer.job_started(job)
+                else:
+                    observer.job_ended(job)
+            except Exception:  # an observer's bug must not break a job's life
+                log.exception("job observer %r failed on job %d", observer, job.id)
 
     # -- what the proxy reports ------------------------------------------------------------
 
@@ -444,9 +474,14 @@ class Work:
             if j.upstream == upstream and j.key is not None and j.phase.defers_reclaim
         )
 
-    async def cut(self, jobs: list[JobState], edge: Edge, *, cancel_queued: bool = True) -> None:
-        """Cut ``jobs`` for the reclaim that ``edge`` opened; a tracked job's cancel on the
-        server is bounded by ``upstreamcalls.CANCEL_DEADLINE_S``."""
+    async def cut(
+        self, jobs: list[JobState], edge: Edge, *, cancel_queued: bool = True
+    ) -> CutResult:
+        """Cut ``jobs`` for the reclaim that ``edge`` opened (those that ended meanwhile are
+        skipped); a tracked job's cancel on the server is bounded by
+        ``upstreamcalls.CANCEL_DEADLINE_S``. Returns what was done."""
+        streams = 0
+        cancels: list[Outcome[None]] = []
         queued: dict[str, list[JobState]] = {}
         for job in jobs:
             current = self._jobs.get(job.id)
@@ -456,11 +491,15 @@ class Work:
             self._jobs[current.id] = transition.state
             for effect in transition.effects:
                 if isinstance(effect, CancelExchange):
-                    self._cancel_exchange(transition.state)
+                    streams += self._cancel_exchange(transition.state)
                 elif isinstance(effect, CancelOnServer):
                     queued.setdefault(current.upstream, []).append(transition.state)
         for upstream, tracked in queued.items():
-            await self._cancel_on_server(upstream, [j.key for j in tracked if j.key is not None])
+            keys = [j.key for j in tracked if j.key is not None]
+            outcome = await self._cancel_on_server(upstream, keys)
+            if outcome is not None:
+                cancels.append(outcome)
+        return CutResult(streams, tuple(cancels))
 
     # -- what the daemon's stop does ----------------------------------------------------------
 
@@ -716,6 +755,7 @@ class Work:
             for name in released.resources:
                 self.state.request_sample(name)
             self.state.after_release(released, now)
+            self._tell(released, started=False)
         self.rooms.serve()
 
     def _ended(self, job: JobState) -> None:
@@ -745,14 +785,20 @@ class Work:
         if event is not None:
             event.set()
 
-    def _cancel_exchange(self, job: JobState) -> None:
+    def _cancel_exchange(self, job: JobState) -> bool:
+        """Cut ``job``'s exchange; True when it was still running (counted)."""
         cut = self._upstreams[job.upstream].cut.get(job.id)
         if cut is not None and cut():
             self.metrics.cancelled_jobs.labels(job.upstream, "stream").inc()
+            return True
+        return False
 
-    async def _cancel_on_server(self, upstream: str, keys: list[str]) -> None:
-        if keys and self.calls.supports(upstream):
-            await self.calls.cancel(upstream, keys, why=f"reclaim on {upstream}")
+    async def _cancel_on_server(self, upstream: str, keys: list[str]) -> Outcome[None] | None:
+        """Cancel the tracked jobs ``keys`` in ``upstream``'s queue; None when there is
+        nothing to cancel or no controller to cancel it with."""
+        if not keys or not self.calls.supports(upstream):
+            return None
+        return await self.calls.cancel(upstream, keys, why=f"reclaim on {upstream}")
 
     def _log_hold(self, job: JobState) -> None:
         hold = job.hold
