@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.control.accounting import Accounting
 from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
@@ -120,6 +121,9 @@ class Work:
         self.calls = calls
         self.supervisor = supervisor
         self.metrics = metrics
+        #: What each job used (busy time, tokens, energy; the borrowers' quota counts and the
+        #: usage ledger), told of every job's start and end; None: nothing is counted.
+        self.accounting: Accounting | None = None
         #: Called with every held job whenever the set of held jobs changes (the daemon
         #: writes them to the state directory, so a hold survives a restart). When set, a new
         #: hold is shown (``/status``, the ``job_hold`` event, the log) only once

@@ -80,6 +80,8 @@ from vacancyd.collectors import logind
 from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamSettings
 from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
+from vacancyd.control.accounting import Accounting
+from vacancyd.control.borrowers import Borrowers, limits_of
 from vacancyd.control.owner import OwnerControls
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.upstreamcalls import UpstreamCalls
@@ -123,7 +125,7 @@ from vacancyd.runtime.loops import (
 from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.runtime.telemetry import Tracing, start_tracing
-from vacancyd.runtime.usage import USAGE_FILE, UsageStore
+from vacancyd.runtime.usage import USAGE_FILE, LedgerUnreadable, UsageStore
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.framing import lenient_parser_problem
@@ -197,6 +199,10 @@ class Daemon:
     #: The usage ledger: built here so what records into it can be handed ``usage.record``
     #: before the start; opened by :meth:`start`, closed at the end of :meth:`shutdown`.
     usage: UsageStore = field(init=False)
+    #: The named borrowers' limits and what each used today (docs/borrowers.md).
+    borrowers: Borrowers = field(init=False)
+    #: What each borrowed job used, written to the ledger when it ends.
+    accounting: Accounting = field(init=False)
 
     def __post_init__(self) -> None:
         parts = build(self.settings)
@@ -218,6 +224,33 @@ class Daemon:
             self.settings.state_dir / USAGE_FILE,
             retention_days=self.settings.usage_retention_days,
         )
+        self.borrowers = Borrowers(
+            limits_of(
+                (b.name, b.upstreams, b.max_concurrent, b.daily_busy_s)
+                for b in self.settings.borrower
+            )
+        )
+        #: What each job used: the quota counts, the per-borrower metrics, the ledger rows.
+        self.accounting = Accounting(
+            self.borrowers,
+            self.metrics,
+            record=self.usage.record,
+            energy_of=self._energy_reading,
+            clock=self.state.clock,
+        )
+        self.work.accounting = self.accounting
+        self.state.sample_hooks.append(self._sampled)
+
+    def _energy_reading(self, resource: str) -> tuple[float, float] | None:
+        """The newest (monotonic s, J) of ``resource``'s GPU energy counter, None without one."""
+        observed = self.state.capacity.get(resource)
+        if observed is None or observed.value is None or observed.observed_at is None:
+            return None
+        energy = observed.value.energy_j
+        return None if energy is None else (observed.observed_at, energy)
+
+    def _sampled(self) -> None:
+        self.accounting.sampled(self.state.capacity)
 
     @property
     def bound(self) -> dict[str, str]:
@@ -320,6 +353,15 @@ class Daemon:
         store = self.usage
         await store.open()
         self.state.usage_error = lambda: store.error
+        if any(b.daily_busy_s is not None for b in self.settings.borrower):
+            # A restart must not hand a borrower a fresh quota: today's busy time so far.
+            day = self.borrowers.day
+            try:
+                used = await store.busy_between(day.start, day.end)
+            except LedgerUnreadable as exc:
+                log.warning("daily quotas start from 0: the usage ledger cannot be read: %s", exc)
+            else:
+                self.borrowers.restore(used, day)
         self.supervisor.spawn(store.upkeep(), name="usage ledger upkeep", essential=False)
 
     def _extra_routes(
@@ -579,6 +621,7 @@ class Daemon:
             await self.tracing.shutdown()
         await self.save_calibrations()
         await self._save_at_stop()
+        self.accounting.flush()  # the jobs that wait for their last energy sample
         await self.usage.close()  # after the listeners: every finished job is written
         await self.listeners.close_sessions()
         log.info("stopped %.3f s after the stop began", loop.time() - began)
