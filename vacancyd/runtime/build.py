@@ -222,7 +222,10 @@ def check_state_dir(path: Path, saver: learned.LearnedSaver) -> None:
 
 @dataclass(frozen=True)
 class Collaborators:
-    """What the daemon is made of before anything listens or samples."""
+    """What the daemon is made of before anything listens or samples. The reclaimer and
+    the card sharing need the upstreams' controllers, whose HTTP sessions need the running
+    event loop: :meth:`vacancyd.runtime.daemon.Daemon.start` builds them
+    (:func:`build_reclaimer`, :func:`card_sharing`)."""
 
     state: SharedState
     #: the holds ``holds.json`` listed at startup, restored before any proxy listens
@@ -230,8 +233,8 @@ class Collaborators:
     metrics: Metrics
     supervisor: Supervisor
     saver: learned.LearnedSaver
+    learner: learned.Learner
     work: Work
-    reclaimer: Reclaimer
     owner: OwnerControls
 
 
@@ -246,24 +249,18 @@ def build(settings: Settings) -> Collaborators:
     supervisor = Supervisor()
     saver = learned.LearnedSaver(state, settings.state_dir)
     attach_saver(metrics, saver)
-    work = Work(state, supervisor=supervisor, metrics=metrics)
-    saver.holds = work.held
-    if not saver.holds_frozen:  # else never written: every resource refuses anyway
-        work.on_holds = lambda _held: saver.mark("holds", "")
-        saver.holds_written = work.holds_saved
-        saver.holds_failed = work.holds_unsaved
+    learner = learned.Learner(state, saver.mark)
+    work = Work(
+        state,
+        supervisor=supervisor,
+        metrics=metrics,
+        # a holds.json that could not be read is never written: every resource refuses
+        holds_writer=None if saver.holds_frozen else saver,
+        after_release=learner.after_release,
+    )
     for up in settings.upstream:
         if up.busy == "wait":
             work.enable_wait(up.name, max_waiting=up.waiting_limit, timeout_s=up.wait_timeout)
-    reclaimer = Reclaimer(
-        state,
-        policies={u.name: reclaim_policy(u) for u in settings.upstream},
-        controllers={},
-        warm_models={u.name: u.warm_model for u in settings.upstream if u.warm_model},
-        supervisor=supervisor,
-        metrics=metrics,
-        work=work,
-    )
     owner = OwnerControls(
         state,
         owner_controls_config(settings),
@@ -276,7 +273,29 @@ def build(settings: Settings) -> Collaborators:
         metrics=metrics,
         supervisor=supervisor,
         saver=saver,
+        learner=learner,
         work=work,
-        reclaimer=reclaimer,
         owner=owner,
+    )
+
+
+def build_reclaimer(
+    settings: Settings,
+    state: SharedState,
+    controllers: Mapping[str, Controller],
+    *,
+    work: Work,
+    supervisor: Supervisor,
+    metrics: Metrics,
+) -> Reclaimer:
+    """The reclaimer of every upstream, with the ``controllers`` of those that have one
+    (built once the event loop runs: their HTTP sessions need it)."""
+    return Reclaimer(
+        state,
+        policies={u.name: reclaim_policy(u) for u in settings.upstream},
+        controllers=controllers,
+        warm_models={u.name: u.warm_model for u in settings.upstream if u.warm_model},
+        supervisor=supervisor,
+        metrics=metrics,
+        work=work,
     )

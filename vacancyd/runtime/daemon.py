@@ -70,9 +70,10 @@ from aiohttp import web
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
+from vacancyd.adapters.base import Controller
 from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.ops import Diagnostics
-from vacancyd.api.status import read_status
+from vacancyd.api.status import SleepViews, read_status
 from vacancyd.collectors import logind
 from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamSettings
@@ -92,6 +93,7 @@ from vacancyd.runtime.build import (
     Collaborators,
     DurablePauseStore,
     build,
+    build_reclaimer,
     build_state,
     capacity_probe,
     card_sharing,
@@ -164,6 +166,16 @@ SAVE_AT_STOP_S = 5.0
 EXIT_CONFIG = 2
 
 
+@dataclass(frozen=True)
+class _Target:
+    """One upstream as the daemon wires it: its proxy's view, its controller, its
+    credential."""
+
+    upstream: Upstream
+    controller: Controller | None
+    credential: str | None
+
+
 @dataclass
 class Daemon:
     settings: Settings
@@ -171,9 +183,11 @@ class Daemon:
     metrics: Metrics = field(init=False)
     supervisor: Supervisor = field(init=False)
     work: Work = field(init=False)
+    #: built by :meth:`start`, once the upstreams' controllers are
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
     saver: learned.LearnedSaver = field(init=False)
+    learner: learned.Learner = field(init=False)
     listeners: Listeners = field(init=False)
     loops: Loops = field(init=False)
     _saved_holds: list[learned.SavedHold] = field(init=False)
@@ -193,11 +207,18 @@ class Daemon:
         self.metrics = parts.metrics
         self.supervisor = parts.supervisor
         self.saver = parts.saver
+        self.learner = parts.learner
         self.work = parts.work
-        self.reclaimer = parts.reclaimer
         self.owner = parts.owner
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
-        self.loops = Loops(self.settings, self.state, self.metrics, self.supervisor)
+        self.loops = Loops(
+            self.settings,
+            self.state,
+            self.metrics,
+            self.supervisor,
+            learner=parts.learner,
+            sampled=parts.work.rooms.serve,
+        )
 
     @property
     def bound(self) -> dict[str, str]:
@@ -259,22 +280,38 @@ class Daemon:
         self.tracing = start_tracing(
             settings.telemetry, self.state, self.span_exporter, supervisor=self.supervisor
         )
+        targets = [self._target(up, secrets.credentials.get(up.name)) for up in settings.upstream]
+        controllers = {t.upstream.name: t.controller for t in targets if t.controller is not None}
+        self.reclaimer = build_reclaimer(
+            settings,
+            self.state,
+            controllers,
+            work=self.work,
+            supervisor=self.supervisor,
+            metrics=self.metrics,
+        )
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
         probes: dict[str, ProbeEndpoint] = {}
-        await self._serve_api(auth, secrets, started_at, probes)
+        sleep_views = {
+            name: view
+            for name, controller in controllers.items()
+            if callable(view := getattr(controller, "view", None))
+        }
+        await self._serve_api(auth, secrets, started_at, probes, sleep_views)
         self._restore_holds()
         proxies: dict[str, Proxy] = {}
-        for up in settings.upstream:
-            credential = secrets.credentials.get(up.name)
-            proxies[up.name] = await self._serve_upstream(up, credential, auth, probes)
+        for target in targets:
+            proxies[target.upstream.name] = await self._serve_upstream(target, auth, probes)
         for pool in settings.pool:
             await self.listeners.serve_pool(
                 pool.name, pool.listen, pool.members, proxies, auth=auth, work=self.work
             )
         self.work.watch_restored()
-        self._share_cards()
+        sharing = card_sharing(settings, self.state, controllers, self.metrics)
+        if sharing is not None:
+            self.work.share_cards(sharing)
         self.loops.start_collectors()
         self.supervisor.spawn(self.owner.run(), name="owner controls", essential=True)
         self.loops.start_presence()
@@ -295,6 +332,7 @@ class Daemon:
         secrets: Secrets,
         started_at: float,
         probes: dict[str, ProbeEndpoint],
+        sleep_views: SleepViews,
     ) -> None:
         """Bind the API listener (``probes``: filled in as the proxies are built)."""
         settings = self.settings
@@ -304,6 +342,7 @@ class Daemon:
             started_at=started_at,
             secrets=lambda: [t[1] for t in secrets.tokens] + list(secrets.credentials.values()),
             users=lambda: self.presence.seen_users if self.presence is not None else (),
+            sleep_views=sleep_views,
         )
         api = make_api(
             self.state,
@@ -314,6 +353,7 @@ class Daemon:
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
+            sleep_views=sleep_views,
             extra_routes=self.diagnostics.install,
         )
         state = self.state
@@ -321,15 +361,9 @@ class Daemon:
             "api", api, settings.server.listen, probe=lambda path: health_probe(state, path)
         )
 
-    async def _serve_upstream(
-        self,
-        up: UpstreamSettings,
-        credential: str | None,
-        auth: Authenticator,
-        probes: dict[str, ProbeEndpoint],
-    ) -> Proxy:
-        """Build one upstream's proxy (and its controller, when its adapter has one), bind
-        its listener, and start its connection check and server observer."""
+    def _target(self, up: UpstreamSettings, credential: str | None) -> _Target:
+        """One upstream as the proxy and the reclaimer see it, with its controller when its
+        adapter has one (its HTTP session needs the running loop), declared to ``Work``."""
         adapter = ADAPTERS[up.adapter]
         upstream = Upstream(
             settings=up,
@@ -343,10 +377,6 @@ class Daemon:
             controller = adapter.make_controller(
                 self.listeners.control_session(credential), upstream.target
             )
-            self.reclaimer.controllers[up.name] = controller
-            view = getattr(controller, "view", None)
-            if callable(view):
-                self.state.upstream_views[up.name] = view
         self.work.add_upstream(
             up.name,
             JobRules(
@@ -360,17 +390,25 @@ class Daemon:
             ),
             controller,
         )
+        return _Target(upstream, controller, credential)
+
+    async def _serve_upstream(
+        self, target: _Target, auth: Authenticator, probes: dict[str, ProbeEndpoint]
+    ) -> Proxy:
+        """Bind one upstream's proxy listener, and start its connection check and server
+        observer."""
+        upstream = target.upstream
         proxy = await self.listeners.serve_upstream(
             upstream,
             auth=auth,
             work=self.work,
-            controller=controller,
+            controller=target.controller,
             probes=probes,
-            trace=None if self.tracing is None else self.tracing.middleware(up.name),
+            trace=None if self.tracing is None else self.tracing.middleware(upstream.name),
         )
         self.loops.start_reach_check(upstream)
-        if adapter.observable:
-            self.loops.start_observer(upstream, self.listeners.observer_session(credential))
+        if upstream.adapter.observable:
+            self.loops.start_observer(upstream, self.listeners.observer_session(target.credential))
         return proxy
 
     def _restore_holds(self) -> None:
@@ -405,20 +443,14 @@ class Daemon:
                 if saved.release_by is ReleaseBy.SERVER_IDLE
                 else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
             )
-        if self._saved_holds:
-            self.saver.mark("holds", "")  # the restored jobs have new ids
+        if self._saved_holds and not self.saver.holds_frozen:
+            self.saver.write_holds(self.work)  # the restored jobs have new ids
         self._saved_holds = []
 
     @property
     def waiting(self) -> WaitRooms[JobState]:
         """The wait queues of upstreams with ``busy = "wait"``."""
         return self.work.rooms
-
-    def _share_cards(self) -> None:
-        """Exclusivity effects for upstreams with ``exclusive_of`` (Ollama + ComfyUI)."""
-        sharing = card_sharing(self.settings, self.state, self.reclaimer.controllers, self.metrics)
-        if sharing is not None:
-            self.work.share_cards(sharing)
 
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes
