@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.daemon import running_daemon, serve_app
 from vacancyd.api.metrics import Metrics
 from vacancyd.config import parse_config
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.work import Work
 from vacancyd.core.lifecycle import JobState
 from vacancyd.core.observations import CapacityReading
@@ -178,7 +179,8 @@ async def admission_cost(slots: int, queue: int, steps: int) -> tuple[float, flo
     state = build_state(settings)
     clock = [1000.0]
     state.clock = lambda: clock[0]
-    work = Work(state, supervisor=Supervisor(), metrics=Metrics())
+    metrics = Metrics()
+    work = Work(state, supervisor=Supervisor(), metrics=metrics, calls=UpstreamCalls(metrics))
     up = settings.upstream[0]
     work.enable_wait("up", max_waiting=up.waiting_limit, timeout_s=up.wait_timeout)
     reading = CapacityReading(64_000, 128_000, 0.1)

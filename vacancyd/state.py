@@ -39,6 +39,7 @@ from vacancyd.core.events import (
     Shutdown,
     StateEvent,
     Stopping,
+    ThermalChanged,
     UnseenGpuWorkChanged,
     VetoChanged,
 )
@@ -67,6 +68,7 @@ from vacancyd.core.snapshot import (
     Snapshot,
 )
 from vacancyd.core.status import PublisherStatus
+from vacancyd.core.thermal import ThermalChange, ThermalPolicy, ThermalTracker
 from vacancyd.core.veto import VetoTracker
 
 log = logging.getLogger(__name__)
@@ -169,6 +171,7 @@ class SharedState:
         release_after_s: float = 60.0,
         clock: Callable[[], float] | None = None,
         pressure: Mapping[str, PressurePolicy] | None = None,
+        thermal: Mapping[str, ThermalPolicy] | None = None,
     ) -> None:
         self.resources = dict(resources)
         self.upstreams = dict(upstreams)
@@ -215,6 +218,11 @@ class SharedState:
             for name, p in (pressure or {}).items()
         }
         self.unseen = UnseenGpuWork()
+        #: Per GPU with ``max_temperature_c``: its temperature guard (vacancyd.core.thermal),
+        #: fed by each capacity sample.
+        self.thermal: dict[str, ThermalTracker] = {
+            name: ThermalTracker(p) for name, p in (thermal or {}).items()
+        }
         #: Each upstream's latest reclaim as published by vacancyd.control.reclaim.
         self.reclaims: dict[str, Reclaim] = {}
         #: Per resource, when a reclaim last unloaded an upstream depending on it (monotonic).
@@ -245,6 +253,9 @@ class SharedState:
         #: Host-side Kubernetes publishing's own state for /status and /metrics (set by
         #: vacancyd.k8s.host when ``[kubernetes]`` is configured).
         self.publisher_status: Callable[[], PublisherStatus] | None = None
+        #: Why the usage ledger is not as it should be (``vacancyd.runtime.usage``), read
+        #: for /status; None when no ledger is kept.
+        self.usage_error: Callable[[], str | None] | None = None
 
     @property
     def reclaim_views(self) -> Mapping[str, dict[str, object]]:
@@ -324,7 +335,46 @@ class SharedState:
         if before is not Quality.READY:
             log.info("resource %s measured", name)
             self._emit(CapacityChanged(name, Quality.READY))
+        tracker = self.thermal.get(name)
+        if tracker is not None:
+            self._observe_thermal(name, tracker, reading.temperature_c, now)
         self._wake(self._observed, name)
+
+    def _observe_thermal(
+        self, name: str, tracker: ThermalTracker, temperature_c: float | None, now: float
+    ) -> None:
+        """Feed GPU ``name``'s temperature guard; a ``yield`` change raises a ``thermal``
+        reclaim edge, answered by each affected upstream's reclaim policy as pressure is."""
+        for change in tracker.observe(temperature_c, now):
+            assert temperature_c is not None  # observe changes nothing without a reading
+            policy = tracker.policy
+            if change is ThermalChange.HOT:
+                log.warning(
+                    "resource %s: %g °C, above its %g °C limit: no new borrowed work until "
+                    "it is below %g °C",
+                    name,
+                    temperature_c,
+                    policy.max_c,
+                    policy.resume_c,
+                )
+            elif change is ThermalChange.COOLED:
+                log.info("resource %s: cooled to %g °C; lending may resume", name, temperature_c)
+            else:
+                log.warning(
+                    "resource %s: above %g °C for %g s; yielding its borrowed work",
+                    name,
+                    policy.max_c,
+                    policy.hot_yield_after_s,
+                )
+            self._emit(ThermalChanged(name, change.value, tracker.hot, temperature_c, now))
+            if change is ThermalChange.YIELD:
+                self.raise_edge(
+                    Trigger.THERMAL,
+                    now,
+                    resource=name,
+                    detail=f"{temperature_c:g} °C, above {policy.max_c:g} °C for "
+                    f"{policy.hot_yield_after_s:g} s",
+                )
 
     def record_capacity_failure(self, name: str, error: str, now: float) -> None:
         previous = self.capacity[name]
@@ -754,6 +804,7 @@ class SharedState:
                     charged_mib=self.ledger.charged_mib(name),
                     hold_unsaved=name in self.unsaved_holds,
                     hold_write_error=self.unsaved_holds.get(name),
+                    thermal=tracker.view() if (tracker := self.thermal.get(name)) else None,
                 )
                 for name, policy in self.resources.items()
             },

@@ -108,7 +108,7 @@ async def test_owner_returns_while_a_borrowed_prompt_is_pending() -> None:
 async def test_a_foreign_prompt_in_the_queue_prevents_free(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, "vacancyd.control.reclaim")
+    caplog.set_level(logging.WARNING, "vacancyd.control.upstreamcalls")
     fake = FakeComfy(paused=True)
     async with lender(
         fake.app(), adapter="comfyui", policy="cancel", extra="yield_on_veto = true"

@@ -113,7 +113,7 @@ async def test_unreachable_ollama_during_unload_neither_blocks_nor_crashes(
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    caplog.set_level(logging.WARNING, "vacancyd.control.reclaim")
+    caplog.set_level(logging.WARNING, "vacancyd.control.upstreamcalls")
     async with lender(
         None, target=f"http://127.0.0.1:{port}", adapter="ollama", extra="yield_on_veto = true"
     ) as (d, _):

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-import vacancyd.control.reclaim as control
+import vacancyd.control.upstreamcalls as calls
 from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import running_daemon, serve_app
 from tests.support.fake_comfyui import FakeComfy
@@ -19,7 +19,7 @@ from tests.support.lender import owner_returns
 async def test_a_hung_unload_does_not_delay_another_upstreams(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(control, "UNLOAD_DEADLINE_S", 0.5)
+    monkeypatch.setattr(calls, "UNLOAD_DEADLINE_S", 0.5)
     release = asyncio.Event()
 
     async def hang(_: web.Request) -> web.Response:

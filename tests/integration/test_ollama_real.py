@@ -348,7 +348,7 @@ async def open_stream(
 async def test_reclaim_cuts_the_stream_and_the_real_server_unloads(
     real: OllamaServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, "vacancyd.control.reclaim")
+    caplog.set_level(logging.INFO, "vacancyd.control.upstreamcalls")
     async with (
         lender(real, on_owner_return="cancel", yield_on_veto=True) as d,
         aiohttp.ClientSession() as http,

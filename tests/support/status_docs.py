@@ -37,6 +37,7 @@ from vacancyd.core.status import (
     ServerStatus,
     SharingStatus,
     StatusDocument,
+    ThermalStatus,
     UpstreamStatus,
     VetoStatus,
 )
@@ -99,6 +100,17 @@ resources = st.builds(
     card=opt(st.sampled_from(["idle", "shared", "exclusive"])),
     temperature_c=opt(st.integers(0, 1200).map(lambda i: i / 10)),
     energy_j=opt(tenths),
+    thermal=opt(
+        st.builds(
+            ThermalStatus,
+            max_c=st.integers(50, 100).map(float),
+            resume_c=st.integers(10, 49).map(float),
+            hot_yield_after_s=opt(tenths),
+            hot=st.booleans(),
+            hot_for_s=opt(tenths),
+            above_for_s=opt(tenths),
+        )
+    ),
 )
 
 servers = st.builds(

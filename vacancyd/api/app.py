@@ -11,6 +11,8 @@ or ``{"until_idle": true}`` (each optionally with ``"reason"``) pauses lending (
 field, or ``"until_idle": false``, is refused: a pause until resumed is asked for with ``{}``);
 ``POST /admin/resume`` ends the pause (docs/presence.md "Pausing").
 ``GET /events/recent`` (read scope): the last hour of transitions (:class:`events.EventLog`).
+``GET /usage?since=24h&by=borrower`` (read scope): the usage ledger grouped
+(:mod:`vacancyd.api.usage`).
 Login links (``vacancyd open``, :mod:`vacancyd.web.logins`): ``POST /login/ticket`` (read
 scope, body ``{}`` or ``{"for_uid": UID}`` from root) -> ``{"ticket", "path",
 "expires_in_s"}``; ``POST /login`` with ``{"ticket": T}`` (no token) -> ``{"token",
@@ -32,6 +34,7 @@ from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
 from vacancyd.api.status import SleepViews, render_status
+from vacancyd.api.usage import UsageReport, usage_handler
 from vacancyd.core.ledger import Job
 from vacancyd.core.numbers import parse_int
 from vacancyd.core.reasons import ErrorCode, ErrorType
@@ -146,6 +149,7 @@ def make_api(
     controls: PauseControl | None = None,
     probes: Mapping[str, probe.ProbeEndpoint] | None = None,
     sleep_views: SleepViews | None = None,
+    usage: UsageReport | None = None,
     extra_routes: Callable[
         [web.Application, Callable[[str, Handler], Handler], Callable[[Handler], Handler]], None
     ]
@@ -155,6 +159,7 @@ def make_api(
     and returns its ledger record as it was (None for an unknown job). ``probes`` maps an
     upstream name to its lendability probe (which checks its own token rule); it may be
     filled after this call. ``sleep_views``: each controller's own view for ``/status``.
+    ``usage``: what ``GET /usage`` reads (:mod:`vacancyd.api.usage`; None: it answers 404).
     ``extra_routes(app, scoped, mutation)`` adds further routes (the debug window and
     diagnostics, vacancyd.api.ops)."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
@@ -465,6 +470,7 @@ def make_api(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", scoped("read", status))
     app.router.add_get("/metrics", scoped("read", metrics_view))
+    app.router.add_get("/usage", scoped("read", usage_handler(usage)))
     history = events.EventLog(state)
 
     async def stop_history(_: web.Application) -> None:

@@ -1,13 +1,13 @@
-"""Command line: ``vacancyd run | check-config | status | open | pause | resume | measure |
-profiles export|import | init | companion | k8s mark-stale|cleanup | install-service |
-remove-service | --version``.
+"""Command line: ``vacancyd run | check-config | status | usage | open | pause | resume |
+measure | profiles export|import | init | companion | k8s mark-stale|cleanup |
+install-service | remove-service | --version``.
 
 :func:`main` is the entry point (``vacancyd = "vacancyd.cli:main"`` in pyproject.toml, and
 ``python -m vacancyd``). The argparse tree is in :mod:`vacancyd.cli.parser`; each command
 family has its module: ``daemon`` (run, companion, check-config), ``owner`` (status, open,
 pause, resume), ``install`` (init, install-service, remove-service), ``footprints`` (measure,
-profiles) and ``k8s``; ``apiclient`` talks to a running daemon's API and ``render`` turns a
-status document into text.
+profiles), ``usage`` (the usage ledger) and ``k8s``; ``apiclient`` talks to a running
+daemon's API and ``render`` turns a status document into text.
 """
 
 from __future__ import annotations

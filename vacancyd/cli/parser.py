@@ -14,6 +14,7 @@ from vacancyd.cli.footprints import cmd_measure, cmd_profiles
 from vacancyd.cli.install import cmd_init, cmd_install_service, cmd_remove_service
 from vacancyd.cli.k8s import cmd_k8s
 from vacancyd.cli.owner import cmd_open, cmd_pause, cmd_resume, cmd_status
+from vacancyd.cli.usage import add_usage
 
 if TYPE_CHECKING:
     #: What ``add_subparsers`` returns; each ``_add_*`` function adds its subcommand to it.
@@ -352,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_check_config,
         _add_services,
         _add_status,
+        add_usage,
         _add_pause,
         _add_open,
         _add_init,

@@ -8,6 +8,7 @@ from vacancyd.config.model import ResourceSettings, Settings, UpstreamSettings
 from vacancyd.core.policy import OwnerScope, ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import LearnerSettings, PressurePolicy, max_gap_s
 from vacancyd.core.reclaim import OnOwnerReturn, ReclaimPolicy
+from vacancyd.core.thermal import ThermalPolicy
 
 
 def resource_policy(settings: Settings, res: ResourceSettings) -> ResourcePolicy:
@@ -71,6 +72,14 @@ def pressure_policy(res: ResourceSettings) -> PressurePolicy | None:
             max_step_s=max_gap_s(poll_s),
         ),
     )
+
+
+def thermal_policy(res: ResourceSettings) -> ThermalPolicy | None:
+    """The core's view of a GPU's temperature limits; None without ``max_temperature_c``."""
+    resume = res.resume_temperature_c
+    if res.max_temperature_c is None or resume is None:
+        return None
+    return ThermalPolicy(res.max_temperature_c, resume, res.hot_yield_after_s)
 
 
 def reclaim_policy(up: UpstreamSettings) -> ReclaimPolicy:

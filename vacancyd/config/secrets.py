@@ -29,8 +29,9 @@ def credentials_directory() -> Path | None:
 
 
 def secret_files(settings: Settings) -> list[tuple[str, Path]]:
-    """(key, path) for every token and credential file the settings name, in order; ``key``
-    as in ``server.tokens[0].token_file``."""
+    """(key, path) for every token and credential file the settings name, in order
+    (``[[server.tokens]]``, upstream credentials, ``[[borrower]]`` tokens); ``key`` as in
+    ``server.tokens[0].token_file``."""
     files: list[tuple[str, Path]] = []
     for i, t in enumerate(settings.server.tokens):
         if t.token_file is not None:
@@ -38,6 +39,8 @@ def secret_files(settings: Settings) -> list[tuple[str, Path]]:
     for i, up in enumerate(settings.upstream):
         if up.credential_file is not None:
             files.append((f"upstream[{i}].credential_file ({up.name})", up.credential_file))
+    for i, b in enumerate(settings.borrower):
+        files.append((f"borrower[{i}].token_file ({b.name})", b.token_file))
     return files
 
 
@@ -105,10 +108,21 @@ def _not_passed(path: Path, credentials: Path | None) -> str:
 @dataclass(frozen=True, slots=True)
 class Secrets:
     """``tokens``: (name, secret, scopes) per ``[[server.tokens]]``, in order.
-    ``credentials``: upstream name -> the credential sent to it (absent when none)."""
+    ``credentials``: upstream name -> the credential sent to it (absent when none).
+    ``borrowers``: (name, secret) per ``[[borrower]]``, in order (each holds ``borrow``)."""
 
     tokens: tuple[tuple[str, str, frozenset[str]], ...]
     credentials: dict[str, str]
+    borrowers: tuple[tuple[str, str], ...] = ()
+
+    def all_secrets(self) -> list[str]:
+        """Every secret read (tokens, borrowers' tokens, upstream credentials): what logs
+        and diagnostics must never show."""
+        return (
+            [t[1] for t in self.tokens]
+            + [b[1] for b in self.borrowers]
+            + list(self.credentials.values())
+        )
 
 
 def read_secrets(
@@ -117,7 +131,8 @@ def read_secrets(
     """Read token and credential files (from ``credentials``, the service's credentials
     directory, when it holds them). Raises :class:`ConfigError` listing every problem:
     unreadable, non-regular, oversized or empty files, tokens shorter than 16 characters,
-    and two tokens with the same secret (which would make their scopes ambiguous)."""
+    and two tokens with the same secret (which would make their scopes, or which borrower
+    presents them, ambiguous), ``[[borrower]]`` tokens included."""
     problems: list[str] = []
     tokens: list[tuple[str, str, frozenset[str]]] = []
     seen: dict[str, int] = {}
@@ -149,9 +164,29 @@ def read_secrets(
             continue
         if credential is not None:
             upstream_credentials[up.name] = credential
+    borrowers: list[tuple[str, str]] = []
+    seen_as: dict[str, str] = {secret: f"server.tokens[{i}]" for secret, i in seen.items()}
+    for i, b in enumerate(settings.borrower):
+        try:
+            secret = b.secret(credentials)
+        except ValueError as exc:
+            hint = _not_passed(b.token_file, credentials)
+            problems.append(f"borrower[{i}].token_file ({b.name}): {exc}{hint}")
+            continue
+        if len(secret) < 16:
+            problems.append(f"borrower[{i}] ({b.name}): token shorter than 16 characters")
+            continue
+        if secret in seen_as:
+            problems.append(
+                f"borrower[{i}] ({b.name}) has the same token as {seen_as[secret]}; every "
+                "token must be distinct so the borrower presenting it is unambiguous"
+            )
+            continue
+        seen_as[secret] = f"borrower[{i}] ({b.name})"
+        borrowers.append((b.name, secret))
     if problems:
         raise ConfigError(source, problems)
-    return Secrets(tuple(tokens), upstream_credentials)
+    return Secrets(tuple(tokens), upstream_credentials, tuple(borrowers))
 
 
 def missing_secret_files(
@@ -180,4 +215,7 @@ def without_missing_files(settings: Settings, credentials: Path | None = None) -
         up if there(up.credential_file) else up.model_copy(update={"credential_file": None})
         for up in settings.upstream
     ]
-    return settings.model_copy(update={"server": server, "upstream": upstreams})
+    borrowers = [b for b in settings.borrower if there(b.token_file)]
+    return settings.model_copy(
+        update={"server": server, "upstream": upstreams, "borrower": borrowers}
+    )

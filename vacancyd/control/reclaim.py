@@ -8,9 +8,9 @@ The pure decisions live in :mod:`vacancyd.core.reclaim`; this module owns the ef
 * edges arrive as state events — ``veto`` (owner return) and ``edge`` (pressure, operator,
   tests) — and each affected upstream gets one reclaim task;
 * each task re-plans on every state change and at its deadline, publishes its phase in
-  /status, cuts and cancels, and unloads through the adapter's controller with
-  a ten-second deadline. Upstreams reclaim concurrently, on their own tasks, detached
-  from the collectors' sampling loops.
+  /status, cuts and cancels, and unloads through :mod:`vacancyd.control.upstreamcalls`
+  (deadline, outcome, metric and log line). Upstreams reclaim concurrently, on their own
+  tasks, detached from the collectors' sampling loops.
 * when lending resumes after a reclaim unloaded an upstream with ``warm_model`` — whatever
   stopped it: the owner's return, a hold (schedule, pause, battery, exclusive app), GPU
   pressure — that model is loaded again, at most once per :data:`WARM_MIN_INTERVAL_S` per
@@ -25,8 +25,8 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.control.spawn import Spawner
+from vacancyd.control.upstreamcalls import Status, UpstreamCalls
 from vacancyd.control.work import Work
 from vacancyd.core.events import EdgeRaised, ReclaimChanged, StateEvent, VetoChanged
 from vacancyd.core.lifecycle import JobState
@@ -50,13 +50,11 @@ from vacancyd.core.reclaim import (
     warm_delay_s,
 )
 from vacancyd.state import SharedState
-from vacancyd.web.catalogue import counter, histogram
+from vacancyd.web.catalogue import counter
 from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-#: Each upstream's unload (and warm reload) must finish within this many seconds.
-UNLOAD_DEADLINE_S = 10.0
 #: A waiting reclaim re-checks its trigger at least this often (seconds), besides on events.
 RECHECK_S = 0.5
 #: An upstream's warm reloads come at most this often (seconds): lending that stops and
@@ -72,7 +70,7 @@ class Reclaimer:
         state: SharedState,
         *,
         policies: Mapping[str, ReclaimPolicy],
-        controllers: Mapping[str, Controller],
+        calls: UpstreamCalls,
         warm_models: Mapping[str, str],
         supervisor: Spawner,
         metrics: Metrics,
@@ -81,7 +79,7 @@ class Reclaimer:
         self.state = state
         self.work = work
         self.policies = dict(policies)
-        self.controllers = dict(controllers)
+        self.calls = calls
         self.warm_models = dict(warm_models)
         self.supervisor = supervisor
         self.reclaims: dict[str, Reclaim] = {}
@@ -92,11 +90,6 @@ class Reclaimer:
         self._warmed_at: dict[str, float] = {}
         registry = metrics.registry
         self.m_reclaims = counter("vacancyd_reclaims", registry=registry)
-        self.m_unload = histogram(
-            "vacancyd_unload_duration_seconds",
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-            registry=registry,
-        )
         state.subscribe(self._on_state)
         work.guard_with(self.refusal)
         work.subscribe(self._wake)
@@ -114,6 +107,7 @@ class Reclaimer:
             Trigger.PRESSURE: f"resource {edge.resource!r} is under owner GPU pressure",
             Trigger.ADMIN: "an operator reclaimed this upstream",
             Trigger.HOLD: f"the owner's controls hold this host ({edge.detail})",
+            Trigger.THERMAL: f"GPU {edge.resource!r} stayed too hot ({edge.detail})",
         }[edge.trigger]
         return Refuse.of(
             edge.reason,
@@ -249,34 +243,14 @@ class Reclaimer:
             await self._unload(name)
 
     async def _unload(self, name: str) -> None:
-        controller = self.controllers.get(name)
-        if controller is None:
-            log.info("%s has no unload API; its residency stays with the server", name)
+        outcome = await self.calls.unload(name, self.work.keys(name), why="reclaim")
+        if outcome.status in (Status.NOT_SUPPORTED, Status.SKIPPED):
             return
-        admitted = self.work.keys(name)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        outcome = "failed"
-        try:
-            async with asyncio.timeout(UNLOAD_DEADLINE_S):
-                outcome, detail = await controller.unload(admitted)
-        except TimeoutError:
-            outcome, detail = "timed_out", f"no answer within {UNLOAD_DEADLINE_S:g} s"
-        except UpstreamError as exc:
-            detail = str(exc)
-        elapsed = loop.time() - started
-        if outcome != "skipped":
-            # Whatever the outcome, what was resident before may not be any more.
-            self.state.yielded(name, loop.time())
-        self.m_unload.labels(name, outcome).observe(elapsed)
-        if outcome == "unloaded":
+        # Whatever the outcome, what was resident before may not be any more.
+        self.state.yielded(name, asyncio.get_running_loop().time())
+        if outcome.done:
             self._unloaded.add(name)
             self._warm_resumed()  # lending may have resumed while it was unloading
-            log.info("unloaded %s in %.2f s: %s", name, elapsed, detail)
-        elif outcome == "skipped":
-            log.warning("unload of %s skipped: %s", name, detail)
-        else:
-            log.warning("unload of %s %s after %.2f s: %s", name, outcome, elapsed, detail)
 
     # -- warm reload ----------------------------------------------------------------
 
@@ -292,7 +266,7 @@ class Reclaimer:
         """Schedule a warm reload for each unloaded upstream with ``warm_model`` on which
         lending has resumed (called on every state change)."""
         for name in sorted(self._unloaded & self.warm_models.keys() - self._warming):
-            if name not in self.controllers or not self._may_warm(name):
+            if not self.calls.supports(name) or not self._may_warm(name):
                 continue
             self._warming.add(name)
             delay = warm_delay_s(self._warmed_at.get(name), self.state.clock(), WARM_MIN_INTERVAL_S)
@@ -315,14 +289,7 @@ class Reclaimer:
             self._warming.discard(name)
 
     async def _warm(self, name: str, model: str) -> None:
-        controller = self.controllers[name]
-        try:
-            async with asyncio.timeout(UNLOAD_DEADLINE_S):
-                detail = await controller.warm(model)
-        except (UpstreamError, TimeoutError) as exc:
-            log.warning("warm reload of %r on %s failed: %s", model, name, exc)
-            return
-        log.info("warm reload of %r on %s: %s", model, name, detail)
+        await self.calls.warm(name, model, why="warm reload")
 
     # -- publication ---------------------------------------------------------------------
 

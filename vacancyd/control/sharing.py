@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.control.upstreamcalls import Status, UpstreamCalls
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.sharing import UnloadTimeout, after_unload
@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 
 #: How often an unload is re-checked in the other servers' residency lists (seconds).
 CONFIRM_INTERVAL_S = 0.25
-#: Bound on asking a server to free its memory after an exclusive job (seconds).
-FREE_DEADLINE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,16 +49,17 @@ class ExclusiveSettings:
 class CardSharing:
     """Unload-before-forward and free-after for upstreams with ``exclusive_of``.
 
-    ``controllers``: upstream name -> its server controller (only servers with one can
-    unload or free). ``warm_models``: upstream name -> ``warm_model``. ``clock``: monotonic
-    seconds. ``registry``: where ``vacancyd_exclusive_unload_seconds`` is registered.
+    ``calls``: every call to the servers (only servers with a controller can unload or
+    free; :mod:`vacancyd.control.upstreamcalls` bounds, counts and logs each).
+    ``warm_models``: upstream name -> ``warm_model``. ``clock``: monotonic seconds.
+    ``registry``: where ``vacancyd_exclusive_unload_seconds`` is registered.
     """
 
     def __init__(
         self,
         policies: Mapping[str, UpstreamPolicy],
         settings: Mapping[str, ExclusiveSettings],
-        controllers: Mapping[str, Controller],
+        calls: UpstreamCalls,
         *,
         warm_models: Mapping[str, str],
         clock: Callable[[], float],
@@ -68,7 +67,7 @@ class CardSharing:
     ) -> None:
         self.policies = policies
         self.settings = settings
-        self.controllers = controllers
+        self.calls = calls
         self.warm_models = warm_models
         self.clock = clock
         self.m_unload = histogram(
@@ -88,17 +87,17 @@ class CardSharing:
         settings = self.settings[upstream]
         started = self.clock()
         deadline = started + settings.unload_timeout_s
-        names = sorted(n for n in policy.exclusive_of if n in self.controllers)
+        names = sorted(n for n in policy.exclusive_of if self.calls.supports(n))
         problems: list[str] = []
         asked: list[str] = []
+        why = f"exclusive job of {upstream}"
         for name in names:
-            try:
-                async with asyncio.timeout(max(0.0, deadline - self.clock())):
-                    _, detail = await self.controllers[name].unload(frozenset())
-                asked.append(f"{name}: {detail}")
-            except (UpstreamError, TimeoutError) as exc:
-                problems.append(f"{name}: unload failed: {str(exc) or 'timed out'}")
-        left = await self._confirm(names, deadline, problems)
+            cleared = await self.calls.clear(name, deadline - self.clock(), why=why)
+            if cleared.done or cleared.status is Status.SKIPPED:
+                asked.append(f"{name}: {cleared.detail}")
+            else:
+                problems.append(f"{name}: unload failed: {cleared.detail or cleared.status}")
+        left = await self._confirm(upstream, names, deadline, problems)
         elapsed = self.clock() - started
         confirmed = not left and not problems
         self.m_unload.labels(upstream, "confirmed" if confirmed else "timed_out").observe(elapsed)
@@ -122,21 +121,20 @@ class CardSharing:
         return refusal
 
     async def _confirm(
-        self, names: list[str], deadline: float, problems: list[str]
+        self, upstream: str, names: list[str], deadline: float, problems: list[str]
     ) -> dict[str, list[str]]:
         """Poll residency until every server is empty or ``deadline``; returns what is left."""
         left: dict[str, list[str]] = {}
         while True:
             left = {}
             for name in names:
-                try:
-                    models = await self.controllers[name].resident()
-                except UpstreamError as exc:
-                    problems.append(f"{name}: residency unreadable: {exc}")
+                read = await self.calls.resident(name, why=f"exclusive job of {upstream}")
+                if not read.done:
+                    problems.append(f"{name}: residency unreadable: {read.detail}")
                     names = [n for n in names if n != name]
                     continue
-                if models:
-                    left[name] = models
+                if read.value:
+                    left[name] = read.value
             if not left or self.clock() >= deadline:
                 return left
             await asyncio.sleep(min(CONFIRM_INTERVAL_S, max(0.0, deadline - self.clock())))
@@ -144,28 +142,12 @@ class CardSharing:
     async def after_job(self, upstream: str, admitted: frozenset[str]) -> None:
         """Ask ``upstream``'s own server to free its memory; ``admitted``: the job keys this
         lender admitted there (a queue holding anyone else's work is not freed)."""
-        controller = self.controllers.get(upstream)
-        if controller is None:
-            return
-        try:
-            async with asyncio.timeout(FREE_DEADLINE_S):
-                outcome, detail = await controller.unload(admitted)
-        except (UpstreamError, TimeoutError) as exc:
-            log.warning("%s: freeing the card after the exclusive job failed: %s", upstream, exc)
-            return
-        log.info("%s: after the exclusive job: %s (%s)", upstream, detail, outcome)
+        if self.calls.supports(upstream):
+            await self.calls.free(upstream, admitted, why=f"after the exclusive job on {upstream}")
 
     async def warm(self, upstream: str) -> None:
         """Load each excluded upstream's ``warm_model`` again (after an exclusive job)."""
         for name in sorted(self.policies[upstream].exclusive_of):
             model = self.warm_models.get(name)
-            controller = self.controllers.get(name)
-            if model is None or controller is None:
-                continue
-            try:
-                async with asyncio.timeout(FREE_DEADLINE_S):
-                    detail = await controller.warm(model)
-            except (UpstreamError, TimeoutError) as exc:
-                log.warning("warm reload of %r on %s failed: %s", model, name, exc)
-                continue
-            log.info("warm reload of %r on %s after the exclusive job: %s", model, name, detail)
+            if model is not None and self.calls.supports(name):
+                await self.calls.warm(name, model, why="warm reload after the exclusive job")

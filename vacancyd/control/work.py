@@ -41,6 +41,7 @@ from typing import Protocol
 from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.core import gate, pool
 from vacancyd.core.ledger import Job, Phase
@@ -68,7 +69,6 @@ from vacancyd.core.sharing import serve_order
 from vacancyd.core.snapshot import RequestFacts, Snapshot
 from vacancyd.core.waiting import waits_on
 from vacancyd.state import SharedState
-from vacancyd.web.catalogue import counter
 from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -78,8 +78,6 @@ REFRESH_WAIT_S = 2.0
 #: While a held or detached job waits for its server to be seen idle, the server is asked
 #: at most this often (seconds): quick enough to release soon after it stops, gentle on it.
 IDLE_POLL_S = 0.25
-#: Cancelling tracked borrowed jobs through the server's API is bounded by this (seconds).
-CANCEL_DEADLINE_S = 10.0
 
 #: Returns True when it cancelled a running exchange (False: it had already finished).
 CutExchange = Callable[[], bool]
@@ -131,10 +129,13 @@ class Work:
         *,
         supervisor: Spawner,
         metrics: Metrics,
+        calls: UpstreamCalls,
         holds_writer: HoldsWriter | None = None,
         after_release: Callable[[Job, float], None] | None = None,
     ) -> None:
         self.state = state
+        #: Every call to the servers (here: cancelling tracked work in a server's queue).
+        self.calls = calls
         self.supervisor = supervisor
         self.metrics = metrics
         self._holds_writer = holds_writer
@@ -166,7 +167,6 @@ class Work:
         state.subscribe(lambda _event: self.rooms.serve())
         #: Exclusivity effects; None until :meth:`share_cards` (no upstream is exclusive).
         self.card: CardSharing | None = None
-        self.m_cancelled = counter("vacancyd_reclaim_cancelled_jobs", registry=metrics.registry)
 
     # -- wiring --------------------------------------------------------------------------
 
@@ -490,7 +490,8 @@ class Work:
         )
 
     async def cut(self, jobs: list[JobState], edge: Edge, *, cancel_queued: bool = True) -> None:
-        """Cut ``jobs`` for the reclaim that ``edge`` opened; bounded by CANCEL_DEADLINE_S."""
+        """Cut ``jobs`` for the reclaim that ``edge`` opened; a tracked job's cancel on the
+        server is bounded by ``upstreamcalls.CANCEL_DEADLINE_S``."""
         queued: dict[str, list[JobState]] = {}
         for job in jobs:
             current = self._jobs.get(job.id)
@@ -783,20 +784,11 @@ class Work:
     def _cancel_exchange(self, job: JobState) -> None:
         cut = self._upstreams[job.upstream].cut.get(job.id)
         if cut is not None and cut():
-            self.m_cancelled.labels(job.upstream, "stream").inc()
+            self.metrics.cancelled_jobs.labels(job.upstream, "stream").inc()
 
     async def _cancel_on_server(self, upstream: str, keys: list[str]) -> None:
-        controller = self._upstreams[upstream].controller
-        if controller is None or not keys:
-            return
-        try:
-            async with asyncio.timeout(CANCEL_DEADLINE_S):
-                summary = await controller.cancel(keys)
-        except (UpstreamError, TimeoutError) as exc:
-            log.warning("reclaim on %s could not cancel borrowed jobs %s: %s", upstream, keys, exc)
-            return
-        self.m_cancelled.labels(upstream, "queued").inc(len(keys))
-        log.info("reclaim on %s cancelled borrowed jobs: %s", upstream, summary)
+        if keys and self.calls.supports(upstream):
+            await self.calls.cancel(upstream, keys, why=f"reclaim on {upstream}")
 
     def _log_hold(self, job: JobState) -> None:
         hold = job.hold

@@ -255,6 +255,31 @@ class Shutdown:
 
 
 @dataclass(frozen=True, slots=True)
+class ThermalChanged:
+    """A GPU's temperature guard changed (docs/configuration.md, ``max_temperature_c``):
+    ``change`` is ``hot`` (above its maximum: new work refused), ``cooled`` (below its resume
+    temperature: lending may resume) or ``yield`` (above its maximum for
+    ``hot_yield_after_s``: running work is yielded). ``temperature_c`` in °C; ``at``:
+    monotonic s."""
+
+    kind: ClassVar[str] = "thermal"
+    resource: str
+    change: str
+    hot: bool
+    temperature_c: float
+    at: float
+
+    def payload(self) -> dict[str, object]:
+        return {
+            "resource": self.resource,
+            "change": self.change,
+            "hot": self.hot,
+            "temperature_c": self.temperature_c,
+            "at": self.at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class LendabilityChanged:
     """What a borrowed request would get changed, transition or not (a reading went stale,
     free memory crossed a limit, another model fits). ``upstreams``: per upstream, a
@@ -276,6 +301,7 @@ StateEvent = (
     | CapacityChanged
     | PressureReleased
     | PressureEdgeRaised
+    | ThermalChanged
     | UnseenGpuWorkChanged
     | PresenceSampled
     | VetoChanged

@@ -16,6 +16,8 @@ The checks run in this order; the first that fails decides (docs/architecture.md
    probe policy not lendable                     -> insufficient_capacity  30 s
    pressure unknown/stale/uncalibrated           -> resource_unmeasured    30 s
    pressure engaged                              -> resource_pressured     30 s
+   temperature not reported (max_temperature_c)  -> resource_unmeasured    30 s
+   above max_temperature_c, until below resume   -> gpu_too_hot            60 s
    (adapters that need it) server not observed   -> resource_unmeasured    30 s
 6. owner present and the footprint over the upstream's present budget
                                                  -> owner_active          120 s
@@ -46,6 +48,7 @@ from vacancyd.core.snapshot import (
     ServerState,
     Snapshot,
 )
+from vacancyd.core.thermal import ThermalView
 
 #: A residency proof must be at most this old (seconds; docs/architecture.md).
 RESIDENCY_PROOF_MAX_AGE_S = 4.0
@@ -278,6 +281,31 @@ def _decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse
                 + (f": {pressure.detail}" if pressure.detail else ""),
                 resource=name,
             )
+    return decide_thermal(view.thermal, view.capacity.value.temperature_c, name)
+
+
+def decide_thermal(
+    thermal: ThermalView | None, temperature_c: float | None, name: str
+) -> Refuse | None:
+    """The temperature step for GPU ``name`` (``max_temperature_c``): ``gpu_too_hot`` while
+    its guard is hot, ``resource_unmeasured`` when the newest capacity sample has no
+    temperature (°C) to check; None without a guard or when it is cool enough."""
+    if thermal is None:
+        return None
+    if temperature_c is None:
+        return Refuse.of(
+            Reason.RESOURCE_UNMEASURED,
+            f"the temperature of {name!r} is not reported, and max_temperature_c "
+            f"({thermal.policy.max_c:g} °C) needs it",
+            resource=name,
+        )
+    if thermal.hot:
+        return Refuse.of(
+            Reason.GPU_TOO_HOT,
+            f"{name!r} is at {temperature_c:g} °C: above its {thermal.policy.max_c:g} °C "
+            f"limit, it lends again below {thermal.policy.resume_c:g} °C",
+            resource=name,
+        )
     return None
 
 

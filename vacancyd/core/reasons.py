@@ -37,6 +37,9 @@ class Reason(StrEnum):
     #: read-only file system): until it is, a restart would forget the hold, so the resource
     #: lends nothing. The write is retried until it succeeds.
     STATE_WRITE_FAILED = "state_write_failed"
+    #: The GPU is above its ``max_temperature_c``: no new borrowed work until it has cooled
+    #: below its resume temperature (docs/configuration.md).
+    GPU_TOO_HOT = "gpu_too_hot"
 
 
 class ErrorType(StrEnum):
@@ -50,6 +53,7 @@ class ErrorType(StrEnum):
     NOT_IMPLEMENTED = "not_implemented"
     UPSTREAM = "upstream_error"
     NO_VACANCY = "no_vacancy"
+    SERVER = "server_error"  #: vacancyd itself cannot answer now (the usage ledger)
 
 
 class ErrorCode(StrEnum):
@@ -102,6 +106,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_MODEL = "unknown_model"
     UNKNOWN_JOB = "unknown_job"
     TOO_MANY_SUBSCRIBERS = "too_many_subscribers"
+    #: ``GET /usage``: the usage ledger cannot be read now (its error is in /status).
+    USAGE_UNAVAILABLE = "usage_unavailable"
 
 
 class CreditCode(StrEnum):
@@ -215,6 +221,7 @@ RETRY_AFTER_S: dict[Reason, int] = {
     Reason.RECLAIMED: 30,
     Reason.SHUTTING_DOWN: 10,
     Reason.STATE_WRITE_FAILED: 30,
+    Reason.GPU_TOO_HOT: 60,
 }
 
 

@@ -44,6 +44,8 @@ class Trigger(StrEnum):
     ADMIN = "admin"  #: an operator asked for a reclaim (POST /admin/reclaim); never clears
     #: an owner hold began (schedule window closed, pause, battery, exclusive app)
     HOLD = "hold"
+    #: a GPU stayed above its ``max_temperature_c`` for ``hot_yield_after_s``
+    THERMAL = "thermal"
 
 
 class ReclaimPhase(StrEnum):
@@ -101,6 +103,8 @@ class Edge:
             return Reason.OWNER_ACTIVE
         if self.trigger is Trigger.PRESSURE:
             return Reason.RESOURCE_PRESSURED
+        if self.trigger is Trigger.THERMAL:
+            return Reason.GPU_TOO_HOT
         return Reason.RECLAIMED
 
 
@@ -114,7 +118,8 @@ def affected_upstreams(
     active it reclaims only resource-scoped ones, since the veto already reclaimed the rest.
     An operator edge names no resource and reclaims every upstream. A hold edge reclaims
     every upstream (whatever its owner scope), or with a resource (a GPU-exclusive app) every
-    upstream that depends on it.
+    upstream that depends on it. A thermal edge names its GPU and reclaims every upstream
+    that depends on it, whatever its owner scope.
     """
     names = []
     for name, up in sorted(upstreams.items()):
@@ -256,20 +261,32 @@ def trigger_cleared(reclaim: Reclaim, snap: Snapshot, upstream: UpstreamPolicy) 
       reading that is not engaged and is at or below its threshold (so not building towards
       engagement), and passes the resource's own admission checks;
     * every other pressure-gated resource the upstream depends on admits;
+    * every GPU a thermal edge of this reclaim named has cooled (not hot, not above its
+      maximum) and passes the resource's own admission checks;
     * no owner hold (schedule, pause, battery, exclusive app) covers the upstream.
 
     Operator edges never clear by themselves.
     """
     refused: set[str] = set()
+    hot: set[str] = set()
     for edge in reclaim.edges:
         if edge.trigger is Trigger.ADMIN:
             return False
         if edge.trigger is Trigger.PRESSURE:
             refused.add(edge.resource or "")
+        if edge.trigger is Trigger.THERMAL:
+            hot.add(edge.resource or "")
     if gate.decide_owner(snap, upstream, strict=True) is not None:
         return False
     if decide_holds(snap.holds, upstream.resources) is not None:
         return False
+    for name in hot:
+        view = snap.resources.get(name)
+        thermal = None if view is None else view.thermal
+        if view is None or thermal is None or thermal.hot or thermal.above_since is not None:
+            return False
+        if gate.decide_resource(view, name, snap.now) is not None:
+            return False
     for name in refused:
         view = snap.resources.get(name)
         if view is None or view.pressure is None:
@@ -294,9 +311,9 @@ def lending_resumed(snap: Snapshot, upstream: UpstreamPolicy) -> bool:
     True when the daemon is not stopping, lending is switched on, no owner hold (schedule,
     pause, battery, exclusive app) covers the upstream, the owner checks admit it as a
     reclaim's stand-down does (``strict``: a host-scoped upstream needs the veto released),
-    and no GPU it depends on has its pressure guard engaged. Capacity and the rest of the
-    gate are not asked: a warm reload is what makes the next borrower's request cheap, not a
-    promise that it is admitted.
+    and no GPU it depends on has its pressure guard engaged or is too hot. Capacity and the
+    rest of the gate are not asked: a warm reload is what makes the next borrower's request
+    cheap, not a promise that it is admitted.
     """
     if snap.stopping or not snap.lending_enabled:
         return False
@@ -307,6 +324,8 @@ def lending_resumed(snap: Snapshot, upstream: UpstreamPolicy) -> bool:
     for name in upstream.resources:
         view = snap.resources.get(name)
         if view is not None and view.pressure is not None and view.pressure.engaged:
+            return False
+        if view is not None and view.thermal is not None and view.thermal.hot:
             return False
     return True
 

@@ -13,6 +13,7 @@ from vacancyd.core.holds import Hold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy
 from vacancyd.core.residency import ContextLearning, ResidentModel
+from vacancyd.core.thermal import ThermalView
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +101,8 @@ class ResourceView:
     #: or failed (why; retried until it succeeds). ``hold_unsaved`` False: nothing pending.
     hold_unsaved: bool = False
     hold_write_error: str | None = None
+    #: A GPU's temperature guard (``max_temperature_c``); None where none is configured.
+    thermal: ThermalView | None = None
 
     @property
     def name(self) -> str:

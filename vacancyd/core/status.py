@@ -89,6 +89,20 @@ class PressureStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ThermalStatus:
+    """One GPU's temperature guard (°C, seconds): its limits, whether it is hot (new work
+    refused ``gpu_too_hot``), for how long, and for how long the current run of samples
+    above ``max_c`` has lasted (None: not hot / not above)."""
+
+    max_c: float
+    resume_c: float
+    hot_yield_after_s: float | None
+    hot: bool
+    hot_for_s: float | None = field(metadata=shape(round_to=1))
+    above_for_s: float | None = field(metadata=shape(round_to=1))
+
+
+@dataclass(frozen=True, slots=True)
 class HolderStatus:
     job: int
     upstream: str
@@ -133,6 +147,8 @@ class ResourceStatus:
     #: A GPU's cumulative energy counter (joules since its driver loaded) in the newest
     #: capacity sample; None where the card has no counter.
     energy_j: float | None = field(default=None, metadata=shape(round_to=1))
+    #: A GPU's temperature guard (``max_temperature_c``); None where none is configured.
+    thermal: ThermalStatus | None = None
 
     JSON_EXTRA: ClassVar[tuple[str, ...]] = ("lendable",)
 
@@ -370,9 +386,12 @@ class PublisherStatus:
 @dataclass(frozen=True, slots=True)
 class DurableStateStatus:
     """The durable state files: each file (or the directory) whose newest write failed,
-    with why."""
+    with why; and the usage ledger's error."""
 
     write_errors: Mapping[str, str] = field(default_factory=dict, metadata=shape(sort=True))
+    #: Why the usage ledger (``usage.sqlite3``) is not as it should be: set aside as
+    #: corrupt since the start, or unopenable or unwritable now; None when all is well.
+    usage_ledger_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

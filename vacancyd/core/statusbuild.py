@@ -52,9 +52,11 @@ from vacancyd.core.status import (
     ServerStatus,
     SharingStatus,
     StatusDocument,
+    ThermalStatus,
     UpstreamStatus,
     VetoStatus,
 )
+from vacancyd.core.thermal import ThermalView
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,7 @@ class StatusInputs:
     sleep: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     pools: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     write_errors: Mapping[str, str] = field(default_factory=dict)
+    usage_error: str | None = None
     owner_controls: Mapping[str, object] | None = None
     kubernetes: PublisherStatus | None = None
 
@@ -141,7 +144,9 @@ def build_status(inputs: StatusInputs) -> StatusDocument:
             for name, members in inputs.pools.items()
         },
         stopping=snap.stopping,
-        durable_state=DurableStateStatus(dict(inputs.write_errors)),
+        durable_state=DurableStateStatus(
+            dict(inputs.write_errors), usage_ledger_error=inputs.usage_error
+        ),
         owner_controls=_owner_controls(inputs),
         kubernetes=inputs.kubernetes,
     )
@@ -199,7 +204,11 @@ def _why_not(view: ResourceView, quality: Quality) -> str | None:
     if quality is not Quality.READY:
         return f"capacity {quality}"
     if value is not None:
-        return view.policy.evaluate(value)
+        why = view.policy.evaluate(value)
+        if why is None:
+            refusal = gate.decide_thermal(view.thermal, value.temperature_c, view.name)
+            why = None if refusal is None else refusal.detail
+        return why
     return None
 
 
@@ -241,6 +250,20 @@ def _resource(inputs: StatusInputs, name: str, view: ResourceView) -> ResourceSt
         else None,
         temperature_c=value.temperature_c if value else None,
         energy_j=value.energy_j if value else None,
+        thermal=_thermal(view.thermal, now),
+    )
+
+
+def _thermal(view: ThermalView | None, now: float) -> ThermalStatus | None:
+    if view is None:
+        return None
+    return ThermalStatus(
+        max_c=view.policy.max_c,
+        resume_c=view.policy.resume_c,
+        hot_yield_after_s=view.policy.hot_yield_after_s,
+        hot=view.hot,
+        hot_for_s=None if view.hot_since is None else max(0.0, now - view.hot_since),
+        above_for_s=None if view.above_since is None else max(0.0, now - view.above_since),
     )
 
 

@@ -11,8 +11,9 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from vacancyd.adapters.base import Adapter, Controller, Waker
+from vacancyd.adapters.base import Adapter, Controller
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.work import Work
 from vacancyd.core.classify import Classification, Classifier
 from vacancyd.core.policy import UpstreamPolicy
@@ -84,6 +85,7 @@ class ProxyBase:
         session: aiohttp.ClientSession,
         work: Work,
         controller: Controller | None = None,
+        calls: UpstreamCalls | None = None,
         tunnels: tunnel.TunnelLimits | None = None,
         members: Mapping[str, Self] | None = None,
         upstream_client: client.UpstreamClient | None = None,
@@ -118,9 +120,12 @@ class ProxyBase:
         #: (vacancyd.proxy.client).
         self.silence_s = settings.silence_limit
         self._urls: dict[tuple[str, str], URL] = {}
-        #: The controller when it wakes a sleeping server before work (decided once: a
-        #: runtime-checkable Protocol's isinstance costs more than the rest of the check).
-        self._waker: Waker | None = controller if isinstance(controller, Waker) else None
+        #: The calls to the server when it must be woken before work (vLLM sleep mode; decided
+        #: once: a runtime-checkable Protocol's isinstance costs more than the rest of the
+        #: check), else None.
+        self._waker: UpstreamCalls | None = (
+            calls if calls is not None and calls.waker(upstream.name) else None
+        )
         self._templates: dict[int, tuple[RenderedRefusal, reply.Template]] = {}
         self._last_refusal: tuple[Refuse, bool, reply.Template, str] | None = None
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from vacancyd.adapters.base import UpstreamError, Waker
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.core.classify import Classification
 from vacancyd.core.lifecycle import Ending, JobState
 from vacancyd.core.reasons import ErrorCode, ErrorType, Refuse
@@ -78,28 +78,21 @@ class Forwarding(ProxyBase):
         return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
 
     # -- forwarding ----------------------------------------------------------------------
-    async def _wake(self, request: web.BaseRequest, waker: Waker) -> web.Response | None:
-        """Wake a server a reclaim put to sleep before forwarding borrowed work to it; a 502
-        when it cannot be woken."""
+    async def _wake(self, request: web.BaseRequest, calls: UpstreamCalls) -> web.Response | None:
+        """Wake a server a reclaim put to sleep before forwarding borrowed work to it (the
+        call is bounded, counted and logged by ``calls``); a 502 when it cannot be woken."""
         name = self.upstream.name
-        try:
-            took = await waker.ensure_awake()
-        except (UpstreamError, TimeoutError) as exc:
-            why = str(exc) or "timed out"
-            self.metrics.wake_seconds.labels(name, "failed").observe(0)
-            log.warning("upstream %s could not be woken: %s", name, why)
-            return self._json_error(
-                request,
-                502,
-                f"the upstream server of {name!r} is asleep and could not be woken ({why})",
-                ErrorType.UPSTREAM,
-                ErrorCode.UPSTREAM_UNREACHABLE,
-                upstream=name,
-            )
-        if took is not None:
-            self.metrics.wake_seconds.labels(name, "woken").observe(took)
-            log.info("upstream %s woken in %.2f s for a borrowed request", name, took)
-        return None
+        woken = await calls.wake(name, why="borrowed request")
+        if woken.done:
+            return None
+        return self._json_error(
+            request,
+            502,
+            f"the upstream server of {name!r} is asleep and could not be woken ({woken.detail})",
+            ErrorType.UPSTREAM,
+            ErrorCode.UPSTREAM_UNREACHABLE,
+            upstream=name,
+        )
 
     async def _forward(
         self,

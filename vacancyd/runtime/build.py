@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from vacancyd.adapters import ADAPTERS
-from vacancyd.adapters.base import Controller
 from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.collectors import system
 from vacancyd.collectors.nvidia import GpuCapacityProbe, NvmlGpu, SmiProbe
@@ -25,6 +24,7 @@ from vacancyd.config.policies import (
     pressure_policy,
     reclaim_policy,
     resource_policy,
+    thermal_policy,
     upstream_policy,
 )
 from vacancyd.config.secrets import Secrets
@@ -32,6 +32,7 @@ from vacancyd.config.zone import resolve_zone
 from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.sharing import CardSharing, ExclusiveSettings
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.work import Work
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
@@ -42,7 +43,7 @@ from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.runtime import calibration, durable, learned
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import SharedState
-from vacancyd.web.auth import Authenticator, Token
+from vacancyd.web.auth import Authenticator, Token, borrower_token
 from vacancyd.web.logins import Logins
 from vacancyd.web.metrics import Metrics
 
@@ -94,6 +95,11 @@ def build_state(settings: Settings) -> SharedState:
         presence_max_age_s=settings.presence_max_age_s,
         release_after_s=settings.owner.release_after_s,
         pressure=pressure,
+        thermal={
+            r.name: limits
+            for r in settings.resource
+            if r.enabled and (limits := thermal_policy(r)) is not None
+        },
     )
     saved = calibration.load_calibrations(settings.state_dir, pressure)
     for name, data in saved.items():
@@ -156,8 +162,11 @@ class DurablePauseStore:
 
 
 def read_tokens(secrets: Secrets) -> list[Token]:
-    """The bearer tokens the secrets declare."""
-    return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens]
+    """The bearer tokens the secrets declare: ``[[server.tokens]]``, then each
+    ``[[borrower]]``'s (which names its borrower)."""
+    return [Token(name, secret, scopes) for name, secret, scopes in secrets.tokens] + [
+        borrower_token(name, secret) for name, secret in secrets.borrowers
+    ]
 
 
 def make_authenticator(settings: Settings, tokens: list[Token], metrics: Metrics) -> Authenticator:
@@ -178,7 +187,7 @@ def make_authenticator(settings: Settings, tokens: list[Token], metrics: Metrics
 def card_sharing(
     settings: Settings,
     state: SharedState,
-    controllers: Mapping[str, Controller],
+    calls: UpstreamCalls,
     metrics: Metrics,
 ) -> CardSharing | None:
     """Exclusivity effects for upstreams with ``exclusive_of`` (Ollama + ComfyUI); None
@@ -195,7 +204,7 @@ def card_sharing(
     return CardSharing(
         state.upstreams,
         exclusive,
-        controllers,
+        calls,
         warm_models={u.name: u.warm_model for u in settings.upstream if u.warm_model},
         clock=state.clock,
         registry=metrics.registry,
@@ -220,12 +229,34 @@ def check_state_dir(path: Path, saver: learned.LearnedSaver) -> None:
         saver.errors[str(path)] = f"not writable: {exc.strerror or exc}"
 
 
+class ControllerViews(Mapping[str, Callable[[], Mapping[str, object]]]):
+    """Each upstream controller's own view for /status (a vLLM controller's sleep mode),
+    by upstream name, read live from ``calls`` (controllers are added as proxies start):
+    only upstreams among ``names`` whose controller has a ``view()``."""
+
+    def __init__(self, calls: UpstreamCalls, names: Iterable[str]) -> None:
+        self._calls = calls
+        self._names = tuple(names)
+
+    def __getitem__(self, name: str) -> Callable[[], Mapping[str, object]]:
+        view = getattr(self._calls.controller(name), "view", None)
+        if name not in self._names or not callable(view):
+            raise KeyError(name)
+        return view  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._names if name in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass(frozen=True)
 class Collaborators:
-    """What the daemon is made of before anything listens or samples. The reclaimer and
-    the card sharing need the upstreams' controllers, whose HTTP sessions need the running
-    event loop: :meth:`vacancyd.runtime.daemon.Daemon.start` builds them
-    (:func:`build_reclaimer`, :func:`card_sharing`)."""
+    """What the daemon is made of before anything listens or samples. The upstreams'
+    controllers, whose HTTP sessions need the running event loop, are added to ``calls``
+    by :meth:`vacancyd.runtime.daemon.Daemon.start`, which builds the card sharing
+    (:func:`card_sharing`) once they are."""
 
     state: SharedState
     #: the holds ``holds.json`` listed at startup, restored before any proxy listens
@@ -234,7 +265,10 @@ class Collaborators:
     supervisor: Supervisor
     saver: learned.LearnedSaver
     learner: learned.Learner
+    #: every call to an upstream server's own API (controllers are added as proxies start)
+    calls: UpstreamCalls
     work: Work
+    reclaimer: Reclaimer
     owner: OwnerControls
 
 
@@ -250,10 +284,12 @@ def build(settings: Settings) -> Collaborators:
     saver = learned.LearnedSaver(state, settings.state_dir)
     attach_saver(metrics, saver)
     learner = learned.Learner(state, saver.mark)
+    calls = UpstreamCalls(metrics)
     work = Work(
         state,
         supervisor=supervisor,
         metrics=metrics,
+        calls=calls,
         # a holds.json that could not be read is never written: every resource refuses
         holds_writer=None if saver.holds_frozen else saver,
         after_release=learner.after_release,
@@ -261,6 +297,15 @@ def build(settings: Settings) -> Collaborators:
     for up in settings.upstream:
         if up.busy == "wait":
             work.enable_wait(up.name, max_waiting=up.waiting_limit, timeout_s=up.wait_timeout)
+    reclaimer = Reclaimer(
+        state,
+        policies={u.name: reclaim_policy(u) for u in settings.upstream},
+        calls=calls,
+        warm_models={u.name: u.warm_model for u in settings.upstream if u.warm_model},
+        supervisor=supervisor,
+        metrics=metrics,
+        work=work,
+    )
     owner = OwnerControls(
         state,
         owner_controls_config(settings),
@@ -274,28 +319,8 @@ def build(settings: Settings) -> Collaborators:
         supervisor=supervisor,
         saver=saver,
         learner=learner,
+        calls=calls,
         work=work,
+        reclaimer=reclaimer,
         owner=owner,
-    )
-
-
-def build_reclaimer(
-    settings: Settings,
-    state: SharedState,
-    controllers: Mapping[str, Controller],
-    *,
-    work: Work,
-    supervisor: Supervisor,
-    metrics: Metrics,
-) -> Reclaimer:
-    """The reclaimer of every upstream, with the ``controllers`` of those that have one
-    (built once the event loop runs: their HTTP sessions need it)."""
-    return Reclaimer(
-        state,
-        policies={u.name: reclaim_policy(u) for u in settings.upstream},
-        controllers=controllers,
-        warm_models={u.name: u.warm_model for u in settings.upstream if u.warm_model},
-        supervisor=supervisor,
-        metrics=metrics,
-        work=work,
     )

@@ -70,16 +70,17 @@ from aiohttp import web
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
-from vacancyd.adapters.base import Controller
 from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.ops import Diagnostics
-from vacancyd.api.status import SleepViews, read_status
+from vacancyd.api.status import read_status
+from vacancyd.api.usage import UsageReport
 from vacancyd.collectors import logind
 from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamSettings
 from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
 from vacancyd.control.owner import OwnerControls
 from vacancyd.control.reclaim import Reclaimer
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
 from vacancyd.core.lifecycle import JobPhase, JobRules, JobState, ReleaseBy
@@ -91,9 +92,9 @@ from vacancyd.runtime import learned, lendability, memory, sdnotify
 from vacancyd.runtime.build import (
     PAUSE_VERSION,
     Collaborators,
+    ControllerViews,
     DurablePauseStore,
     build,
-    build_reclaimer,
     build_state,
     capacity_probe,
     card_sharing,
@@ -119,6 +120,7 @@ from vacancyd.runtime.loops import (
 )
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.runtime.telemetry import Tracing, start_tracing
+from vacancyd.runtime.usage import USAGE_FILE, UsageStore
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.framing import lenient_parser_problem
@@ -166,24 +168,14 @@ SAVE_AT_STOP_S = 5.0
 EXIT_CONFIG = 2
 
 
-@dataclass(frozen=True)
-class _Target:
-    """One upstream as the daemon wires it: its proxy's view, its controller, its
-    credential."""
-
-    upstream: Upstream
-    controller: Controller | None
-    credential: str | None
-
-
 @dataclass
 class Daemon:
     settings: Settings
     state: SharedState = field(init=False)
     metrics: Metrics = field(init=False)
     supervisor: Supervisor = field(init=False)
+    calls: UpstreamCalls = field(init=False)
     work: Work = field(init=False)
-    #: built by :meth:`start`, once the upstreams' controllers are
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
     saver: learned.LearnedSaver = field(init=False)
@@ -199,6 +191,8 @@ class Daemon:
     span_exporter: Any = None
     tracing: Tracing | None = None
     diagnostics: Diagnostics | None = None
+    #: The usage ledger (opened by :meth:`start`, closed at the end of :meth:`stop`).
+    usage: UsageStore | None = None
 
     def __post_init__(self) -> None:
         parts = build(self.settings)
@@ -207,8 +201,10 @@ class Daemon:
         self.metrics = parts.metrics
         self.supervisor = parts.supervisor
         self.saver = parts.saver
+        self.calls = parts.calls
         self.learner = parts.learner
         self.work = parts.work
+        self.reclaimer = parts.reclaimer
         self.owner = parts.owner
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
         self.loops = Loops(
@@ -280,38 +276,23 @@ class Daemon:
         self.tracing = start_tracing(
             settings.telemetry, self.state, self.span_exporter, supervisor=self.supervisor
         )
-        targets = [self._target(up, secrets.credentials.get(up.name)) for up in settings.upstream]
-        controllers = {t.upstream.name: t.controller for t in targets if t.controller is not None}
-        self.reclaimer = build_reclaimer(
-            settings,
-            self.state,
-            controllers,
-            work=self.work,
-            supervisor=self.supervisor,
-            metrics=self.metrics,
-        )
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
+        await self._open_usage()
         probes: dict[str, ProbeEndpoint] = {}
-        sleep_views = {
-            name: view
-            for name, controller in controllers.items()
-            if callable(view := getattr(controller, "view", None))
-        }
-        await self._serve_api(auth, secrets, started_at, probes, sleep_views)
+        await self._serve_api(auth, secrets, started_at, probes)
         self._restore_holds()
         proxies: dict[str, Proxy] = {}
-        for target in targets:
-            proxies[target.upstream.name] = await self._serve_upstream(target, auth, probes)
+        for up in settings.upstream:
+            credential = secrets.credentials.get(up.name)
+            proxies[up.name] = await self._serve_upstream(up, credential, auth, probes)
         for pool in settings.pool:
             await self.listeners.serve_pool(
                 pool.name, pool.listen, pool.members, proxies, auth=auth, work=self.work
             )
         self.work.watch_restored()
-        sharing = card_sharing(settings, self.state, controllers, self.metrics)
-        if sharing is not None:
-            self.work.share_cards(sharing)
+        self._share_cards()
         self.loops.start_collectors()
         self.supervisor.spawn(self.owner.run(), name="owner controls", essential=True)
         self.loops.start_presence()
@@ -326,21 +307,32 @@ class Daemon:
         )
         self._start_kubernetes(started_at)
 
+    async def _open_usage(self) -> None:
+        """Open the usage ledger (off the loop; a failure is its error in /status, never
+        fatal) and show its error in /status."""
+        store = UsageStore(
+            self.settings.state_dir / USAGE_FILE,
+            retention_days=self.settings.usage_retention_days,
+        )
+        await store.open()
+        self.usage = store
+        self.state.usage_error = lambda: store.error
+
     async def _serve_api(
         self,
         auth: Authenticator,
         secrets: Secrets,
         started_at: float,
         probes: dict[str, ProbeEndpoint],
-        sleep_views: SleepViews,
     ) -> None:
         """Bind the API listener (``probes``: filled in as the proxies are built)."""
         settings = self.settings
+        sleep_views = ControllerViews(self.calls, [u.name for u in settings.upstream])
         self.diagnostics = Diagnostics(
             self.state,
             settings,
             started_at=started_at,
-            secrets=lambda: [t[1] for t in secrets.tokens] + list(secrets.credentials.values()),
+            secrets=secrets.all_secrets,
             users=lambda: self.presence.seen_users if self.presence is not None else (),
             sleep_views=sleep_views,
         )
@@ -354,6 +346,9 @@ class Daemon:
             controls=self.owner,
             probes=probes,
             sleep_views=sleep_views,
+            usage=None
+            if self.usage is None
+            else UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
             extra_routes=self.diagnostics.install,
         )
         state = self.state
@@ -361,9 +356,15 @@ class Daemon:
             "api", api, settings.server.listen, probe=lambda path: health_probe(state, path)
         )
 
-    def _target(self, up: UpstreamSettings, credential: str | None) -> _Target:
-        """One upstream as the proxy and the reclaimer see it, with its controller when its
-        adapter has one (its HTTP session needs the running loop), declared to ``Work``."""
+    async def _serve_upstream(
+        self,
+        up: UpstreamSettings,
+        credential: str | None,
+        auth: Authenticator,
+        probes: dict[str, ProbeEndpoint],
+    ) -> Proxy:
+        """Build one upstream's proxy (and its controller, when its adapter has one), bind
+        its listener, and start its connection check and server observer."""
         adapter = ADAPTERS[up.adapter]
         upstream = Upstream(
             settings=up,
@@ -377,6 +378,7 @@ class Daemon:
             controller = adapter.make_controller(
                 self.listeners.control_session(credential), upstream.target
             )
+            self.calls.add(up.name, controller)
         self.work.add_upstream(
             up.name,
             JobRules(
@@ -390,25 +392,18 @@ class Daemon:
             ),
             controller,
         )
-        return _Target(upstream, controller, credential)
-
-    async def _serve_upstream(
-        self, target: _Target, auth: Authenticator, probes: dict[str, ProbeEndpoint]
-    ) -> Proxy:
-        """Bind one upstream's proxy listener, and start its connection check and server
-        observer."""
-        upstream = target.upstream
         proxy = await self.listeners.serve_upstream(
             upstream,
             auth=auth,
             work=self.work,
-            controller=target.controller,
+            controller=controller,
+            calls=self.calls,
             probes=probes,
-            trace=None if self.tracing is None else self.tracing.middleware(upstream.name),
+            trace=None if self.tracing is None else self.tracing.middleware(up.name),
         )
         self.loops.start_reach_check(upstream)
-        if upstream.adapter.observable:
-            self.loops.start_observer(upstream, self.listeners.observer_session(target.credential))
+        if adapter.observable:
+            self.loops.start_observer(upstream, self.listeners.observer_session(credential))
         return proxy
 
     def _restore_holds(self) -> None:
@@ -451,6 +446,12 @@ class Daemon:
     def waiting(self) -> WaitRooms[JobState]:
         """The wait queues of upstreams with ``busy = "wait"``."""
         return self.work.rooms
+
+    def _share_cards(self) -> None:
+        """Exclusivity effects for upstreams with ``exclusive_of`` (Ollama + ComfyUI)."""
+        sharing = card_sharing(self.settings, self.state, self.calls, self.metrics)
+        if sharing is not None:
+            self.work.share_cards(sharing)
 
     def _start_kubernetes(self, started_at: float) -> None:
         settings = self.settings.kubernetes
@@ -561,6 +562,8 @@ class Daemon:
             await self.tracing.shutdown()
         await self.save_calibrations()
         await self._save_at_stop()
+        if self.usage is not None:
+            await self.usage.close()  # after the listeners: every finished job is written
         await self.listeners.close_sessions()
         log.info("stopped %.3f s after the stop began", loop.time() - began)
 

@@ -23,6 +23,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from vacancyd.adapters.base import Controller
 from vacancyd.config.model import Settings, is_loopback, split_listen
+from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.work import Work
 from vacancyd.proxy.app import Proxy, Upstream, make_server
 from vacancyd.proxy.client import UpstreamClient
@@ -194,6 +195,7 @@ class Listeners:
         auth: Authenticator,
         work: Work,
         controller: Controller | None,
+        calls: UpstreamCalls,
         probes: dict[str, ProbeEndpoint],
         trace: Any = None,
     ) -> Proxy:
@@ -209,6 +211,7 @@ class Listeners:
             session=self.proxy_session(),
             work=work,
             controller=controller,
+            calls=calls,
             tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
         )
         self.clients.append(proxy.client)

@@ -10,6 +10,14 @@ one ``Authorization`` header is refused (400) whatever else it carries; with
 ``allow_unauthenticated_remote`` a client without a token holds ``borrow``. Every decision is
 counted in ``vacancyd_auth_total{scope,outcome}``.
 
+Borrowers (docs/borrowers.md). Every allowed request is some borrower's: a request that
+presents a ``[[borrower]]``'s token is that named borrower wherever it comes from (a trusted
+loopback client included: its token, not its position, decides, so it holds only
+``borrow``); any other allowed request (a ``[[server.tokens]]`` token, a trusted loopback
+client without a borrower's token, an unauthenticated borrower) is the unnamed borrower
+``""`` (:data:`UNNAMED_BORROWER`). :meth:`Authenticator.check` stores the name under
+:data:`BORROWER` on the request; :meth:`Authenticator.borrower` reads it.
+
 Browser guards. A request trusted for where it comes from rather than for a secret it holds
 can be sent by any web page the owner opens, so such a request must name this host in
 ``Host`` (a single-label name such as ``localhost``, an IP address, or one of
@@ -37,22 +45,39 @@ from multidict import CIMultiDictProxy
 
 from vacancyd.core.reasons import AuthOutcome, ErrorCode, ErrorType, GuardReason
 from vacancyd.core.refusal import error_body
+from vacancyd.core.usage import UNNAMED
 from vacancyd.web.logins import SESSION_SCOPES, Logins
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import mark_authenticated
 
 #: Scopes a scope grants besides itself: the lendability probe reveals less than any.
 IMPLIED = {"admin": {"read", "probe"}, "read": {"probe"}, "borrow": {"probe"}}
+#: The unnamed borrower's name in code (shown as ``UNNAMED_LABEL``, "default").
+UNNAMED_BORROWER = UNNAMED
+#: Which borrower an allowed request is (a ``[[borrower]]`` name, or ``""``).
+BORROWER: web.RequestKey[str] = web.RequestKey("vacancyd.borrower", str)
+#: The scopes a ``[[borrower]]`` token grants.
+BORROWER_SCOPES = frozenset({"borrow"})
 
 
 @dataclass(frozen=True, slots=True)
 class Token:
+    """A bearer token. ``borrower``: the ``[[borrower]]`` it names (``""``: a
+    ``[[server.tokens]]`` token, whose holder is the unnamed borrower)."""
+
     name: str
     secret: str
     scopes: frozenset[str]
+    borrower: str = UNNAMED
 
     def grants(self, scope: str) -> bool:
         return scope in self.scopes or any(scope in IMPLIED.get(s, ()) for s in self.scopes)
+
+
+def borrower_token(name: str, secret: str) -> Token:
+    """The token of the ``[[borrower]]`` called ``name``: it grants ``borrow`` (and so the
+    probe) and names its borrower."""
+    return Token(name, secret, BORROWER_SCOPES, borrower=name)
 
 
 def is_loopback_peer(request: web.BaseRequest) -> bool:
@@ -246,6 +271,8 @@ class Authenticator:
         #: Sessions of the status page opened through ``vacancyd open`` (read scope only).
         self.logins = logins
         self._secrets = [(token, token.secret.encode()) for token in tokens]
+        #: The ``[[borrower]]`` tokens: presenting one overrides trust by position.
+        self._named = [(token, secret) for token, secret in self._secrets if token.borrower]
         self._trust_loopback = trust_loopback
         self._allow_unauthenticated = allow_unauthenticated_remote
         self._metrics = metrics
@@ -328,9 +355,12 @@ class Authenticator:
                 status=400,
             )
         trusted = self._position_trusted(request, scope)
+        if trusted and self._named and self._presented_borrower(request) is not None:
+            trusted = None  # a borrower's token makes it that borrower, wherever it is from
         if trusted:
             self._record(record, scope, AuthOutcome.ALLOWED)
             mark_authenticated(request)
+            request[BORROWER] = UNNAMED
             return None
         if trusted is False:
             self._record(record, scope, AuthOutcome.HOST_NOT_ALLOWED)
@@ -373,7 +403,31 @@ class Authenticator:
             )
         self._record(record, scope, AuthOutcome.ALLOWED)
         mark_authenticated(request)
+        request[BORROWER] = match.borrower
         return None
+
+    def borrower(self, request: web.BaseRequest) -> str:
+        """Which borrower ``request`` is: the ``[[borrower]]`` name its token names, else
+        ``""`` (the unnamed borrower). Meaningful once :meth:`check` allowed it; ``""``
+        before."""
+        name = request.get(BORROWER)
+        return name if isinstance(name, str) else UNNAMED
+
+    def _presented_borrower(self, request: web.BaseRequest) -> str | None:
+        """The ``[[borrower]]`` whose token ``request`` presents (``Authorization: Bearer``),
+        else None."""
+        header = request.headers.get("Authorization")
+        if header is None:
+            return None
+        kind, _, presented = header.partition(" ")
+        if kind.lower() != "bearer":
+            return None
+        presented_bytes = presented.strip().encode("utf-8", "surrogateescape")
+        found = None
+        for token, secret in self._named:
+            if hmac.compare_digest(secret, presented_bytes):
+                found = token.borrower
+        return found
 
     def check_mutation(self, request: web.BaseRequest) -> web.Response | None:
         """The browser guards for an admin mutation (after :meth:`check` allowed it).

@@ -456,7 +456,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("1 when the last attempt of every Kubernetes write (host-side publishing) succeeded."),
         (),
     ),
-    # Job execution (vacancyd.control.work).
+    # Calls to the upstream servers' own APIs (vacancyd.control.upstreamcalls).
+    MetricSpec(
+        "vacancyd_upstream_calls",
+        MetricType.COUNTER,
+        (
+            "Calls to an upstream server's own API, by call (unload, clear, free, warm, "
+            "cancel, wake, resident) and outcome (done, skipped, failed, timed_out)."
+        ),
+        ("upstream", "call", "outcome"),
+    ),
+    # Job execution (vacancyd.control.work, vacancyd.control.upstreamcalls).
     MetricSpec(
         "vacancyd_reclaim_cancelled_jobs",
         MetricType.COUNTER,
@@ -466,7 +476,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ),
         ("upstream", "kind"),
     ),
-    # Reclaim (vacancyd.control.reclaim).
+    # Reclaim (vacancyd.control.reclaim; its unload: vacancyd.control.upstreamcalls).
     MetricSpec(
         "vacancyd_reclaims",
         MetricType.COUNTER,

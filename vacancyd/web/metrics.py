@@ -194,6 +194,9 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=self.registry,
         )
+        #: Borrowed jobs a reclaim cancelled (control.work: streams; control.upstreamcalls:
+        #: queued jobs cancelled on the server).
+        self.cancelled_jobs = counter("vacancyd_reclaim_cancelled_jobs", registry=self.registry)
         self.connections_refused = counter("vacancyd_connections_refused", registry=self.registry)
         self.malformed_requests = counter("vacancyd_malformed_requests", registry=self.registry)
         self.request_guard = counter("vacancyd_request_guard_refusals", registry=self.registry)

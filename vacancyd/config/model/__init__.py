@@ -3,8 +3,8 @@ docs/configuration.md; ``vacancyd.example.toml`` is a commented instance validat
 
 Unknown keys are errors (``extra="forbid"``) and the models are frozen. The models live in
 one module per part of the file (:mod:`.server`, :mod:`.owner`, :mod:`.resources`,
-:mod:`.upstreams`, :mod:`.kubernetes`, the whole file in :mod:`.settings`, what they share in
-:mod:`.base`); this package re-exports them all.
+:mod:`.upstreams`, :mod:`.borrowers`, :mod:`.kubernetes`, the whole file in
+:mod:`.settings`, what they share in :mod:`.base`); this package re-exports them all.
 """
 
 from vacancyd.config.model.base import (
@@ -20,6 +20,11 @@ from vacancyd.config.model.base import (
     read_secret_file,
     secret_path,
     split_listen,
+)
+from vacancyd.config.model.borrowers import (
+    DEFAULT_USAGE_RETENTION_DAYS,
+    RESERVED_BORROWER_NAME,
+    BorrowerSettings,
 )
 from vacancyd.config.model.kubernetes import (
     ClusterSettings,
@@ -58,11 +63,14 @@ __all__ = [
     "DEFAULT_MAX_WAITING",
     "DEFAULT_UNLOAD_TIMEOUT_S",
     "DEFAULT_UPSTREAM_SILENCE_S",
+    "DEFAULT_USAGE_RETENTION_DAYS",
     "DEFAULT_WAIT_TIMEOUT_S",
     "DNS_LABEL_PATTERN",
     "FOLLOWED_SHUTDOWN_DELAY_S",
     "NAME_PATTERN",
+    "RESERVED_BORROWER_NAME",
     "SECRET_FILE_MAX_BYTES",
+    "BorrowerSettings",
     "ClusterSettings",
     "CollectorSettings",
     "CompanionSettings",

@@ -8,6 +8,7 @@ from pydantic import Field, StrictBool, model_validator
 
 from vacancyd.config.model.base import FrozenModel, Name
 from vacancyd.core.gpu import GpuSelector
+from vacancyd.core.thermal import DEFAULT_RESUME_MARGIN_C
 
 
 class CollectorSettings(FrozenModel):
@@ -59,7 +60,10 @@ class ResourceSettings(FrozenModel):
     PCI bus id (``"0000:01:00.0"``); unset means index 0. ``min_free_mib``: MiB that must stay
     free. ``max_utilization``: 0–1 ratio above which the resource is not lendable.
     ``stale_after_s``: default 3 × the general poll, at least 5 s. ``pressure``: GPU pressure
-    settings (gpu only).
+    settings (gpu only). ``max_temperature_c`` (gpu only, °C): new borrowed work is refused
+    ``gpu_too_hot`` while the card is above it, until it is below ``temperature_resume_c``
+    (default 5 °C less); ``hot_yield_after_s``: seconds above it after which running borrowed
+    work is yielded by the reclaim policy (unset: never).
     """
 
     name: Name
@@ -70,6 +74,9 @@ class ResourceSettings(FrozenModel):
     max_utilization: float | None = Field(None, ge=0, le=1)
     stale_after_s: float | None = Field(None, gt=0, le=3600)
     pressure: PressureSettings | None = None
+    max_temperature_c: float | None = Field(None, gt=0, le=150)
+    temperature_resume_c: float | None = Field(None, gt=0, le=150)
+    hot_yield_after_s: float | None = Field(None, ge=0, le=86400)
 
     @model_validator(mode="after")
     def _kind_rules(self) -> ResourceSettings:
@@ -79,9 +86,39 @@ class ResourceSettings(FrozenModel):
             raise ValueError("device applies only to kind = 'gpu'")
         if self.kind != "gpu" and self.pressure is not None:
             raise ValueError("pressure applies only to kind = 'gpu'")
+        self._thermal_rules()
         if self.kind == "gpu":
             GpuSelector.parse(self.device)  # raises ValueError with the reason
         return self
+
+    def _thermal_rules(self) -> None:
+        thermal = {
+            "max_temperature_c": self.max_temperature_c,
+            "temperature_resume_c": self.temperature_resume_c,
+            "hot_yield_after_s": self.hot_yield_after_s,
+        }
+        for key, value in thermal.items():
+            if value is not None and self.kind != "gpu":
+                raise ValueError(f"{key} applies only to kind = 'gpu'")
+            if value is not None and self.max_temperature_c is None:
+                raise ValueError(f"{key} needs max_temperature_c")
+        resume = self.resume_temperature_c
+        if self.max_temperature_c is not None and resume is not None:
+            if not 0 < resume < self.max_temperature_c:
+                raise ValueError(
+                    f"temperature_resume_c ({resume:g}) must be above 0 and below "
+                    f"max_temperature_c ({self.max_temperature_c:g})"
+                )
+
+    @property
+    def resume_temperature_c(self) -> float | None:
+        """The temperature (°C) below which a hot GPU lends again: ``temperature_resume_c``,
+        default ``max_temperature_c`` minus 5 °C; None without ``max_temperature_c``."""
+        if self.max_temperature_c is None:
+            return None
+        if self.temperature_resume_c is not None:
+            return self.temperature_resume_c
+        return self.max_temperature_c - DEFAULT_RESUME_MARGIN_C
 
     @property
     def gpu_pressure(self) -> PressureSettings | None:

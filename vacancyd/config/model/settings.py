@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from vacancyd.config.model.base import (
     FOLLOWED_SHUTDOWN_DELAY_S,
@@ -12,6 +12,7 @@ from vacancyd.config.model.base import (
     is_loopback,
     split_listen,
 )
+from vacancyd.config.model.borrowers import DEFAULT_USAGE_RETENTION_DAYS, BorrowerSettings
 from vacancyd.config.model.kubernetes import KubernetesSettings
 from vacancyd.config.model.owner import OwnerSettings, ScheduleSettings
 from vacancyd.config.model.resources import CollectorSettings, ResourceSettings
@@ -32,6 +33,13 @@ class Settings(FrozenModel):
     kubernetes: KubernetesSettings | None = None
     schedule: ScheduleSettings | None = None
     telemetry: TelemetrySettings = TelemetrySettings()
+    borrower: list[BorrowerSettings] = []
+    #: Days a finished job's row is kept in the usage ledger (docs/borrowers.md).
+    usage_retention_days: int = Field(DEFAULT_USAGE_RETENTION_DAYS, ge=1, le=3650)
+    #: What one kWh costs the owner, for ``vacancyd usage`` (None: no cost shown).
+    energy_price_per_kwh: float | None = Field(None, ge=0, le=1_000_000)
+    #: The label printed after a cost (``EUR``, ``$``); only with ``energy_price_per_kwh``.
+    energy_currency: str = Field("", max_length=16, pattern=r"^[^\x00-\x1f\x7f]*$")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:
@@ -69,6 +77,7 @@ class Settings(FrozenModel):
                     )
         self._check_exclusivity()
         self._check_pools()
+        self._check_borrowers()
         if self.owner.present_max_model_mib is None:
             opted = [u.name for u in self.upstream if u.lend_while_present]
             if opted:
@@ -149,6 +158,21 @@ class Settings(FrozenModel):
                     raise ValueError(
                         f"pool[{i}] ({pool.name}) member {m!r} takes part in an exclusivity; "
                         "a pool member must be a server of its own"
+                    )
+
+    def _check_borrowers(self) -> None:
+        names = [b.name for b in self.borrower]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"borrower names must be unique; repeated: {', '.join(dupes)}")
+        known = {u.name for u in self.upstream} | {p.name for p in self.pool}
+        for i, borrower in enumerate(self.borrower):
+            for name in borrower.upstreams or ():
+                if name not in known:
+                    raise ValueError(
+                        f"borrower[{i}] ({borrower.name}) upstreams names {name!r}, which no "
+                        f"[[upstream]] or [[pool]] declares (declared: "
+                        f"{', '.join(sorted(known)) or 'none'})"
                     )
 
     @property
