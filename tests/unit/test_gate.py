@@ -11,7 +11,7 @@ from vacancyd.core import gate
 from vacancyd.core.holds import Hold, HoldKind
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import OwnerScope, ResourceKind, ResourcePolicy, UpstreamPolicy
-from vacancyd.core.reasons import Admit, Reason, Refuse
+from vacancyd.core.reasons import Admit, Reason, Refresh, Refuse
 from vacancyd.core.snapshot import (
     PresenceView,
     PressureView,
@@ -300,7 +300,7 @@ def server(age: float = 1.0, idle: bool = True, **kw: object) -> Observation[Ser
 def test_llamacpp_needs_a_fresh_server_observation() -> None:
     decision = decide(snapshot(), LLAMA)
     assert refused(decision) == (Reason.RESOURCE_UNMEASURED, 30)
-    assert isinstance(decision, Refuse) and decision.extra.get("refresh") == "server"
+    assert isinstance(decision, Refuse) and decision.refresh is Refresh.SERVER
     decision = decide(snapshot(servers={"ollama": server(age=11)}), LLAMA)
     assert refused(decision) == (Reason.RESOURCE_UNMEASURED, 30)
 
@@ -362,7 +362,7 @@ def test_a8_refusal_says_why_no_credit_and_whether_age_alone_failed(
     assert not decision.credit.applied
     assert why in decision.credit.why
     assert decision.credit.failed_only_for_age is only_age
-    assert (decision.extra.get("refresh") == "server") is only_age
+    assert (decision.refresh is Refresh.SERVER) is only_age
 
 
 def test_residency_requires_the_model_when_the_server_lists_models() -> None:

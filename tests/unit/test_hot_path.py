@@ -14,7 +14,7 @@ from vacancyd.adapters import ADAPTERS
 from vacancyd.core import gate
 from vacancyd.core.classify import Classifier, RouteClass, classify
 from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
-from vacancyd.core.reasons import Credit, Reason, Refuse
+from vacancyd.core.reasons import Credit, Reason, Refresh, Refuse
 from vacancyd.core.refusal import render_refusal, render_refusal_bytes
 from vacancyd.runtime import eventloop
 from vacancyd.state import PresenceReading, SharedState
@@ -66,7 +66,7 @@ def test_classifier_memory_is_bounded() -> None:
     "refusal",
     [
         Refuse.of(Reason.LENDING_DISABLED, "lending is switched off on this host"),
-        Refuse.of(Reason.RESOURCE_BUSY, "busy", resource="ram", extra={"refresh": "capacity"}),
+        Refuse.of(Reason.RESOURCE_BUSY, "busy", resource="ram", refresh=Refresh.CAPACITY),
         Refuse.of(
             Reason.INSUFFICIENT_CAPACITY,
             "not enough",
@@ -85,6 +85,13 @@ def test_rendered_refusal_is_the_rendered_envelope(refusal: Refuse) -> None:
     assert rendered.headers == {**headers, "Content-Type": "application/json; charset=utf-8"}
     assert render_refusal_bytes(refusal, "up", 429) is rendered  # remembered
     assert render_refusal_bytes(refusal, "other", 429).body != rendered.body
+
+
+def test_a_refresh_hint_is_not_on_the_wire() -> None:
+    hinted = Refuse.of(Reason.RESOURCE_BUSY, "busy", resource="ram", refresh=Refresh.CAPACITY)
+    plain = Refuse.of(Reason.RESOURCE_BUSY, "busy", resource="ram")
+    assert render_refusal_bytes(hinted, "up") == render_refusal_bytes(plain, "up")
+    assert "refresh" not in json.loads(render_refusal_bytes(hinted, "up").body)["error"]
 
 
 def test_rendered_refusal_counts_every_field() -> None:

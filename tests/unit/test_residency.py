@@ -15,7 +15,7 @@ from vacancyd.core import gate, residency
 from vacancyd.core.classify import route
 from vacancyd.core.observations import Observation
 from vacancyd.core.policy import ResourceKind
-from vacancyd.core.reasons import Admit, Reason, Refuse
+from vacancyd.core.reasons import Admit, Reason, Refresh, Refuse
 from vacancyd.core.residency import ContextKey, ContextLearning, ResidentModel
 from vacancyd.core.snapshot import RequestFacts, ServerState
 
@@ -194,7 +194,7 @@ def test_old_observations_fail_only_for_age_and_ask_for_a_fresh_one(
     decision = decide(big(), obs=observed(LOADED, age=obs_age), learning=LEARNED, **view_kw)
     assert isinstance(decision, Refuse) and decision.credit is not None
     assert decision.credit.failed_only_for_age and decision.credit.code == "stale"
-    assert decision.extra == {"refresh": "server"}
+    assert decision.refresh is Refresh.SERVER and decision.extra == {}
     assert why in decision.detail
 
 
@@ -243,7 +243,9 @@ def test_comfyui_gets_no_credit_on_two_gpus_or_when_stale() -> None:
     assert isinstance(gate.decide(RequestFacts(), snap, COMFY), Refuse)
     snap = snapshot(resource(free=2_000), servers={"ollama": comfy(5_000, age=5)})
     decision = gate.decide(RequestFacts(), snap, COMFY)
-    assert isinstance(decision, Refuse) and decision.extra == {"refresh": "server"}
+    assert (
+        isinstance(decision, Refuse) and decision.refresh is Refresh.SERVER and decision.extra == {}
+    )
     ram = replace(COMFY, resource="ram")
     snap = snapshot(
         resource("ram", free=2_000, kind=ResourceKind.MEMORY), servers={"ollama": comfy(5_000)}

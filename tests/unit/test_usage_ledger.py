@@ -238,13 +238,18 @@ async def test_groups_by_borrower_day_and_model(tmp_path: Path) -> None:
     ]
     by_model = await s.groups(0.0, "model")
     assert [(g.key, g.requests) for g in by_model] == [("llama", 1), ("qwen", 2), (None, 1)]
+    # while the daemon has it open, an offline read sees every committed row
+    offline = await asyncio.to_thread(read_groups, s.path, 0.0, "borrower")
+    assert [(g.key, g.requests) for g in offline] == [("", 2), ("friend", 2)]
     since = await s.groups(day2, "borrower")
     assert [(g.key, g.requests) for g in since] == [("", 1), ("friend", 1)]
     with pytest.raises(ValueError, match="cannot group by"):
         await s.groups(0.0, "upstream")
     await s.close()
-    # the same read offline, read-only
+    # the same read offline, read-only, leaving no files of its own behind (a root reader
+    # must not leave root-owned -wal/-shm files the service could not open)
     assert read_groups(s.path, 0.0, "borrower") == by_borrower
+    assert matching(tmp_path, "*") == [s.path]
     assert read_groups(tmp_path / "none.sqlite3", 0.0, "day") == []
 
 
@@ -260,3 +265,17 @@ def test_since_resolves_durations_and_local_dates() -> None:
     assert since_wall(parse_since("7d"), NOW) == NOW - 7 * 86400
     midnight = dt.datetime(2027, 3, 1).timestamp()
     assert since_wall(parse_since("2027-03-01"), NOW) == midnight
+
+
+async def test_a_row_recorded_before_open_opens_the_ledger(tmp_path: Path) -> None:
+    """The daemon builds the store before it starts, so whatever records into it can be
+    given ``record`` at once."""
+    s = store(tmp_path)
+    await asyncio.wrap_future(s.record(row(1)))
+    assert rows_on_disk(s.path) == [(1, "friend", "completed")]
+    await s.open()
+    await asyncio.wrap_future(s.record(row(2)))
+    await s.close()
+    assert [r[0] for r in rows_on_disk(s.path)] == [1, 2]
+    fut = s.record(row(3))  # after close: dropped, never raised
+    assert fut.done() and fut.exception() is None and s.dropped == 1

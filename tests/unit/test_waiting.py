@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vacancyd.core.reasons import Admit, Decision, Reason, Refuse
-from vacancyd.core.waiting import Waiter, WaitQueue, waits_on
+from vacancyd.core.reasons import Admit, Decision, Reason, Refresh, Refuse
+from vacancyd.core.waiting import Waiter, WaitQueue, refresh_key, waits_on
 
 
 def test_fifo_bound_and_leave() -> None:
@@ -59,9 +59,17 @@ def test_serve_stops_at_the_first_waiter_that_still_waits() -> None:
 
 def test_what_keeps_a_waiter_waiting() -> None:
     assert waits_on(Refuse.of(Reason.RESOURCE_BUSY, "x"))
-    assert waits_on(Refuse.of(Reason.INSUFFICIENT_CAPACITY, "x", extra={"refresh": "server"}))
+    assert waits_on(Refuse.of(Reason.INSUFFICIENT_CAPACITY, "x", refresh=Refresh.SERVER))
     for reason in (Reason.OWNER_ACTIVE, Reason.LENDING_DISABLED, Reason.RESOURCE_PRESSURED):
         assert not waits_on(Refuse.of(reason, "x"))
+
+
+def test_the_sample_a_refresh_hint_names() -> None:
+    server = Refuse.of(Reason.RESOURCE_UNMEASURED, "x", refresh=Refresh.SERVER)
+    capacity = Refuse.of(Reason.RESOURCE_BUSY, "x", resource="gpu0", refresh=Refresh.CAPACITY)
+    assert refresh_key(server, "llm") == "server:llm"
+    assert refresh_key(capacity, "llm") == "gpu0"
+    assert refresh_key(Refuse.of(Reason.RESOURCE_BUSY, "x", resource="gpu0"), "llm") is None
 
 
 def test_bad_bounds_are_errors() -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from vacancyd.core.reasons import Refuse
-from vacancyd.core.waiting import Waiter, WaitQueue, waits_on
+from vacancyd.core.waiting import Waiter, WaitQueue, refresh_key, waits_on
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +193,8 @@ class WaitRooms(Generic[J]):
 
     def _refresh(self, upstream: str, refusal: Refuse) -> None:
         """Ask for the sample a head's refusal waits on; its arrival serves the queue again."""
-        hint = refusal.extra.get("refresh")
-        if self.request_sample is None or hint is None:
-            return
-        key = f"server:{upstream}" if hint == "server" else refusal.resource
-        if key is not None:
+        key = refresh_key(refusal, upstream)
+        if self.request_sample is not None and key is not None:
             self.request_sample(key)
 
     def next_deadline(self) -> float | None:

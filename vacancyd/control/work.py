@@ -63,11 +63,11 @@ from vacancyd.core.lifecycle import (
     WatchIdle,
 )
 from vacancyd.core.policy import UpstreamPolicy
-from vacancyd.core.reasons import Admit, Decision, Reason, Refuse
+from vacancyd.core.reasons import Admit, Decision, Reason, Refresh, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.sharing import serve_order
 from vacancyd.core.snapshot import RequestFacts, Snapshot
-from vacancyd.core.waiting import waits_on
+from vacancyd.core.waiting import refresh_key, waits_on
 from vacancyd.state import SharedState
 from vacancyd.web.metrics import Metrics
 
@@ -204,7 +204,7 @@ class Work:
         """Gate then ledger, with at most one fresh observation in between; then, where the
         upstream says so, a wait for a slot and the exclusive job's unload.
 
-        A refusal that says a fresher sample could change it (``extra["refresh"]``) waits up
+        A refusal that says a fresher sample could change it (``Refuse.refresh``) waits up
         to :data:`REFRESH_WAIT_S` seconds for one and decides once more; the second decision
         stands. The sample waited for is the one the refusal needs: after the last release
         for the post-completion rule (asked for by that release, so usually under way or
@@ -251,7 +251,7 @@ class Work:
             return choice.member.name
         for policy in policies:
             refusal = gate.decide(facts, snap, policy)
-            if isinstance(refusal, Refuse) and refusal.extra.get("refresh") is not None:
+            if isinstance(refusal, Refuse) and refusal.refresh is not None:
                 return policy.name
         if choice.reason is Reason.RESOURCE_BUSY:
             waiting = [m for m in members if self.rooms.has_queue(m)]
@@ -290,10 +290,7 @@ class Work:
             decision = self._decide(facts, snap, policy)
             if isinstance(decision, Admit):
                 return self._reserve(upstream, decision, snap.now, facts)
-            refresh = decision.extra.get("refresh")
-            if refresh is None:
-                return decision
-            key = f"server:{upstream}" if refresh == "server" else decision.resource
+            key = refresh_key(decision, upstream)
             released = max(
                 (v.released_at or 0.0 for n in policy.resources if (v := snap.resources.get(n))),
                 default=None,
@@ -306,7 +303,7 @@ class Work:
             ):
                 return decision
             refreshed[key] = released
-            view = snap.resources.get(key) if refresh == "capacity" else None
+            view = snap.resources.get(key) if decision.refresh is Refresh.CAPACITY else None
             after = view.released_at if view is not None else None
             if not await self.state.fresh_sample(key, REFRESH_WAIT_S, after=after):
                 return decision

@@ -40,7 +40,7 @@ from vacancyd.core import footprint, residency
 from vacancyd.core.holds import Hold, decide_holds
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, ResourceKind, UpstreamPolicy
-from vacancyd.core.reasons import Admit, Credit, CreditCode, Decision, Reason, Refuse
+from vacancyd.core.reasons import Admit, Credit, CreditCode, Decision, Reason, Refresh, Refuse
 from vacancyd.core.snapshot import (
     PresenceView,
     RequestFacts,
@@ -127,7 +127,7 @@ def decide_before_body(snap: Snapshot, upstream: UpstreamPolicy) -> Refuse | Non
                 Reason.RESOURCE_UNMEASURED,
                 f"upstream {upstream.name!r} has no fresh observation of its server "
                 f"({quality}){error}",
-                extra={"refresh": "server"},
+                refresh=Refresh.SERVER,
             )
     return None
 
@@ -259,7 +259,7 @@ def _decide_resource(view: ResourceView | None, name: str, now: float) -> Refuse
             Reason.RESOURCE_BUSY,
             f"waiting for a fresh capacity sample of {name!r} after the previous job",
             resource=name,
-            extra={"refresh": "capacity"},
+            refresh=Refresh.CAPACITY,
         )
     why = view.policy.evaluate(view.capacity.value)
     if why is not None:
@@ -482,7 +482,7 @@ def _decide_model(facts: RequestFacts, snap: Snapshot, upstream: UpstreamPolicy)
             f"{primary.name!r} has {available:.0f} MiB to lend{beside}, the request needs {what}",
             resource=primary.name,
             credit=credit,
-            extra={"refresh": "server"} if credit.failed_only_for_age else {},
+            refresh=Refresh.SERVER if credit.failed_only_for_age else None,
         )
     return Admit(resources=upstream.resources, charged_mib=charge, credit=credit)
 

@@ -3,7 +3,8 @@
 Every reason and error code vacancyd emits is a member of an enum here, and nowhere else:
 the gate's refusal reasons (:class:`Reason`), the ``error.type`` and ``error.code`` of the
 errors it answers itself (:class:`ErrorType`, :class:`ErrorCode`), a residency proof's
-reason (:class:`CreditCode`), why a job is held (:class:`HoldReason`), how a reclaim
+reason (:class:`CreditCode`), which fresh sample could change a refusal (:class:`Refresh`),
+why a job is held (:class:`HoldReason`), how a reclaim
 ended (:class:`ReclaimOutcome`), the reasons of the
 browser guards (:class:`GuardReason`) and the authenticator's outcomes
 (:class:`AuthOutcome`), and the reasons only the Kubernetes publisher writes
@@ -225,6 +226,18 @@ RETRY_AFTER_S: dict[Reason, int] = {
 }
 
 
+class Refresh(StrEnum):
+    """Which fresh sample could change a refusal (:attr:`Refuse.refresh`): admission waits
+    for that sample and decides once more, and a waiting request keeps waiting through the
+    refusal. Never rendered on the wire."""
+
+    #: A new observation of the upstream's server (key ``server:NAME``): a stale or missing
+    #: observation, or a residency proof that failed only for the observation's age.
+    SERVER = "server"
+    #: A capacity sample of the refusal's resource taken after its last release.
+    CAPACITY = "capacity"
+
+
 @dataclass(frozen=True, slots=True)
 class Credit:
     """Outcome of a residency proof (docs/architecture.md step 6).
@@ -265,6 +278,8 @@ class Refuse:
 
     ``retry_after_s`` is whole seconds for the Retry-After header. ``detail`` is a sentence
     for a person; ``resource`` names the resource a per-resource step refused on.
+    ``extra``: fields the refusal body carries (an owner hold's ``hold`` and ``until``).
+    ``refresh``: the fresh sample that could change this refusal, None when none could.
     """
 
     reason: Reason
@@ -273,6 +288,7 @@ class Refuse:
     resource: str | None = None
     credit: Credit | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    refresh: Refresh | None = None
 
     @classmethod
     def of(cls, reason: Reason, detail: str, **kw: object) -> Refuse:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from vacancyd.core.reasons import Reason, Refuse
+from vacancyd.core.reasons import Reason, Refresh, Refuse
 
 T = TypeVar("T")
 
@@ -46,7 +46,18 @@ def waits_on(refusal: Refuse) -> bool:
     release has not arrived yet) and any refusal a fresh sample may change (it carries a
     ``refresh`` hint: the next sample decides again).
     """
-    return refusal.reason is Reason.RESOURCE_BUSY or refusal.extra.get("refresh") is not None
+    return refusal.reason is Reason.RESOURCE_BUSY or refusal.refresh is not None
+
+
+def refresh_key(refusal: Refuse, upstream: str) -> str | None:
+    """The sample key whose fresh sample could change ``refusal`` on ``upstream``
+    (``server:NAME`` for a server observation, the refused resource for a capacity sample),
+    or None when no sample could."""
+    if refusal.refresh is Refresh.SERVER:
+        return f"server:{upstream}"
+    if refusal.refresh is None:
+        return None
+    return refusal.resource
 
 
 @dataclass

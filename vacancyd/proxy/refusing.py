@@ -107,7 +107,7 @@ class Refusing(ProxyBase):
                 if snap is None:
                     snap = state.snapshot()
                 refusal = gate.decide_before_body(snap, policy)
-                if refusal is not None and refusal.extra.get("refresh") is not None:
+                if refusal is not None and refusal.refresh is not None:
                     refusal = None  # a fresh sample may still admit it: let the body come
                 refusal = refusal or proxy._reclaim_refusal()
                 if refusal is None:

@@ -191,8 +191,9 @@ class Daemon:
     span_exporter: Any = None
     tracing: Tracing | None = None
     diagnostics: Diagnostics | None = None
-    #: The usage ledger (opened by :meth:`start`, closed at the end of :meth:`stop`).
-    usage: UsageStore | None = None
+    #: The usage ledger: built here so what records into it can be handed ``usage.record``
+    #: before the start; opened by :meth:`start`, closed at the end of :meth:`shutdown`.
+    usage: UsageStore = field(init=False)
 
     def __post_init__(self) -> None:
         parts = build(self.settings)
@@ -214,6 +215,10 @@ class Daemon:
             self.supervisor,
             learner=parts.learner,
             sampled=parts.work.rooms.serve,
+        )
+        self.usage = UsageStore(
+            self.settings.state_dir / USAGE_FILE,
+            retention_days=self.settings.usage_retention_days,
         )
 
     @property
@@ -310,12 +315,8 @@ class Daemon:
     async def _open_usage(self) -> None:
         """Open the usage ledger (off the loop; a failure is its error in /status, never
         fatal) and show its error in /status."""
-        store = UsageStore(
-            self.settings.state_dir / USAGE_FILE,
-            retention_days=self.settings.usage_retention_days,
-        )
+        store = self.usage
         await store.open()
-        self.usage = store
         self.state.usage_error = lambda: store.error
 
     async def _serve_api(
@@ -346,9 +347,7 @@ class Daemon:
             controls=self.owner,
             probes=probes,
             sleep_views=sleep_views,
-            usage=None
-            if self.usage is None
-            else UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
+            usage=UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
             extra_routes=self.diagnostics.install,
         )
         state = self.state
@@ -562,8 +561,7 @@ class Daemon:
             await self.tracing.shutdown()
         await self.save_calibrations()
         await self._save_at_stop()
-        if self.usage is not None:
-            await self.usage.close()  # after the listeners: every finished job is written
+        await self.usage.close()  # after the listeners: every finished job is written
         await self.listeners.close_sessions()
         log.info("stopped %.3f s after the stop began", loop.time() - began)
 

@@ -150,8 +150,13 @@ def read_groups(path: Path, since: float, by: str) -> list[UsageGroup]:
     unknown ``by``."""
     if not path.exists():
         return []
+    # A read-only open of a WAL database creates its -wal and -shm files when they are not
+    # there, owned by the reader: root's `sudo vacancyd usage` would leave files the service's
+    # user cannot open. Without a -wal file no daemon has rows outside the main file, so it
+    # is read as immutable (no side files); with one, the daemon's own files are used.
+    immutable = "" if path.with_name(path.name + "-wal").exists() else "&immutable=1"
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=5.0)
     except sqlite3.Error as exc:
         raise LedgerUnreadable(f"cannot open {path}: {exc}") from exc
     try:
@@ -232,8 +237,9 @@ class UsageStore:
 
     def record(self, row: UsageRow) -> concurrent.futures.Future[None]:
         """Write ``row`` and commit it, on the store's thread; returns at once (callable from
-        the event loop, never blocks it). The returned future is done once the row is
-        committed (or dropped: the error is then in :attr:`error`); it never raises."""
+        the event loop, never blocks it; also before :meth:`open`, the first row then opens
+        the ledger). The returned future is done once the row is committed (or dropped: the
+        error is then in :attr:`error`); it never raises."""
         if self._closed:
             self.dropped += 1
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
