@@ -266,7 +266,9 @@ documents = st.builds(
     ),
     stopping=st.booleans(),
     durable_state=st.builds(
-        DurableStateStatus, write_errors=st.dictionaries(text, text, max_size=2)
+        DurableStateStatus,
+        write_errors=st.dictionaries(text, text, max_size=2),
+        usage_ledger_error=opt(text),
     ),
     owner_controls=opt(
         st.builds(

@@ -41,7 +41,7 @@ from typing import Protocol
 from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
-from vacancyd.control.upstreamcalls import UpstreamCalls
+from vacancyd.control.upstreamcalls import Outcome, UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.core import gate, pool
 from vacancyd.core.ledger import Job, Phase
@@ -65,6 +65,7 @@ from vacancyd.core.lifecycle import (
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import Admit, Decision, Reason, Refresh, Refuse
 from vacancyd.core.reclaim import Edge
+from vacancyd.core.reclaim import refusal as reclaim_refusal
 from vacancyd.core.sharing import serve_order
 from vacancyd.core.snapshot import RequestFacts, Snapshot
 from vacancyd.core.waiting import refresh_key, waits_on
@@ -81,8 +82,16 @@ IDLE_POLL_S = 0.25
 
 #: Returns True when it cancelled a running exchange (False: it had already finished).
 CutExchange = Callable[[], bool]
-#: Asks whether an upstream is being reclaimed: the refusal new work gets, or None.
-ReclaimCheck = Callable[[str], Refuse | None]
+
+
+@dataclass(frozen=True, slots=True)
+class CutResult:
+    """What :meth:`Work.cut` did: ``streams``, the exchanges it cut while they ran (their
+    upstream connections closed); ``cancels``, each server's cancel of tracked jobs in its
+    queue, as :class:`~vacancyd.control.upstreamcalls.UpstreamCalls` ended it."""
+
+    streams: int = 0
+    cancels: tuple[Outcome[None], ...] = ()
 
 
 @dataclass
@@ -152,8 +161,8 @@ class Work:
         self._watched: set[int] = set()
         self._upstreams: dict[str, _Upstream] = {}
         self._jobs: dict[int, JobState] = {}
-        self._listeners: list[Callable[[str], None]] = []
-        self._reclaiming: ReclaimCheck = lambda _upstream: None
+        #: Per upstream: set whenever one of its jobs changes phase (see :meth:`changes`).
+        self._changes: dict[str, asyncio.Event] = {}
         #: Wait queues of upstreams with ``busy = "wait"`` (see :meth:`enable_wait`).
         self.rooms: WaitRooms[JobState] = WaitRooms(
             state.clock,
@@ -185,20 +194,12 @@ class Work:
         """Carry out exclusivity for upstreams with ``exclusive_of`` (set once)."""
         self.card = card
 
-    def guard_with(self, check: ReclaimCheck) -> None:
-        """Refuse admission while ``check`` says the upstream is being reclaimed (set once,
-        by the reclaimer)."""
-        self._reclaiming = check
-
-    def subscribe(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(upstream)`` whenever the set of jobs deferring a reclaim changes."""
-        self._listeners.append(listener)
-
     # -- admission -----------------------------------------------------------------------
 
     def refusal(self, upstream: str) -> Refuse | None:
-        """The reclaim refusal new work on ``upstream`` gets now, or None."""
-        return self._reclaiming(upstream)
+        """The reclaim refusal new work on ``upstream`` gets now (while the reclaim the
+        reclaimer published for it is open: :func:`vacancyd.core.reclaim.refusal`), or None."""
+        return reclaim_refusal(self.state.reclaims.get(upstream))
 
     async def admit(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
         """Gate then ledger, with at most one fresh observation in between; then, where the
@@ -245,7 +246,7 @@ class Work:
             facts,
             snap,
             policies,
-            lambda p: self._reclaiming(p.name) or self.state.ledger.fits(p.name, p.resources),
+            lambda p: self.refusal(p.name) or self.state.ledger.fits(p.name, p.resources),
         )
         if isinstance(choice, pool.Choice):
             return choice.member.name
@@ -267,7 +268,7 @@ class Work:
         decision = self._decide(facts, self.state.snapshot(), policy)
         if isinstance(decision, Refuse):
             return decision
-        reclaiming = self._reclaiming(upstream)
+        reclaiming = self.refusal(upstream)
         if reclaiming is not None:
             return reclaiming
         if self.rooms.has_queue(upstream) and self.rooms.waiting(upstream):
@@ -375,7 +376,7 @@ class Work:
     def _reserve(
         self, upstream: str, admit: Admit, now: float, facts: RequestFacts
     ) -> JobState | Refuse:
-        reclaiming = self._reclaiming(upstream)
+        reclaiming = self.refusal(upstream)
         if reclaiming is not None:
             return reclaiming
         policy = self.state.upstreams[upstream]
@@ -486,9 +487,14 @@ class Work:
             if j.upstream == upstream and j.key is not None and j.phase.defers_reclaim
         )
 
-    async def cut(self, jobs: list[JobState], edge: Edge, *, cancel_queued: bool = True) -> None:
-        """Cut ``jobs`` for the reclaim that ``edge`` opened; a tracked job's cancel on the
-        server is bounded by ``upstreamcalls.CANCEL_DEADLINE_S``."""
+    async def cut(
+        self, jobs: list[JobState], edge: Edge, *, cancel_queued: bool = True
+    ) -> CutResult:
+        """Cut ``jobs`` for the reclaim that ``edge`` opened (those that ended meanwhile are
+        skipped); a tracked job's cancel on the server is bounded by
+        ``upstreamcalls.CANCEL_DEADLINE_S``. Returns what was done."""
+        streams = 0
+        cancels: list[Outcome[None]] = []
         queued: dict[str, list[JobState]] = {}
         for job in jobs:
             current = self._jobs.get(job.id)
@@ -498,11 +504,15 @@ class Work:
             self._jobs[current.id] = transition.state
             for effect in transition.effects:
                 if isinstance(effect, CancelExchange):
-                    self._cancel_exchange(transition.state)
+                    streams += self._cancel_exchange(transition.state)
                 elif isinstance(effect, CancelOnServer):
                     queued.setdefault(current.upstream, []).append(transition.state)
         for upstream, tracked in queued.items():
-            await self._cancel_on_server(upstream, [j.key for j in tracked if j.key is not None])
+            keys = [j.key for j in tracked if j.key is not None]
+            outcome = await self._cancel_on_server(upstream, keys)
+            if outcome is not None:
+                cancels.append(outcome)
+        return CutResult(streams, tuple(cancels))
 
     # -- what the daemon's stop does ----------------------------------------------------------
 
@@ -774,18 +784,34 @@ class Work:
             extra={"upstream": job.upstream, "job": job.id, "outcome": outcome.value},
         )
 
-    def _changed(self, upstream: str) -> None:
-        for listener in self._listeners:
-            listener(upstream)
+    def changes(self, upstream: str) -> asyncio.Event:
+        """The event set whenever a job of ``upstream`` changes phase (admitted work starts,
+        lands, ends, is held or released): a reclaim waiting for that work to end clears it
+        and waits on it. One per upstream, created on first use."""
+        event = self._changes.get(upstream)
+        if event is None:
+            event = self._changes[upstream] = asyncio.Event()
+        return event
 
-    def _cancel_exchange(self, job: JobState) -> None:
+    def _changed(self, upstream: str) -> None:
+        event = self._changes.get(upstream)
+        if event is not None:
+            event.set()
+
+    def _cancel_exchange(self, job: JobState) -> bool:
+        """Cut ``job``'s exchange; True when it was still running (counted)."""
         cut = self._upstreams[job.upstream].cut.get(job.id)
         if cut is not None and cut():
             self.metrics.cancelled_jobs.labels(job.upstream, "stream").inc()
+            return True
+        return False
 
-    async def _cancel_on_server(self, upstream: str, keys: list[str]) -> None:
-        if keys and self.calls.supports(upstream):
-            await self.calls.cancel(upstream, keys, why=f"reclaim on {upstream}")
+    async def _cancel_on_server(self, upstream: str, keys: list[str]) -> Outcome[None] | None:
+        """Cancel the tracked jobs ``keys`` in ``upstream``'s queue; None when there is
+        nothing to cancel or no controller to cancel it with."""
+        if not keys or not self.calls.supports(upstream):
+            return None
+        return await self.calls.cancel(upstream, keys, why=f"reclaim on {upstream}")
 
     def _log_hold(self, job: JobState) -> None:
         hold = job.hold

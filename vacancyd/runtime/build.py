@@ -310,6 +310,7 @@ def build(settings: Settings) -> Collaborators:
         state,
         owner_controls_config(settings),
         DurablePauseStore(settings.state_dir / PAUSE_FILE),
+        reclaimer=reclaimer,
         supervisor=supervisor,
     )
     return Collaborators(

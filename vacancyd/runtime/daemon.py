@@ -213,6 +213,8 @@ class Daemon:
             self.state,
             self.metrics,
             self.supervisor,
+            self.owner,
+            self.reclaimer,
             learner=parts.learner,
             sampled=parts.work.rooms.serve,
         )
@@ -343,6 +345,7 @@ class Daemon:
             self.metrics,
             started_at=started_at,
             release=self.work.admin_release,
+            reclaim=self.reclaimer.reclaim,
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,

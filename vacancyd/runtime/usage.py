@@ -143,12 +143,24 @@ class LedgerUnreadable(Exception):
     """The ledger file exists but cannot be read (permissions, corruption, not a database)."""
 
 
+def ledger_exists(path: Path) -> bool:
+    """Whether the ledger file is there; raises :class:`LedgerUnreadable` when that cannot
+    be told (a state directory the caller may not search)."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise LedgerUnreadable(f"cannot look for {path}: {exc.strerror or exc}") from exc
+    return True
+
+
 def read_groups(path: Path, since: float, by: str) -> list[UsageGroup]:
     """Read the ledger at ``path`` offline, read-only (``vacancyd usage`` without ``--url``),
     grouped as :func:`query_groups` does. A missing file is an empty ledger. Raises
     :class:`LedgerUnreadable` saying why for a file that cannot be read, ValueError for an
     unknown ``by``."""
-    if not path.exists():
+    if not ledger_exists(path):
         return []
     # A read-only open of a WAL database creates its -wal and -shm files when they are not
     # there, owned by the reader: root's `sudo vacancyd usage` would leave files the service's
