@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Protocol
 
 from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
 from vacancyd.control.upstreamcalls import Outcome, UpstreamCalls
@@ -141,8 +142,11 @@ class Work:
         calls: UpstreamCalls,
         holds_writer: HoldsWriter | None = None,
         after_release: Callable[[Job, float], None] | None = None,
+        observers: Sequence[JobObserver] = (),
     ) -> None:
         self.state = state
+        #: Told when each job starts and stops holding its resources (the power limiter).
+        self._observers = tuple(observers)
         #: Every call to the servers (here: cancelling tracked work in a server's queue).
         self.calls = calls
         self.supervisor = supervisor
@@ -406,7 +410,18 @@ class Work:
                 )
         job = JobState(reserved.id, upstream, reserved.resources, now, reserved.model)
         self._jobs[job.id] = job
+        self._tell(reserved, started=True)
         return job
+
+    def _tell(self, job: Job, *, started: bool) -> None:
+        for observer in self._observers:
+            try:
+                if started:
+                    observer.job_started(job)
+                else:
+                    observer.job_ended(job)
+            except Exception:  # an observer's bug must not break a job's life
+                log.exception("job observer %r failed on job %d", observer, job.id)
 
     # -- what the proxy reports ------------------------------------------------------------
 
@@ -769,6 +784,7 @@ class Work:
                 self.state.request_sample(name)
             if self._after_release is not None:
                 self._after_release(released, now)
+            self._tell(released, started=False)
         self.rooms.serve()
 
     def _ended(self, job: JobState) -> None:

@@ -61,7 +61,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,8 +70,10 @@ from aiohttp import web
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
+from vacancyd.api.app import Handler as ApiHandler
 from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.ops import Diagnostics
+from vacancyd.api.overview import Overview
 from vacancyd.api.status import read_status
 from vacancyd.api.usage import UsageReport
 from vacancyd.collectors import logind
@@ -103,6 +105,7 @@ from vacancyd.runtime.build import (
     owner_controls_config,
     read_tokens,
 )
+from vacancyd.runtime.history import HistoryRecorder
 from vacancyd.runtime.listeners import (
     CLOSE_TIMEOUT_S,
     EXIT_ADDRESS_BUSY,
@@ -118,6 +121,7 @@ from vacancyd.runtime.loops import (
     Loops,
     warn_if_headless_at_a_desk,
 )
+from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.runtime.usage import USAGE_FILE, UsageStore
@@ -178,6 +182,7 @@ class Daemon:
     work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
+    power: PowerLimiter = field(init=False)
     saver: learned.LearnedSaver = field(init=False)
     learner: learned.Learner = field(init=False)
     listeners: Listeners = field(init=False)
@@ -207,6 +212,7 @@ class Daemon:
         self.work = parts.work
         self.reclaimer = parts.reclaimer
         self.owner = parts.owner
+        self.power = parts.power
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
         self.loops = Loops(
             self.settings,
@@ -286,6 +292,8 @@ class Daemon:
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
+        # A power limit a crash left applied is restored as the daemon starts.
+        self.supervisor.spawn(self.power.run(), name="power limits", essential=False)
         await self._open_usage()
         probes: dict[str, ProbeEndpoint] = {}
         await self._serve_api(auth, secrets, started_at, probes)
@@ -312,14 +320,30 @@ class Daemon:
         self.supervisor.spawn(
             warn_if_headless_at_a_desk(settings), name="headless check", essential=False
         )
+        recorder = HistoryRecorder(self.state, self.usage)
+        self.supervisor.spawn(recorder.run(), name="history recorder", essential=False)
         self._start_kubernetes(started_at)
 
     async def _open_usage(self) -> None:
         """Open the usage ledger (off the loop; a failure is its error in /status, never
-        fatal) and show its error in /status."""
+        fatal), show its error in /status and run its hourly upkeep."""
         store = self.usage
         await store.open()
         self.state.usage_error = lambda: store.error
+        self.supervisor.spawn(store.upkeep(), name="usage ledger upkeep", essential=False)
+
+    def _extra_routes(
+        self,
+        app: web.Application,
+        scoped: Callable[[str, ApiHandler], ApiHandler],
+        mutation: Callable[[ApiHandler], ApiHandler],
+    ) -> None:
+        """The API routes beyond make_api's: the debug window and diagnostics, and the
+        status page's overview (timeline and today's totals, vacancyd.api.overview)."""
+        if self.diagnostics is not None:
+            self.diagnostics.install(app, scoped, mutation)
+        tz, zone = self.owner.config.tz, self.owner.config.zone
+        Overview(self.usage, self.usage, tz, zone).install(app, scoped)
 
     async def _serve_api(
         self,
@@ -351,7 +375,7 @@ class Daemon:
             probes=probes,
             sleep_views=sleep_views,
             usage=UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
-            extra_routes=self.diagnostics.install,
+            extra_routes=self._extra_routes,
         )
         state = self.state
         await self.listeners.serve(
@@ -560,6 +584,7 @@ class Daemon:
             await self._close_listeners({"api": api})
         await self.owner.flush()  # a pause save in flight is written, not cancelled
         await self.supervisor.stop()
+        await self.power.restore_at_stop()
         if self.tracing is not None:
             await self.tracing.shutdown()
         await self.save_calibrations()
