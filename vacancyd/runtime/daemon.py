@@ -228,7 +228,7 @@ class Daemon:
             self.owner,
             self.reclaimer,
             learner=parts.learner,
-            sampled=parts.work.rooms.serve,
+            sampled=self._sampled,
         )
         self.usage = UsageStore(
             self.settings.state_dir / USAGE_FILE,
@@ -249,7 +249,6 @@ class Daemon:
             clock=self.state.clock,
         )
         self.work.accounting = self.accounting
-        self.state.sample_hooks.append(self._sampled)
 
     def _energy_reading(self, resource: str) -> tuple[float, float] | None:
         """The newest (monotonic s, J) of ``resource``'s GPU energy counter, None without one."""
@@ -260,6 +259,9 @@ class Daemon:
         return None if energy is None else (observed.observed_at, energy)
 
     def _sampled(self) -> None:
+        """After every capacity or server sample: the wait queues decide again, and the jobs
+        that waited for their last energy reading are written."""
+        self.work.rooms.serve()
         self.accounting.sampled(self.state.capacity)
 
     @property
