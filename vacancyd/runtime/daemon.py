@@ -370,6 +370,7 @@ class Daemon:
             started_at=started_at,
             release=self.work.admin_release,
             reclaim=self.reclaimer.reclaim,
+            switched=lambda: self.reclaimer.answer(()),
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
