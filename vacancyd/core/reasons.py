@@ -5,7 +5,8 @@ the gate's refusal reasons (:class:`Reason`), the ``error.type`` and ``error.cod
 errors it answers itself (:class:`ErrorType`, :class:`ErrorCode`), a residency proof's
 reason (:class:`CreditCode`), which fresh sample could change a refusal (:class:`Refresh`),
 why a job is held (:class:`HoldReason`), how a reclaim
-ended (:class:`ReclaimOutcome`), the reasons of the
+ended (:class:`ReclaimOutcome`), why a GPU's power limit was not taken
+(:class:`PowerLimitProblem`), the reasons of the
 browser guards (:class:`GuardReason`) and the authenticator's outcomes
 (:class:`AuthOutcome`), and the reasons only the Kubernetes publisher writes
 (:class:`PublishReason`). The codes and retry hints are a wire contract
@@ -41,6 +42,11 @@ class Reason(StrEnum):
     #: The GPU is above its ``max_temperature_c``: no new borrowed work until it has cooled
     #: below its resume temperature (docs/configuration.md).
     GPU_TOO_HOT = "gpu_too_hot"
+    #: The borrower used its ``daily_busy_s`` for the lender's local day (429, Retry-After
+    #: until the quota resets at local midnight; docs/borrowers.md).
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    #: The borrower already runs its ``max_concurrent`` jobs (429; docs/borrowers.md).
+    BORROWER_BUSY = "borrower_busy"
 
 
 class ErrorType(StrEnum):
@@ -74,6 +80,8 @@ class ErrorCode(StrEnum):
     INVALID_MODEL = "invalid_model"
     BACKGROUND_UNSUPPORTED = "background_unsupported"
     MANAGEMENT_DENIED = "management_denied"
+    #: 403: a ``[[borrower]]`` asked for an upstream outside its ``upstreams``
+    UPSTREAM_NOT_ALLOWED = "upstream_not_allowed"
     UNRECOGNIZED_ROUTE = "unrecognized_route"
     UNKNOWN_RESULT = "unknown_result"
     WEBSOCKET_WORK_UNSUPPORTED = "websocket_work_unsupported"
@@ -166,6 +174,18 @@ class JobOutcome(StrEnum):
     NOT_FORWARDED = "not_forwarded"
 
 
+class PowerLimitProblem(StrEnum):
+    """Why the driver did not take a GPU's lending power limit (``power_limit.problem`` in
+    ``/status``, docs/hardware-limits.md)."""
+
+    NO_PERMISSION = "no_permission"  #: vacancyd does not run as root (NVML_ERROR_NO_PERMISSION)
+    NOT_SUPPORTED = "not_supported"  #: the card has no settable limit
+    OUT_OF_RANGE = "out_of_range"  #: outside the card's min/max (or the driver said so)
+    #: any other failure: an NVML error (a lost GPU), or the original limit could not be
+    #: written to the state directory first
+    FAILED = "failed"
+
+
 class ReclaimOutcome(StrEnum):
     """How a reclaim ended (``reclaim.outcome`` in ``/status``, the ``outcome`` label of
     ``vacancyd_reclaims_total``)."""
@@ -223,7 +243,14 @@ RETRY_AFTER_S: dict[Reason, int] = {
     Reason.SHUTTING_DOWN: 10,
     Reason.STATE_WRITE_FAILED: 30,
     Reason.GPU_TOO_HOT: 60,
+    Reason.QUOTA_EXHAUSTED: 3600,  # the rule passes the seconds until the quota resets
+    Reason.BORROWER_BUSY: 2,
 }
+
+#: Refusals answered with their own HTTP status whatever the upstream's ``refusal_status``:
+#: a borrower's own limits are its doing (429 Too Many Requests), not the lender's state.
+#: Their Retry-After is never capped by ``retry_after_max_s`` (it says when the quota resets).
+BORROWER_LIMITS: dict[Reason, int] = {Reason.QUOTA_EXHAUSTED: 429, Reason.BORROWER_BUSY: 429}
 
 
 class Refresh(StrEnum):

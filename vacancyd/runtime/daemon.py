@@ -94,6 +94,7 @@ from vacancyd.runtime import learned, lendability, memory, sdnotify
 from vacancyd.runtime.build import (
     PAUSE_VERSION,
     Collaborators,
+    ControllerViews,
     DurablePauseStore,
     build,
     build_state,
@@ -120,6 +121,7 @@ from vacancyd.runtime.loops import (
     Loops,
     warn_if_headless_at_a_desk,
 )
+from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.runtime.usage import USAGE_FILE, UsageStore
@@ -180,7 +182,9 @@ class Daemon:
     work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
+    power: PowerLimiter = field(init=False)
     saver: learned.LearnedSaver = field(init=False)
+    learner: learned.Learner = field(init=False)
     listeners: Listeners = field(init=False)
     loops: Loops = field(init=False)
     _saved_holds: list[learned.SavedHold] = field(init=False)
@@ -204,12 +208,21 @@ class Daemon:
         self.supervisor = parts.supervisor
         self.saver = parts.saver
         self.calls = parts.calls
+        self.learner = parts.learner
         self.work = parts.work
         self.reclaimer = parts.reclaimer
         self.owner = parts.owner
+        self.power = parts.power
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
         self.loops = Loops(
-            self.settings, self.state, self.metrics, self.supervisor, self.owner, self.reclaimer
+            self.settings,
+            self.state,
+            self.metrics,
+            self.supervisor,
+            self.owner,
+            self.reclaimer,
+            learner=parts.learner,
+            sampled=parts.work.rooms.serve,
         )
         self.usage = UsageStore(
             self.settings.state_dir / USAGE_FILE,
@@ -279,6 +292,8 @@ class Daemon:
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
+        # A power limit a crash left applied is restored as the daemon starts.
+        self.supervisor.spawn(self.power.run(), name="power limits", essential=False)
         await self._open_usage()
         probes: dict[str, ProbeEndpoint] = {}
         await self._serve_api(auth, secrets, started_at, probes)
@@ -339,12 +354,14 @@ class Daemon:
     ) -> None:
         """Bind the API listener (``probes``: filled in as the proxies are built)."""
         settings = self.settings
+        sleep_views = ControllerViews(self.calls, [u.name for u in settings.upstream])
         self.diagnostics = Diagnostics(
             self.state,
             settings,
             started_at=started_at,
             secrets=secrets.all_secrets,
             users=lambda: self.presence.seen_users if self.presence is not None else (),
+            sleep_views=sleep_views,
         )
         api = make_api(
             self.state,
@@ -356,6 +373,7 @@ class Daemon:
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
+            sleep_views=sleep_views,
             usage=UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
             extra_routes=self._extra_routes,
         )
@@ -387,9 +405,6 @@ class Daemon:
                 self.listeners.control_session(credential), upstream.target
             )
             self.calls.add(up.name, controller)
-            view = getattr(controller, "view", None)
-            if callable(view):
-                self.state.upstream_views[up.name] = view
         self.work.add_upstream(
             up.name,
             JobRules(
@@ -449,8 +464,8 @@ class Daemon:
                 if saved.release_by is ReleaseBy.SERVER_IDLE
                 else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
             )
-        if self._saved_holds:
-            self.saver.mark("holds", "")  # the restored jobs have new ids
+        if self._saved_holds and not self.saver.holds_frozen:
+            self.saver.write_holds(self.work)  # the restored jobs have new ids
         self._saved_holds = []
 
     @property
@@ -569,6 +584,7 @@ class Daemon:
             await self._close_listeners({"api": api})
         await self.owner.flush()  # a pause save in flight is written, not cancelled
         await self.supervisor.stop()
+        await self.power.restore_at_stop()
         if self.tracing is not None:
             await self.tracing.shutdown()
         await self.save_calibrations()
