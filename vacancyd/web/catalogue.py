@@ -72,6 +72,38 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("Forwarded requests that failed to reach the upstream or broke mid-response."),
         ("upstream", "stage"),
     ),
+    # Per borrower (issue 23): declared with their labels so the dashboard's Borrowers row
+    # has its series; they have samples once the borrower accounting counts into them.
+    MetricSpec(
+        "vacancyd_borrower_requests",
+        MetricType.COUNTER,
+        (
+            "Borrowed requests per borrower, by upstream and outcome (admitted or refused, "
+            "as in vacancyd_admission_decisions_total)."
+        ),
+        ("borrower", "upstream", "outcome"),
+    ),
+    MetricSpec(
+        "vacancyd_borrower_busy_seconds",
+        MetricType.COUNTER,
+        "Seconds of borrowed work per borrower and resource.",
+        ("borrower", "resource"),
+    ),
+    MetricSpec(
+        "vacancyd_borrower_tokens",
+        MetricType.COUNTER,
+        "Tokens the servers reported per borrower and upstream, by direction (prompt, completion).",
+        ("borrower", "upstream", "direction"),
+    ),
+    MetricSpec(
+        "vacancyd_borrower_energy_joules",
+        MetricType.COUNTER,
+        (
+            "GPU energy (J) used by each borrower's jobs per resource, from the GPU's cumulative "
+            "energy counter, shared between concurrent jobs by time."
+        ),
+        ("borrower", "resource"),
+    ),
     MetricSpec(
         "vacancyd_jobs",
         MetricType.COUNTER,

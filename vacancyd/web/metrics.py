@@ -175,6 +175,11 @@ class Metrics:
         self.upstream_errors = LoopCounter.declared("vacancyd_upstream_errors")
         self.jobs = LoopCounter.declared("vacancyd_jobs")
         self.collector_errors = LoopCounter.declared("vacancyd_collector_errors")
+        #: Per borrower (issue 23; no series until the borrower accounting counts).
+        self.borrower_requests = LoopCounter.declared("vacancyd_borrower_requests")
+        self.borrower_busy_seconds = LoopCounter.declared("vacancyd_borrower_busy_seconds")
+        self.borrower_tokens = LoopCounter.declared("vacancyd_borrower_tokens")
+        self.borrower_energy_joules = LoopCounter.declared("vacancyd_borrower_energy_joules")
         for loop_counter in (
             self.decisions,
             self.auth_decisions,
@@ -182,6 +187,10 @@ class Metrics:
             self.upstream_errors,
             self.jobs,
             self.collector_errors,
+            self.borrower_requests,
+            self.borrower_busy_seconds,
+            self.borrower_tokens,
+            self.borrower_energy_joules,
         ):
             self.registry.register(loop_counter)
         self.wake_seconds = histogram(
