@@ -4,6 +4,7 @@ a corrupt database set aside, every call off the event loop, and the grouped que
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import sqlite3
 import threading
@@ -120,6 +121,7 @@ async def test_rows_past_retention_are_deleted_at_open_and_by_the_upkeep(tmp_pat
         tmp_path / USAGE_FILE, retention_days=1, clock=lambda: clock[0], prune_every_s=0.05
     )
     await s.open()  # at start: the 2-day-old row goes
+    upkeep = asyncio.create_task(s.upkeep())
     assert [r[0] for r in rows_on_disk(s.path)] == [1, 2]
     clock[0] = NOW + 86400 - 60  # a day later, the hourly pass finds row 1 too old
     for _ in range(100):
@@ -128,6 +130,9 @@ async def test_rows_past_retention_are_deleted_at_open_and_by_the_upkeep(tmp_pat
             break
     assert [r[0] for r in rows_on_disk(s.path)] == [2]
     assert await s.prune() == 0
+    upkeep.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await upkeep
     await s.close()
 
 

@@ -311,10 +311,11 @@ class Daemon:
 
     async def _open_usage(self) -> None:
         """Open the usage ledger (off the loop; a failure is its error in /status, never
-        fatal) and show its error in /status."""
+        fatal), show its error in /status and run its hourly upkeep."""
         store = self.usage
         await store.open()
         self.state.usage_error = lambda: store.error
+        self.supervisor.spawn(store.upkeep(), name="usage ledger upkeep", essential=False)
 
     def _extra_routes(
         self,

@@ -10,7 +10,7 @@ corrupt (or not a database at all) is renamed aside, ``usage.sqlite3.corrupt-<UT
 and a fresh one is started; the store keeps the error (:attr:`UsageStore.error`, shown in
 ``/status``) and never raises it. A database that cannot be opened for any other reason (a
 directory it may not write) is left alone: the store records nothing, keeps the error and
-tries again at the next hourly upkeep.
+tries again at the next row and the next hourly upkeep.
 
 The same database keeps the lender's history for the status page's timeline (table
 ``history``, one sample a minute and one at each presence or lending edge,
@@ -215,7 +215,6 @@ class UsageStore:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="vacancyd-usage"
         )
-        self._upkeep: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
@@ -228,20 +227,23 @@ class UsageStore:
     # -- the loop's side ----------------------------------------------------------------
 
     async def open(self) -> None:
-        """Open (or create) the ledger off the loop, set aside a corrupt one, delete rows past
-        retention, and start the hourly upkeep. Never raises: a failure is kept in
-        :attr:`error`."""
+        """Open (or create) the ledger off the loop, set aside a corrupt one and delete rows
+        past retention. Never raises: a failure is kept in :attr:`error`. The hourly pass is
+        :meth:`upkeep`, which the caller runs as a task of its own."""
         await self._run(self._open_and_prune)
-        self._upkeep = asyncio.create_task(self._upkeep_loop(), name="usage ledger upkeep")
+
+    async def upkeep(self) -> None:
+        """Every ``prune_every_s`` seconds, delete the rows past retention (and open the
+        ledger if it could not be opened before), until cancelled. Never raises otherwise."""
+        while True:
+            await asyncio.sleep(self.prune_every_s)
+            if self._closed:
+                return
+            await self._run(self._open_and_prune)
 
     async def close(self) -> None:
-        """Stop the upkeep, wait for the rows already recorded to be written, and close the
-        database (off the loop)."""
-        if self._upkeep is not None:
-            self._upkeep.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._upkeep
-            self._upkeep = None
+        """Wait for the rows already recorded to be written and close the database (off the
+        loop). Cancel :meth:`upkeep` first."""
         if not self._closed:
             self._closed = True
             await self._run(self._close_db)  # runs after every row queued before it
@@ -298,11 +300,6 @@ class UsageStore:
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
-
-    async def _upkeep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.prune_every_s)
-            await self._run(self._open_and_prune)
 
     # -- the store's thread -------------------------------------------------------------
 
