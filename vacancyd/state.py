@@ -70,7 +70,7 @@ from vacancyd.core.snapshot import (
     ServerState,
     Snapshot,
 )
-from vacancyd.core.status import PublisherStatus
+from vacancyd.core.status import PowerLimitStatus, PublisherStatus
 from vacancyd.core.thermal import ThermalChange, ThermalPolicy, ThermalTracker
 from vacancyd.core.veto import VetoTracker
 
@@ -260,6 +260,9 @@ class SharedState:
         self.upstream_views: dict[str, Callable[[], Mapping[str, object]]] = {}
         #: Renders the owner's controls for /status (set by vacancyd.control.owner).
         self.owner_view: Callable[[], Mapping[str, object]] | None = None
+        #: Per GPU with a lending power limit, what the power limiter last did (written by
+        #: vacancyd.runtime.powerlimit, shown in /status).
+        self.power_limits: dict[str, PowerLimitStatus] = {}
         #: Host-side Kubernetes publishing's own state for /status and /metrics (set by
         #: vacancyd.k8s.host when ``[kubernetes]`` is configured).
         self.publisher_status: Callable[[], PublisherStatus] | None = None

@@ -25,6 +25,7 @@ from vacancyd.core.status import (
     OwnerControlsStatus,
     OwnerHoldStatus,
     PoolStatus,
+    PowerLimitStatus,
     PresenceStatus,
     PressureEdgeStatus,
     PressureStatus,
@@ -109,6 +110,16 @@ resources = st.builds(
             hot=st.booleans(),
             hot_for_s=opt(tenths),
             above_for_s=opt(tenths),
+        )
+    ),
+    power_limit=opt(
+        st.builds(
+            PowerLimitStatus,
+            lend_w=opt(tenths),
+            original_w=opt(tenths),
+            applied=st.booleans(),
+            problem=opt(st.sampled_from(["no_permission", "not_supported", "out_of_range"])),
+            error=opt(text),
         )
     ),
 )

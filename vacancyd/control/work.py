@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
 from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
 from vacancyd.control.upstreamcalls import Outcome, UpstreamCalls
@@ -104,9 +105,17 @@ class Work:
     """Every borrowed job on this daemon; one per daemon, touched only from the event loop."""
 
     def __init__(
-        self, state: SharedState, *, supervisor: Spawner, metrics: Metrics, calls: UpstreamCalls
+        self,
+        state: SharedState,
+        *,
+        supervisor: Spawner,
+        metrics: Metrics,
+        calls: UpstreamCalls,
+        observers: Sequence[JobObserver] = (),
     ) -> None:
         self.state = state
+        #: Told when each job starts and stops holding its resources (the power limiter).
+        self._observers = tuple(observers)
         #: Every call to the servers (here: cancelling tracked work in a server's queue).
         self.calls = calls
         self.supervisor = supervisor
@@ -373,7 +382,18 @@ class Work:
                 )
         job = JobState(reserved.id, upstream, reserved.resources, now, reserved.model)
         self._jobs[job.id] = job
+        self._tell(reserved, started=True)
         return job
+
+    def _tell(self, job: Job, *, started: bool) -> None:
+        for observer in self._observers:
+            try:
+                if started:
+                    observer.job_started(job)
+                else:
+                    observer.job_ended(job)
+            except Exception:  # an observer's bug must not break a job's life
+                log.exception("job observer %r failed on job %d", observer, job.id)
 
     # -- what the proxy reports ------------------------------------------------------------
 
@@ -735,6 +755,7 @@ class Work:
             for name in released.resources:
                 self.state.request_sample(name)
             self.state.after_release(released, now)
+            self._tell(released, started=False)
         self.rooms.serve()
 
     def _ended(self, job: JobState) -> None:

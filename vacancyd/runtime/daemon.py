@@ -120,6 +120,7 @@ from vacancyd.runtime.loops import (
     Loops,
     warn_if_headless_at_a_desk,
 )
+from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.runtime.usage import USAGE_FILE, UsageStore
@@ -180,6 +181,7 @@ class Daemon:
     work: Work = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
+    power: PowerLimiter = field(init=False)
     saver: learned.LearnedSaver = field(init=False)
     listeners: Listeners = field(init=False)
     loops: Loops = field(init=False)
@@ -207,6 +209,7 @@ class Daemon:
         self.work = parts.work
         self.reclaimer = parts.reclaimer
         self.owner = parts.owner
+        self.power = parts.power
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
         self.loops = Loops(
             self.settings, self.state, self.metrics, self.supervisor, self.owner, self.reclaimer
@@ -279,6 +282,8 @@ class Daemon:
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
+        # A power limit a crash left applied is restored as the daemon starts.
+        self.supervisor.spawn(self.power.run(), name="power limits", essential=False)
         await self._open_usage()
         probes: dict[str, ProbeEndpoint] = {}
         await self._serve_api(auth, secrets, started_at, probes)
@@ -569,6 +574,7 @@ class Daemon:
             await self._close_listeners({"api": api})
         await self.owner.flush()  # a pause save in flight is written, not cancelled
         await self.supervisor.stop()
+        await self.power.restore_at_stop()
         if self.tracing is not None:
             await self.tracing.shutdown()
         await self.save_calibrations()
