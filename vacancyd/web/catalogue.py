@@ -52,6 +52,39 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("upstream", "outcome", "reason"),
     ),
     MetricSpec(
+        "vacancyd_borrower_requests",
+        MetricType.COUNTER,
+        (
+            "Borrowed work requests per borrower (its [[borrower]] name, or default) and "
+            "upstream, by outcome (admitted, refused)."
+        ),
+        ("borrower", "upstream", "outcome"),
+    ),
+    MetricSpec(
+        "vacancyd_borrower_busy_seconds",
+        MetricType.COUNTER,
+        "Seconds of borrowed jobs that ended, per borrower and primary resource.",
+        ("borrower", "resource"),
+    ),
+    MetricSpec(
+        "vacancyd_borrower_tokens",
+        MetricType.COUNTER,
+        (
+            "Tokens the servers reported for borrowed jobs, per borrower, upstream and "
+            "direction (prompt, completion)."
+        ),
+        ("borrower", "upstream", "direction"),
+    ),
+    MetricSpec(
+        "vacancyd_borrower_energy_joules",
+        MetricType.COUNTER,
+        (
+            "GPU energy attributed to borrowed jobs, per borrower and resource, shared "
+            "between concurrent jobs by time (absent where the GPU has no energy counter)."
+        ),
+        ("borrower", "resource"),
+    ),
+    MetricSpec(
         "vacancyd_auth",
         MetricType.COUNTER,
         (
@@ -71,38 +104,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         MetricType.COUNTER,
         ("Forwarded requests that failed to reach the upstream or broke mid-response."),
         ("upstream", "stage"),
-    ),
-    # Per borrower (issue 23): declared with their labels so the dashboard's Borrowers row
-    # has its series; they have samples once the borrower accounting counts into them.
-    MetricSpec(
-        "vacancyd_borrower_requests",
-        MetricType.COUNTER,
-        (
-            "Borrowed requests per borrower, by upstream and outcome (admitted or refused, "
-            "as in vacancyd_admission_decisions_total)."
-        ),
-        ("borrower", "upstream", "outcome"),
-    ),
-    MetricSpec(
-        "vacancyd_borrower_busy_seconds",
-        MetricType.COUNTER,
-        "Seconds of borrowed work per borrower and resource.",
-        ("borrower", "resource"),
-    ),
-    MetricSpec(
-        "vacancyd_borrower_tokens",
-        MetricType.COUNTER,
-        "Tokens the servers reported per borrower and upstream, by direction (prompt, completion).",
-        ("borrower", "upstream", "direction"),
-    ),
-    MetricSpec(
-        "vacancyd_borrower_energy_joules",
-        MetricType.COUNTER,
-        (
-            "GPU energy (J) used by each borrower's jobs per resource, from the GPU's cumulative "
-            "energy counter, shared between concurrent jobs by time."
-        ),
-        ("borrower", "resource"),
     ),
     MetricSpec(
         "vacancyd_jobs",
