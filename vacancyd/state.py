@@ -9,7 +9,10 @@ millisecond resolution, so a release and the capacity sample it asks for would o
 the same stamp and the ledger's "sample after the last release" rule could not be met. The
 rules (veto hysteresis, pressure learning and its pause, unseen GPU work, readiness) are pure
 code in :mod:`vacancyd.core`; this module only stores their inputs and tells subscribers
-about each transition with a typed event from :mod:`vacancyd.core.events`.
+about each transition with a typed event from :mod:`vacancyd.core.events`. The event bus is
+for observers (``/events``, the Kubernetes publisher, telemetry): the writers that can start
+a reclaim return the reclaim :class:`~vacancyd.core.reclaim.Edge` they raised, and their
+caller in :mod:`vacancyd.control` hands it on (see ARCHITECTURE.md, "The owner's return").
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from vacancyd.core.pressure import (
 )
 from vacancyd.core.reach import Reach
 from vacancyd.core.readiness import not_ready
-from vacancyd.core.reclaim import Reclaim, Trigger
+from vacancyd.core.reclaim import Edge, Reclaim, Trigger
 from vacancyd.core.snapshot import (
     PresenceView,
     PressureView,
@@ -67,7 +70,7 @@ from vacancyd.core.snapshot import (
     ServerState,
     Snapshot,
 )
-from vacancyd.core.status import PublisherStatus
+from vacancyd.core.status import PowerLimitStatus, PublisherStatus
 from vacancyd.core.thermal import ThermalChange, ThermalPolicy, ThermalTracker
 from vacancyd.core.veto import VetoTracker
 
@@ -257,6 +260,9 @@ class SharedState:
         self.upstream_views: dict[str, Callable[[], Mapping[str, object]]] = {}
         #: Renders the owner's controls for /status (set by vacancyd.control.owner).
         self.owner_view: Callable[[], Mapping[str, object]] | None = None
+        #: Per GPU with a lending power limit, what the power limiter last did (written by
+        #: vacancyd.runtime.powerlimit, shown in /status).
+        self.power_limits: dict[str, PowerLimitStatus] = {}
         #: Host-side Kubernetes publishing's own state for /status and /metrics (set by
         #: vacancyd.k8s.host when ``[kubernetes]`` is configured).
         self.publisher_status: Callable[[], PublisherStatus] | None = None
@@ -336,7 +342,9 @@ class SharedState:
         value = capacity.value if capacity is not None else None
         return value.free_mib if value is not None else None
 
-    def record_capacity(self, name: str, reading: CapacityReading, now: float) -> None:
+    def record_capacity(self, name: str, reading: CapacityReading, now: float) -> tuple[Edge, ...]:
+        """A capacity sample of ``name`` at ``now`` (monotonic s); returns the thermal edge a
+        GPU that stayed too hot raises (none otherwise)."""
         before = self.capacity[name].quality(now, self.resources[name].stale_after_s)
         self.capacity[name] = self.capacity[name].succeeded(reading, now)
         pending = self._to_measure.get(name)
@@ -347,16 +355,20 @@ class SharedState:
             log.info("resource %s measured", name)
             self._emit(CapacityChanged(name, Quality.READY))
         tracker = self.thermal.get(name)
+        raised: tuple[Edge, ...] = ()
         if tracker is not None:
-            self._observe_thermal(name, tracker, reading.temperature_c, now)
+            raised = self._observe_thermal(name, tracker, reading.temperature_c, now)
         self._wake(self._observed, name)
         self._sampled()
+        return raised
 
     def _observe_thermal(
         self, name: str, tracker: ThermalTracker, temperature_c: float | None, now: float
-    ) -> None:
+    ) -> tuple[Edge, ...]:
         """Feed GPU ``name``'s temperature guard; a ``yield`` change raises a ``thermal``
-        reclaim edge, answered by each affected upstream's reclaim policy as pressure is."""
+        reclaim edge (returned), answered by each affected upstream's reclaim policy as
+        pressure is."""
+        raised: tuple[Edge, ...] = ()
         for change in tracker.observe(temperature_c, now):
             assert temperature_c is not None  # observe changes nothing without a reading
             policy = tracker.policy
@@ -380,13 +392,14 @@ class SharedState:
                 )
             self._emit(ThermalChanged(name, change.value, tracker.hot, temperature_c, now))
             if change is ThermalChange.YIELD:
-                self.raise_edge(
+                raised += self.raise_edge(
                     Trigger.THERMAL,
                     now,
                     resource=name,
                     detail=f"{temperature_c:g} °C, above {policy.max_c:g} °C for "
                     f"{policy.hot_yield_after_s:g} s",
                 )
+        return raised
 
     def record_capacity_failure(self, name: str, error: str, now: float) -> None:
         previous = self.capacity[name]
@@ -399,12 +412,13 @@ class SharedState:
             log.warning("resource %s unmeasured: %s", name, error)
             self._emit(CapacityChanged(name, Quality.UNKNOWN, error))
 
-    def record_pressure(self, name: str, sample: PressureSample, now: float) -> None:
+    def record_pressure(self, name: str, sample: PressureSample, now: float) -> tuple[Edge, ...]:
         """A valid pressure poll of GPU ``name`` (docs/architecture.md, "Yield").
 
         Feeds the learner (paused while a presence source is configured but stale: the
         gate's step 2) and the hysteresis; emits ``pressure`` events on a rising edge
-        (``edge=True``, consumed by reclaim) and on release (``edge=False``).
+        (``edge=True``) and on release (``edge=False``). Returns the reclaim edge a rising
+        edge raises (none otherwise).
         """
         ps = self.pressure[name]
         if ps.pending_cache is not None:
@@ -428,15 +442,18 @@ class SharedState:
         ps.reading = ps.reading.succeeded(sample.attribution, now)
         if not was_ready:
             log.info("resource %s: GPU pressure measured", name)
+        raised: tuple[Edge, ...] = ()
         if edge is not None:
-            self._pressure_edge(name, ps, edge)
+            raised = self._pressure_edge(name, ps, edge)
         elif was_engaged and not ps.tracker.engaged:
             log.info("resource %s: GPU pressure released", name)
             self._emit(PressureReleased(name))
         self._track_unseen(name, sample.attribution)
+        return raised
 
-    def record_pressure_failure(self, name: str, error: str, now: float) -> None:
-        """A pressure poll without a valid reading: unknown at once, an edge after the gap."""
+    def record_pressure_failure(self, name: str, error: str, now: float) -> tuple[Edge, ...]:
+        """A pressure poll without a valid reading: unknown at once, an edge after the gap
+        (returned, as by :meth:`record_pressure`)."""
         ps = self.pressure[name]
         previous = ps.reading
         ps.reading = previous.failed(error, now)
@@ -447,10 +464,9 @@ class SharedState:
         ):
             log.warning("resource %s: GPU pressure unknown: %s", name, error)
         edge = ps.tracker.unknown(now)
-        if edge is not None:
-            self._pressure_edge(name, ps, edge)
+        return () if edge is None else self._pressure_edge(name, ps, edge)
 
-    def _pressure_edge(self, name: str, ps: PressureState, edge: PressureEdge) -> None:
+    def _pressure_edge(self, name: str, ps: PressureState, edge: PressureEdge) -> tuple[Edge, ...]:
         ps.last_edge = edge
         threshold = ps.learner.current()
         load = ps.reading.value.owner_load if ps.reading.value is not None else None
@@ -466,7 +482,7 @@ class SharedState:
             )
         )
         # The same edge starts a reclaim of the affected upstreams (docs/reclaim.md).
-        self.raise_edge(
+        return self.raise_edge(
             Trigger.PRESSURE,
             edge.at,
             resource=name,
@@ -629,7 +645,10 @@ class SharedState:
             log.warning("upstream %s server observation failed: %s", upstream, error)
         self.servers[upstream] = previous.failed(error, now)
 
-    def record_presence(self, reading: PresenceReading, now: float) -> None:
+    def record_presence(self, reading: PresenceReading, now: float) -> tuple[Edge, ...]:
+        """Record a presence reading at ``now`` (monotonic s); returns the owner edge it
+        raises: the veto engaging, or an owner program starting while the owner is present
+        and some upstream lends while present (none otherwise)."""
         first = self.presence.reading.observed_at is None
         before = self.presence.reading.value
         was_engaged = self.veto.engaged
@@ -644,6 +663,8 @@ class SharedState:
                 f": {reading.detail}" if reading.detail else "",
             )
             self._emit(VetoChanged(self.veto.engaged, reading.detail, now))
+            if self.veto.engaged:
+                return (Edge(Trigger.OWNER, now, detail=reading.detail),)
         elif (
             was_engaged
             and _matched_owner_process(reading)
@@ -652,10 +673,12 @@ class SharedState:
         ):
             # An owner program now holds a machine whose owner was already present: the
             # upstreams that lend while present hand their small jobs back too.
-            self.raise_edge("owner", now, detail=f"owner program running: {reading.detail}")
+            return self.raise_edge("owner", now, detail=f"owner program running: {reading.detail}")
+        return ()
 
-    def record_presence_failure(self, error: str, now: float) -> None:
-        """Record that presence could not be read at ``now`` (monotonic s).
+    def record_presence_failure(self, error: str, now: float) -> tuple[Edge, ...]:
+        """Record that presence could not be read at ``now`` (monotonic s); returns the owner
+        edge when the failure engages the veto (none otherwise).
 
         The gate refuses host-scoped work at once (evidence incomplete). Once the last good
         reading is older than the freshness bound and nothing replaced it, the failure also
@@ -676,41 +699,46 @@ class SharedState:
             if self.veto.observe(True, now):
                 log.warning("host policy veto engaged: %s", detail)
                 self._emit(VetoChanged(True, detail, now))
+                return (Edge(Trigger.OWNER, now, detail=detail),)
+        return ()
 
     def raise_edge(
         self, trigger: Trigger | str, now: float, *, resource: str | None = None, detail: str = ""
-    ) -> None:
-        """Raise a reclaim edge (docs/reclaim.md): ``trigger`` owner, pressure or admin.
-
-        The host policy veto raises owner edges by itself (``record_presence``); this is the
-        internal event the admin API (POST /admin/reclaim), tests and the pressure tracker use.
-        An unknown trigger is logged and ignored.
+    ) -> tuple[Edge, ...]:
+        """Announce a reclaim edge (docs/reclaim.md): ``trigger`` owner, pressure, admin or
+        hold, at ``now`` (monotonic s). Emits ``edge`` for observers and returns the edge;
+        answering it is the caller's (:mod:`vacancyd.control.reclaim`). An unknown trigger
+        is logged and ignored (no edge).
         """
         try:
             kind = Trigger(trigger)
         except ValueError:
             log.error("ignoring a reclaim edge with unknown trigger %r", trigger)
-            return
+            return ()
         self._emit(EdgeRaised(kind, now, resource, detail))
+        return (Edge(kind, now, resource, detail),)
 
-    def set_holds(self, holds: tuple[Hold, ...], now: float) -> None:
+    def set_holds(self, holds: tuple[Hold, ...], now: float) -> tuple[Edge, ...]:
         """Replace the owner's holds (monotonic ``now``). A hold that was not in force before
         raises a ``hold`` reclaim edge (per GPU resource for a GPU-only hold), so it hands
         borrowed work back exactly as the owner's return does; every change emits ``hold``.
+        Returns the edges raised, in order.
         """
         before = {h.key for h in self.holds}
         after = {h.key for h in holds}
         self.holds = holds
+        raised: list[Edge] = []
         for hold in holds:
             if hold.key in before:
                 continue
             log.warning("owner hold %s engaged: %s", hold.key, hold.detail)
             self._emit(HoldChanged(hold.key, True, hold.detail, now))
             for resource in sorted(hold.resources) if hold.resources is not None else [None]:
-                self.raise_edge("hold", now, resource=resource, detail=hold.detail)
+                raised += self.raise_edge("hold", now, resource=resource, detail=hold.detail)
         for key in sorted(before - after):
             log.info("owner hold %s released", key)
             self._emit(HoldChanged(key, False, "", now))
+        return tuple(raised)
 
     def note_job_hold(self, job: int, upstream: str, hold: JobHold, *, held: bool) -> None:
         """Tell subscribers that borrowed job ``job`` of ``upstream`` was held under

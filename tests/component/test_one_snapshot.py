@@ -91,7 +91,14 @@ async def companion_view(daemon: Daemon) -> conditions.LenderState:
     served by the daemon's own API application on a real socket."""
     state = daemon.state
     auth = Authenticator([], trust_loopback=True, metrics=daemon.metrics)
-    api = make_api(state, auth, daemon.metrics, started_at=T0, release=daemon.work.admin_release)
+    api = make_api(
+        state,
+        auth,
+        daemon.metrics,
+        started_at=T0,
+        release=daemon.work.admin_release,
+        reclaim=daemon.reclaimer.reclaim,
+    )
     async with serve_app(api) as url, aiohttp.ClientSession() as session:
         toml = companion_toml(
             lender("pc", url, "r" * 24, "192.0.2.10", node="pc"),

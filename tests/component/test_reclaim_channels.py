@@ -1,7 +1,7 @@
 """Per-resource reclaim channels and scopes (docs/reclaim.md) through a running daemon.
 
-Pressure edges are raised with SharedState.raise_edge, the internal event the pressure
-tracker will use; operator edges with POST /admin/reclaim.
+Pressure edges are answered with Reclaimer.answer, as the pressure loop's readings are
+(Reclaimer.record_pressure); operator edges with POST /admin/reclaim.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from tests.support.config import RAM, daemon_toml, resource, upstream
 from tests.support.daemon import running_daemon, serve_app
 from tests.support.lender import owner_returns
 from tests.support.slow_openai import SlowOpenAI
+from vacancyd.core.reclaim import Edge, Trigger
 
 
 def config(a: str, b: str) -> str:
@@ -35,7 +36,8 @@ async def test_a_pressure_edge_reclaims_only_the_upstreams_on_its_resource() -> 
             rb = await client.post(d.proxy_url("b") + "/v1/chat/completions", json=body)
             await fa.started.wait()
             await fb.started.wait()
-            d.state.raise_edge("pressure", d.state.clock(), resource="ram2")
+            edge = Edge(Trigger.PRESSURE, d.state.clock(), resource="ram2")
+            d.daemon.reclaimer.answer([edge])
             await asyncio.wait_for(fb.ended_event.wait(), 5)
             assert fb.ended == ["disconnected"]
             assert "a" not in d.state.reclaim_views

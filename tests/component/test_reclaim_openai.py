@@ -55,7 +55,7 @@ async def lender(
 
 
 def owner_returns(d: RunningDaemon) -> None:
-    d.state.record_presence(OWNER, d.state.clock())
+    d.daemon.owner.record_presence(OWNER, d.state.clock())
 
 
 async def start_stream(d: RunningDaemon, client: aiohttp.ClientSession) -> aiohttp.ClientResponse:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.component.test_api import ADMIN, BORROW, READ, bearer, config
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
-from vacancyd.cli import main
+from vacancyd.cli import format_status, main
 from vacancyd.core.status import StatusDocument
 from vacancyd.core.usage import UsageRow
 from vacancyd.runtime.usage import USAGE_FILE, read_groups
@@ -49,7 +49,6 @@ def job(job_id: int, borrower: str, model: str, energy_j: float | None) -> Usage
 
 async def record(lender: RunningDaemon) -> None:
     store = lender.daemon.usage
-    assert store is not None
     assert store.path == lender.daemon.settings.state_dir / USAGE_FILE
     for f in (
         store.record(job(1, "", "qwen", 3_600_000.0)),
@@ -140,8 +139,8 @@ async def test_a_corrupt_ledger_is_set_aside_at_start_and_shown_in_status(
                 doc = StatusDocument.from_json(await r.json())
         error = doc.durable_state.usage_ledger_error
         assert error is not None and "set aside" in error
+        assert f"usage ledger: {error}" in format_status(doc).splitlines()
         assert await asyncio.to_thread(set_aside, tmp_path) == 1
-        assert d.daemon.usage is not None
         await asyncio.wrap_future(d.daemon.usage.record(job(1, "", "qwen", None)))
     # the fresh ledger holds the new row, and the daemon closed it at its stop
     groups = await asyncio.to_thread(read_groups, tmp_path / USAGE_FILE, 0.0, "borrower")

@@ -108,7 +108,8 @@ async def test_reclaim_sleeps_and_the_next_borrower_wakes_it_first(tmp_path: Pat
 async def test_an_owner_return_sleeps_the_server_too(tmp_path: Path) -> None:
     fake = FakeVllm()
     async with lender(fake, tmp_path) as (d, _http):
-        d.state.record_presence(PresenceReading(True, True, "test: owner back"), d.state.clock())
+        owner = PresenceReading(True, True, "test: owner back")
+        d.daemon.owner.record_presence(owner, d.state.clock())
         await d.wait_until(lambda: fake.sleeping, 10)
         assert d.state.reclaim_views["vllm"]["trigger"] == "owner"
 

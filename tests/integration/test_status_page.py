@@ -11,6 +11,7 @@ import asyncio
 import re
 import socket
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -20,6 +21,8 @@ from tests.support.chromium import chromium_page
 from tests.support.daemon import running_daemon, serve_app
 from tests.support.held_openai import HeldOpenAI
 from tests.support.lender import config
+from vacancyd.core.history import HistorySample, ResourceSample
+from vacancyd.core.usage import UsageRow
 
 READ = "read-token-for-the-page-0123"
 
@@ -60,7 +63,18 @@ async def test_page_renders_and_follows_lending_switch(tmp_path: Path) -> None:
             )
             assert "ram" in resources and "GiB" in resources
             assert await page.wait_for("document.getElementById('conn').textContent === 'live'")
+            # the 24-hour timeline is there when the page opens, drawn from the history the
+            # daemon has recorded since it started: not an empty box
+            assert await page.wait_for(f"{HISTORY_SVG} !== null")
+            drawn = await page.evaluate(TIMELINE_FACTS)
+            assert drawn["title"] == "Lending over the last 24 hours"
+            assert drawn["desc"].startswith("History covers"), drawn
+            assert "lending on" in drawn["tips"] and "owner away" in drawn["tips"]
+            assert drawn["width"] > 600 and drawn["height"] > 200  # laid out, not collapsed
             before = await page.screenshot(tmp_path / "lendable.png")
+            await page.evaluate("document.getElementById('history').scrollIntoView(); true")
+            await page.screenshot(tmp_path / "timeline-24h.png")
+            await page.evaluate("window.scrollTo(0, 0); true")
 
             async with (
                 aiohttp.ClientSession() as http,
@@ -165,6 +179,22 @@ async def test_vacancyd_open_logs_the_page_in_once_without_a_pasted_token(tmp_pa
 
 
 TIMELINE = "document.getElementById('timeline').innerText"
+HISTORY_SVG = "document.querySelector('#history > svg')"
+#: What the drawn timeline shows: its accessible name and description, the tooltips of its
+#: bands (their first words), its texts and its size on the page.
+TIMELINE_FACTS = f"""(() => {{
+  const svg = {HISTORY_SVG};
+  const box = svg.getBoundingClientRect();
+  return {{
+    title: svg.querySelector(':scope > title').textContent,
+    desc: svg.querySelector(':scope > desc').textContent,
+    tips: Array.from(svg.querySelectorAll('rect > title'))
+      .map(t => t.textContent.split(/ \\d/)[0]),
+    texts: Array.from(svg.querySelectorAll('text')).map(t => t.textContent),
+    width: box.width, height: box.height,
+    elements: Array.from(svg.querySelectorAll('*')).map(e => e.localName),
+  }};
+}})()"""
 SUMMARY = "document.getElementById('summary').textContent"
 
 
@@ -258,3 +288,65 @@ async def test_transitions_read_as_words_and_the_last_hour_shows_on_opening(
                 assert "{" not in live and '"' not in live
                 assert live.index("Resource ram switched off") < live.index("Lending switched on")
                 await page.screenshot(tmp_path / "timeline.png")
+
+
+async def test_the_timeline_and_todays_totals_show_each_borrower(tmp_path: Path) -> None:
+    """Six hours of history with two borrowers (one named like markup) and today's ledger:
+    the page draws their bands with a legend, lists today's totals per borrower, and every
+    name stays text."""
+    evil = "<img src=x onerror=f()>&co"
+    async with running_daemon(config("http://127.0.0.1:9", adapter="openai")) as d:
+        await d.wait_ready()
+        store = d.daemon.usage
+        assert store is not None
+        now = time.time()
+        for i in range(6 * 60):
+            at = now - 6 * 3600 + 60 * i
+            borrowers = {"alice": 1} if 60 <= i < 180 else {evil: 2} if 200 <= i < 260 else {}
+            sample = HistorySample(
+                at,
+                owner_present=300 <= i < 330,
+                lending=not 300 <= i < 330,
+                resources={"gpu0": ResourceSample(1000.0 + 9000 * len(borrowers), 24576.0, 50.0)},
+                borrowers=borrowers,
+            )
+            store.record_history(sample)
+        for job_id, who in ((1, "alice"), (2, "alice"), (3, evil)):
+            row = UsageRow(
+                job_id,
+                who,
+                "up",
+                "tiny",
+                "ram",
+                now - 30,
+                now - 10,
+                "completed",
+                10,
+                5,
+                7200.0,
+                0,
+                0,
+            )
+            await asyncio.wrap_future(store.record(row))
+        async with chromium_page(d.api_url + "/") as page:
+            assert await page.wait_for(f"{SUMMARY} === 'lendable'")
+            assert await page.wait_for("document.querySelector('#today tbody').rows.length === 2")
+            today = await page.evaluate(
+                "Array.from(document.querySelectorAll('#today tbody tr'))"
+                ".map(r => Array.from(r.cells).map(c => c.textContent))"
+            )
+            assert today == [
+                ["alice", "2", "40 s", "20", "10", "4.0 Wh"],
+                [evil, "1", "20 s", "10", "5", "2.0 Wh"],
+            ]
+            assert await page.evaluate("document.getElementById('notoday').hidden")
+            assert await page.wait_for(f"{HISTORY_SVG} !== null")
+            drawn = await page.evaluate(TIMELINE_FACTS)
+            assert "alice" in drawn["texts"] and evil in drawn["texts"]  # the legend, as text
+            assert "owner present" in drawn["tips"] and "lending off" in drawn["tips"]
+            assert any(t.startswith("no history before") for t in drawn["texts"])
+            assert "alice 2 h" in drawn["desc"]
+            assert "img" not in drawn["elements"] and "script" not in drawn["elements"]
+            assert await page.evaluate("document.querySelectorAll('img').length") == 0
+            await page.evaluate("document.getElementById('history').scrollIntoView(); true")
+            await page.screenshot(tmp_path / "timeline-borrowers.png")

@@ -54,7 +54,9 @@ async def lender(
 
 
 def owner_returns(d: RunningDaemon) -> None:
-    d.state.record_presence(OWNER, d.state.clock())
+    """The owner comes back: a presence reading with the owner's signal, taken in by the
+    owner controls as the presence loop hands it over (the owner's return starts there)."""
+    d.daemon.owner.record_presence(OWNER, d.state.clock())
 
 
 def reclaim_view(d: RunningDaemon, name: str = "up") -> dict[str, object]:

@@ -25,6 +25,7 @@ from vacancyd.core.status import (
     OwnerControlsStatus,
     OwnerHoldStatus,
     PoolStatus,
+    PowerLimitStatus,
     PresenceStatus,
     PressureEdgeStatus,
     PressureStatus,
@@ -109,6 +110,16 @@ resources = st.builds(
             hot=st.booleans(),
             hot_for_s=opt(tenths),
             above_for_s=opt(tenths),
+        )
+    ),
+    power_limit=opt(
+        st.builds(
+            PowerLimitStatus,
+            lend_w=opt(tenths),
+            original_w=opt(tenths),
+            applied=st.booleans(),
+            problem=opt(st.sampled_from(["no_permission", "not_supported", "out_of_range"])),
+            error=opt(text),
         )
     ),
 )
@@ -266,7 +277,9 @@ documents = st.builds(
     ),
     stopping=st.booleans(),
     durable_state=st.builds(
-        DurableStateStatus, write_errors=st.dictionaries(text, text, max_size=2)
+        DurableStateStatus,
+        write_errors=st.dictionaries(text, text, max_size=2),
+        usage_ledger_error=opt(text),
     ),
     owner_controls=opt(
         st.builds(

@@ -25,7 +25,8 @@ ENUMS: tuple[type[StrEnum], ...] = (
     reasons.PublishReason,
 )
 # ReclaimOutcome is left out: its words are also a reclaim phase (``stood_down``) and an
-# unload's outcome (``timed_out``), which are other vocabularies.
+# unload's outcome (``timed_out``), which are other vocabularies. So is PowerLimitProblem:
+# ``not_supported`` is also an upstream call's outcome (control/upstreamcalls.py).
 #: Codes that are compound words (``owner_active``, ``not_loaded``): a literal with one of
 #: these values is a code. Single words (``busy``, ``unknown``) are also ordinary words and
 #: values of other enums, so they are not searched for.

@@ -21,6 +21,7 @@ from vacancyd.core.reclaim import (
     open_reclaim,
     plan,
 )
+from vacancyd.core.reclaim import refusal as reclaim_refusal
 
 DRAIN = ReclaimPolicy(OnOwnerReturn.DRAIN, drain_timeout_s=30)
 CANCEL = ReclaimPolicy(OnOwnerReturn.CANCEL, yield_on_veto=True)
@@ -137,3 +138,32 @@ def test_trigger_cleared_reuses_admissions_owner_and_pressure_checks() -> None:
     assert not trigger_cleared(both, snap(veto=True, pressure=calm), up)
     admin, _ = open_reclaim(None, Edge(Trigger.ADMIN, 0.0), "u", DRAIN)
     assert not trigger_cleared(admin, snap(veto=False, pressure=calm), up)
+
+
+@pytest.mark.parametrize(
+    ("edge", "reason", "says"),
+    [
+        (Edge(Trigger.OWNER, 1.0), Reason.OWNER_ACTIVE, "the owner returned"),
+        (Edge(Trigger.HOLD, 1.0, detail="paused"), Reason.OWNER_ACTIVE, "hold this host (paused)"),
+        (Edge(Trigger.PRESSURE, 1.0, "gpu0"), Reason.RESOURCE_PRESSURED, "'gpu0' is under owner"),
+        (Edge(Trigger.ADMIN, 1.0), Reason.RECLAIMED, "an operator reclaimed"),
+        (Edge(Trigger.THERMAL, 1.0, "gpu0", "91 °C"), Reason.GPU_TOO_HOT, "stayed too hot"),
+    ],
+    ids=lambda v: v.trigger.value if isinstance(v, Edge) else "",
+)
+def test_an_open_reclaim_refuses_new_work_with_its_first_edges_reason(
+    edge: Edge, reason: Reason, says: str
+) -> None:
+    reclaim, _ = open_reclaim(None, edge, "up", DRAIN)
+    refusal = reclaim_refusal(reclaim)
+    assert refusal is not None and refusal.reason is reason
+    assert says in refusal.detail and "being handed back (waiting)" in refusal.detail
+    assert refusal.resource == edge.resource
+    later, _ = open_reclaim(reclaim, Edge(Trigger.ADMIN, 2.0), "up", DRAIN)
+    assert reclaim_refusal(later) == refusal  # the first edge speaks for the reclaim
+    done = decided(reclaim, Proceed(cut=True, unload=False, outcome="cancelled"), 5.0)
+    assert reclaim_refusal(done) == refusal.__class__.of(
+        reason, refusal.detail.replace("(waiting)", "(proceeding)"), resource=edge.resource
+    )
+    assert reclaim_refusal(decided(reclaim, StandDown("cleared"), 5.0)) is None
+    assert reclaim_refusal(None) is None

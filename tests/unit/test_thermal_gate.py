@@ -1,6 +1,7 @@
 """A GPU's ``max_temperature_c`` through shared state, the gate, a reclaim's stand-down,
 the status document and the configuration: ``gpu_too_hot`` with hysteresis, the thermal
-reclaim edge after ``hot_yield_after_s``, and the keys' validation."""
+reclaim edge after ``hot_yield_after_s``, and the keys' validation; and the pure rules and
+configuration key of ``lend_power_limit_w``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from vacancyd.core import gate, reclaim
 from vacancyd.core.events import EdgeRaised, StateEvent, ThermalChanged
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
+from vacancyd.core.powerlimit import PowerLimits, check_lend_limit, to_mw, wants_lend_limit
 from vacancyd.core.reasons import RETRY_AFTER_S, Admit, Reason, Refuse
 from vacancyd.core.reclaim import Edge, ReclaimPolicy, Trigger
 from vacancyd.core.snapshot import RequestFacts
@@ -177,5 +179,27 @@ def test_thermal_keys_apply_to_gpus_only() -> None:
         max_temperature_c = 80
         """
     )
+    with pytest.raises(ConfigError, match="applies only to kind = 'gpu'"):
+        parse_config(text)
+
+
+def test_power_limit_rules() -> None:
+    limits = PowerLimits(current_mw=250_000, default_mw=300_000, min_mw=100_000, max_mw=350_000)
+    assert to_mw(150) == 150_000 and to_mw(87.5) == 87_500
+    assert check_lend_limit(100_000, limits) is None
+    assert check_lend_limit(350_000, limits) is None
+    why = check_lend_limit(50_000, limits)
+    assert why is not None and "outside this card's range 100-350 W" in why
+    assert wants_lend_limit(jobs=1, owner_back=False, stopping=False)
+    assert not wants_lend_limit(jobs=0, owner_back=False, stopping=False)
+    assert not wants_lend_limit(jobs=2, owner_back=True, stopping=False)
+    assert not wants_lend_limit(jobs=2, owner_back=False, stopping=True)
+
+
+def test_lend_power_limit_is_a_gpu_key() -> None:
+    assert parse_config(gpu_toml(lend_power_limit_w=180)).resource[0].lend_power_limit_w == 180
+    with pytest.raises(ConfigError, match="lend_power_limit_w"):
+        parse_config(gpu_toml(lend_power_limit_w=0))
+    text = '[[resource]]\nname = "ram"\nkind = "memory"\nlend_power_limit_w = 100\n'
     with pytest.raises(ConfigError, match="applies only to kind = 'gpu'"):
         parse_config(text)

@@ -191,6 +191,8 @@ def test_missing_temperature_is_said_not_drawn() -> None:
     root = parse(render_timeline(minutes(NOW - 3600, 60, temp=None), now_wall=NOW, tz=BERLIN))
     assert "no GPU temperature reading" in texts(root)
     assert len(list(root.iter(NS + "polyline"))) == 1
+    bare = parse(render_timeline([HistorySample(NOW - 60, False, True)], now_wall=NOW, tz=BERLIN))
+    assert texts(bare).count("no GPU resource declared") == 2
 
 
 def test_axis_labels_are_local_time_across_a_dst_change() -> None:

@@ -233,3 +233,21 @@ def test_a_bad_since_is_a_clear_error(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "--since" in err and repr(since) in err
+
+
+def test_a_state_dir_it_may_not_search_is_an_error_not_an_empty_ledger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = write_config(tmp_path)
+    fill(tmp_path, ROWS)
+    real_stat = Path.stat
+
+    def denied(self: Path, **kw: object) -> object:
+        if self.name == USAGE_FILE:
+            raise PermissionError(13, "Permission denied")
+        return real_stat(self, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "stat", denied)
+    code, out, err = run(["usage", "--config", str(cfg)], capsys)
+    assert code == 1 and out == ""
+    assert "cannot look for" in err and "Permission denied" in err

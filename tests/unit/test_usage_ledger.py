@@ -4,6 +4,7 @@ a corrupt database set aside, every call off the event loop, and the grouped que
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import sqlite3
 import threading
@@ -120,6 +121,7 @@ async def test_rows_past_retention_are_deleted_at_open_and_by_the_upkeep(tmp_pat
         tmp_path / USAGE_FILE, retention_days=1, clock=lambda: clock[0], prune_every_s=0.05
     )
     await s.open()  # at start: the 2-day-old row goes
+    upkeep = asyncio.create_task(s.upkeep())
     assert [r[0] for r in rows_on_disk(s.path)] == [1, 2]
     clock[0] = NOW + 86400 - 60  # a day later, the hourly pass finds row 1 too old
     for _ in range(100):
@@ -128,6 +130,9 @@ async def test_rows_past_retention_are_deleted_at_open_and_by_the_upkeep(tmp_pat
             break
     assert [r[0] for r in rows_on_disk(s.path)] == [2]
     assert await s.prune() == 0
+    upkeep.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await upkeep
     await s.close()
 
 
@@ -238,13 +243,18 @@ async def test_groups_by_borrower_day_and_model(tmp_path: Path) -> None:
     ]
     by_model = await s.groups(0.0, "model")
     assert [(g.key, g.requests) for g in by_model] == [("llama", 1), ("qwen", 2), (None, 1)]
+    # while the daemon has it open, an offline read sees every committed row
+    offline = await asyncio.to_thread(read_groups, s.path, 0.0, "borrower")
+    assert [(g.key, g.requests) for g in offline] == [("", 2), ("friend", 2)]
     since = await s.groups(day2, "borrower")
     assert [(g.key, g.requests) for g in since] == [("", 1), ("friend", 1)]
     with pytest.raises(ValueError, match="cannot group by"):
         await s.groups(0.0, "upstream")
     await s.close()
-    # the same read offline, read-only
+    # the same read offline, read-only, leaving no files of its own behind (a root reader
+    # must not leave root-owned -wal/-shm files the service could not open)
     assert read_groups(s.path, 0.0, "borrower") == by_borrower
+    assert matching(tmp_path, "*") == [s.path]
     assert read_groups(tmp_path / "none.sqlite3", 0.0, "day") == []
 
 
@@ -260,3 +270,17 @@ def test_since_resolves_durations_and_local_dates() -> None:
     assert since_wall(parse_since("7d"), NOW) == NOW - 7 * 86400
     midnight = dt.datetime(2027, 3, 1).timestamp()
     assert since_wall(parse_since("2027-03-01"), NOW) == midnight
+
+
+async def test_a_row_recorded_before_open_opens_the_ledger(tmp_path: Path) -> None:
+    """The daemon builds the store before it starts, so whatever records into it can be
+    given ``record`` at once."""
+    s = store(tmp_path)
+    await asyncio.wrap_future(s.record(row(1)))
+    assert rows_on_disk(s.path) == [(1, "friend", "completed")]
+    await s.open()
+    await asyncio.wrap_future(s.record(row(2)))
+    await s.close()
+    assert [r[0] for r in rows_on_disk(s.path)] == [1, 2]
+    fut = s.record(row(3))  # after close: dropped, never raised
+    assert fut.done() and fut.exception() is None and s.dropped == 1

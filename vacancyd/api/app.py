@@ -144,6 +144,7 @@ def make_api(
     *,
     started_at: float,
     release: Callable[[int], Job | None],
+    reclaim: Callable[[str | None, str], list[str]],
     events_keepalive_s: float = events.KEEPALIVE_S,
     max_event_subscribers: int = 32,
     controls: PauseControl | None = None,
@@ -155,7 +156,9 @@ def make_api(
     | None = None,
 ) -> web.Application:
     """The operator's application. ``release(job_id)`` frees a borrowed job's reservation
-    and returns its ledger record as it was (None for an unknown job). ``probes`` maps an
+    and returns its ledger record as it was (None for an unknown job); ``reclaim(resource,
+    detail)`` raises an operator's reclaim edge (of every upstream when ``resource`` is None)
+    and returns the upstreams it reclaims. ``probes`` maps an
     upstream name to its lendability probe (which checks its own token rule); it may be
     filled after this call. ``usage``: what ``GET /usage`` reads (:mod:`vacancyd.api.usage`;
     None: it answers 404). ``extra_routes(app, scoped, mutation)`` adds further routes (the
@@ -268,7 +271,7 @@ def make_api(
             f" on {resource}" if resource else "",
             request.remote,
         )
-        state.raise_edge("admin", state.clock(), resource=resource, detail="admin request")
+        reclaim(resource, "admin request")
         return web.json_response({"raised": True, "reclaim": dict(state.reclaim_views)})
 
     async def release_job(request: web.Request) -> web.Response:

@@ -102,6 +102,8 @@ def format_status(doc: StatusDocument) -> str:
             f"{', '.join(pool.members)}: "
             f"{'lendable' if pool.lendable else 'no member lendable'}"
         )
+    if doc.durable_state.usage_ledger_error:
+        lines.append(f"usage ledger: {doc.durable_state.usage_ledger_error}")
     return "\n".join(lines)
 
 

@@ -51,7 +51,13 @@ def cmd_usage(args: argparse.Namespace) -> int:
 
 def _offline(args: argparse.Namespace) -> list[dict[str, object]] | int:
     from vacancyd.config import ConfigError, load_config, load_default_config
-    from vacancyd.runtime.usage import USAGE_FILE, LedgerUnreadable, read_groups, since_wall
+    from vacancyd.runtime.usage import (
+        USAGE_FILE,
+        LedgerUnreadable,
+        ledger_exists,
+        read_groups,
+        since_wall,
+    )
 
     config = args.config
     if config is None and DEFAULT_CONFIG.is_file():
@@ -63,6 +69,7 @@ def _offline(args: argparse.Namespace) -> list[dict[str, object]] | int:
         return 2
     path = settings.state_dir / USAGE_FILE
     try:
+        exists = ledger_exists(path)
         groups = read_groups(path, since_wall(args.since, time.time()), args.by)
     except LedgerUnreadable as exc:
         print(
@@ -71,7 +78,7 @@ def _offline(args: argparse.Namespace) -> list[dict[str, object]] | int:
             file=sys.stderr,
         )
         return 1
-    if not path.exists():
+    if not exists:
         print(f"vacancyd usage: no usage ledger at {path} yet", file=sys.stderr)
     return report_rows(
         groups,

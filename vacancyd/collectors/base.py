@@ -50,8 +50,8 @@ async def run_probe_loop(
     *,
     interval_s: float,
     timeout_s: float,
-    on_sample: Callable[[T, float], None],
-    on_error: Callable[[str, float], None],
+    on_sample: Callable[[T, float], object],
+    on_error: Callable[[str, float], object],
     wake: asyncio.Event | None = None,
     count: CountFailure | None = None,
 ) -> None:
@@ -94,8 +94,8 @@ def sample_now(
     name: str,
     probe: Callable[[], T],
     *,
-    on_sample: Callable[[T, float], None],
-    on_error: Callable[[str, float], None],
+    on_sample: Callable[[T, float], object],
+    on_error: Callable[[str, float], object],
     count: CountFailure | None = None,
 ) -> Callable[[], None]:
     """A call that samples ``probe`` at once, on the calling thread, and records the result

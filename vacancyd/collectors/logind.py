@@ -35,7 +35,7 @@ from dbus_fast.aio import MessageBus
 from vacancyd.collectors.base import CountFailure, ProbeError, ProbeFailure
 from vacancyd.collectors.processes import scan_owner_processes
 from vacancyd.core import presence as rules
-from vacancyd.state import PresenceReading, SharedState
+from vacancyd.state import PresenceReading
 
 log = logging.getLogger(__name__)
 
@@ -370,8 +370,9 @@ class LogindPresence:
 
 async def run_logind_loop(
     presence: LogindPresence,
-    state: SharedState,
     *,
+    on_sample: Callable[[PresenceReading, float], object],
+    on_error: Callable[[str, float], object],
     interval_s: float,
     timeout_s: float,
     wake: asyncio.Event,
@@ -379,6 +380,8 @@ async def run_logind_loop(
 ) -> None:
     """Sample on every wake-up (a logind signal) and at least every ``interval_s`` seconds.
 
+    Each reading goes to ``on_sample(reading, at)``, each failure to ``on_error(error, at)``
+    (``at``: monotonic s when the sample began; the daemon passes the owner controls').
     Each sample has ``timeout_s`` seconds; past it the connection is dropped (a late reply is
     discarded with it) and the attempt is a failure. Every failure is also counted by kind
     (``count``). Never returns; cancel to stop.
@@ -393,24 +396,22 @@ async def run_logind_loop(
             except TimeoutError:
                 step = presence.step
                 presence.client.reset()
-                state.record_presence_failure(
-                    f"logind did not answer {step} within {timeout_s:g} s", started
-                )
+                on_error(f"logind did not answer {step} within {timeout_s:g} s", started)
                 if count is not None:
                     count(ProbeFailure.TIMEOUT)
             except ProbeError as exc:
                 presence.client.reset()
-                state.record_presence_failure(str(exc), started)
+                on_error(str(exc), started)
                 if count is not None:
                     count(ProbeFailure.FAILED)
             except Exception as exc:  # a bug here must not read as an absent owner
                 log.exception("presence sample failed unexpectedly")
                 presence.client.reset()
-                state.record_presence_failure(f"presence sample failed: {exc!r}", started)
+                on_error(f"presence sample failed: {exc!r}", started)
                 if count is not None:
                     count(ProbeFailure.UNEXPECTED)
             else:
-                state.record_presence(reading, started)
+                on_sample(reading, started)
             try:
                 async with asyncio.timeout(interval_s):
                     await wake.wait()

@@ -37,7 +37,9 @@ import pynvml
 from vacancyd.collectors.base import ProbeError
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
+from vacancyd.core.powerlimit import PowerLimits
 from vacancyd.core.pressure import Attribution, Identity, ProcessSample, attribute_load
+from vacancyd.core.reasons import PowerLimitProblem
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +179,77 @@ def _optional(
         return None
     gpu.optional_errors.pop(what, None)
     return value
+
+
+# -- the power limit (lend_power_limit_w) ------------------------------------------------------
+
+
+class PowerLimitError(ProbeError):
+    """The driver did not read or take a power limit; ``problem`` says why in one word."""
+
+    def __init__(self, problem: PowerLimitProblem, message: str) -> None:
+        super().__init__(message)
+        self.problem = problem
+
+
+_POWER_PROBLEMS: tuple[tuple[type[pynvml.NVMLError], PowerLimitProblem], ...] = (
+    (pynvml.NVMLError_NoPermission, PowerLimitProblem.NO_PERMISSION),
+    (pynvml.NVMLError_NotSupported, PowerLimitProblem.NOT_SUPPORTED),
+    (pynvml.NVMLError_InvalidArgument, PowerLimitProblem.OUT_OF_RANGE),
+)
+
+
+class NvmlPowerControl:
+    """One GPU's NVML power limit, in milliwatts. Blocking: call from a worker thread.
+
+    Setting a limit needs root (the driver answers NVML_ERROR_NO_PERMISSION otherwise). Every
+    failure raises :class:`PowerLimitError` with its :class:`PowerLimitProblem`.
+    """
+
+    def __init__(self, gpu: NvmlGpu) -> None:
+        self.gpu = gpu
+
+    def uuid(self) -> str:
+        """The GPU's UUID (resolving it first). Raises PowerLimitError."""
+        self._handle()
+        return self.gpu.uuid or str(self.gpu.selector)
+
+    def read(self) -> PowerLimits:
+        """The limit in force, the default and the settable range. Raises PowerLimitError."""
+        handle = self._handle()
+        try:
+            low, high = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+            return PowerLimits(
+                current_mw=int(pynvml.nvmlDeviceGetPowerManagementLimit(handle)),
+                default_mw=int(pynvml.nvmlDeviceGetPowerManagementDefaultLimit(handle)),
+                min_mw=int(low),
+                max_mw=int(high),
+            )
+        except pynvml.NVMLError as exc:
+            raise self._error("reading the power limit", exc) from exc
+
+    def set(self, mw: int) -> None:
+        """Set the power limit to ``mw`` milliwatts. Raises PowerLimitError."""
+        handle = self._handle()
+        try:
+            pynvml.nvmlDeviceSetPowerManagementLimit(handle, int(mw))
+        except pynvml.NVMLError as exc:
+            raise self._error(f"setting the power limit to {mw / 1000:g} W", exc) from exc
+
+    def _handle(self) -> object:
+        try:
+            return self.gpu.handle()
+        except ProbeError as exc:
+            raise PowerLimitError(PowerLimitProblem.FAILED, str(exc)) from exc
+
+    def _error(self, what: str, exc: pynvml.NVMLError) -> PowerLimitError:
+        known = [problem for kind, problem in _POWER_PROBLEMS if isinstance(exc, kind)]
+        if not known:
+            self.gpu.invalidate()  # a lost GPU or a reloaded driver: resolve it again
+        return PowerLimitError(
+            known[0] if known else PowerLimitProblem.FAILED,
+            f"GPU {self.gpu.selector}: {what} failed: {_nvml_error(exc)}",
+        )
 
 
 # -- nvidia-smi fallback --------------------------------------------------------------------

@@ -3,8 +3,13 @@
 One loop (``owner controls``) evaluates them on every general poll, at the schedule's next
 change, when a pause ends, and whenever the presence veto changes, and writes the resulting
 holds into :class:`~vacancyd.state.SharedState` (``set_holds``). A new hold raises a
-``hold`` reclaim edge there, so borrowed work is drained or cancelled by each upstream's
-``on_owner_return`` policy exactly as when the owner comes back.
+``hold`` reclaim edge there, which this module hands to the reclaimer
+(:meth:`~vacancyd.control.reclaim.Reclaimer.answer`), so borrowed work is drained or
+cancelled by each upstream's ``on_owner_return`` policy exactly as when the owner comes back.
+
+The owner's presence readings come in here too (:meth:`OwnerControls.record_presence`, from
+the presence loop): recorded in the state, the owner edge a reading raises is handed to the
+reclaimer the same way, and a change of the veto wakes the loop (an ``until_idle`` pause).
 
 The rules are pure (``vacancyd.core.schedule``, ``pause``, ``power``, ``exclusive``,
 ``holds``); this module owns the effects: the wall clock, the power probe and the process
@@ -28,14 +33,14 @@ from typing import Any, Protocol
 
 from vacancyd.collectors.power import read_power
 from vacancyd.collectors.processes import scan_running
+from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.spawn import Spawner
-from vacancyd.core.events import StateEvent, VetoChanged
 from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.holds import Hold, HoldKind
 from vacancyd.core.pause import Pause, PauseKind, advance, format_wall, parse_duration, parse_until
 from vacancyd.core.power import PowerPolicy, PowerReading, power_hold
 from vacancyd.core.schedule import Schedule
-from vacancyd.state import SharedState
+from vacancyd.state import PresenceReading, SharedState
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +96,15 @@ class OwnerControls:
         config: OwnerControlsConfig,
         store: PauseStore,
         *,
+        reclaimer: Reclaimer,
         wall: Callable[[], float] = time.time,
         power_probe: Callable[[], PowerReading] = read_power,
         process_scan: Callable[[frozenset[str]], frozenset[str]] = scan_running,
         supervisor: Spawner | None = None,
     ) -> None:
         self.state = state
+        #: Answers the edges the owner's presence and holds raise (the owner's return).
+        self.reclaimer = reclaimer
         self.config = config
         self.store = store
         self.wall = wall
@@ -114,7 +122,6 @@ class OwnerControls:
         self.supervisor = supervisor
         self._saves: set[asyncio.Task[None]] = set()
         self._load_pause()
-        state.subscribe(self._on_state)
         state.owner_view = self.view
 
     @property
@@ -215,9 +222,26 @@ class OwnerControls:
 
     # -- evaluation ----------------------------------------------------------------------
 
-    def _on_state(self, event: StateEvent) -> None:
-        if isinstance(event, VetoChanged):
+    # -- the owner's presence ------------------------------------------------------------
+
+    def record_presence(self, reading: PresenceReading, now: float) -> list[str]:
+        """A presence reading at ``now`` (monotonic s), from the presence loop: recorded in
+        the state; the owner edge it raises (the veto engaging) goes to the reclaimer, and a
+        change of the veto wakes the owner-controls loop. Returns the upstreams reclaimed."""
+        veto = self.state.veto.engaged
+        reclaimed = self.reclaimer.answer(self.state.record_presence(reading, now))
+        if self.state.veto.engaged != veto:
             self.wake.set()
+        return reclaimed
+
+    def record_presence_failure(self, error: str, now: float) -> list[str]:
+        """Presence could not be read at ``now``: as :meth:`record_presence` (the veto
+        engages once the last good reading is too old)."""
+        veto = self.state.veto.engaged
+        reclaimed = self.reclaimer.answer(self.state.record_presence_failure(error, now))
+        if self.state.veto.engaged != veto:
+            self.wake.set()
+        return reclaimed
 
     def _schedule_change(self, now: float) -> float | None:
         schedule = self.config.schedule
@@ -295,8 +319,10 @@ class OwnerControls:
         return tuple(out)
 
     def evaluate(self) -> None:
-        """Recompute the holds now and hand them to the shared state."""
-        self.state.set_holds(self.holds(self.wall(), self.state.clock()), self.state.clock())
+        """Recompute the holds now, hand them to the shared state, and the edges a new hold
+        raises to the reclaimer."""
+        holds = self.holds(self.wall(), self.state.clock())
+        self.reclaimer.answer(self.state.set_holds(holds, self.state.clock()))
 
     async def _probe(self, fn: Callable[[], Any], what: str) -> tuple[Any, str | None]:
         """Run a blocking probe on the worker thread within the probe deadline."""

@@ -5,9 +5,15 @@ The pure decisions live in :mod:`vacancyd.core.reclaim`; this module owns the ef
 * borrowed jobs live in :class:`vacancyd.control.work.Work`; a reclaim reads the jobs that
   defer it there and asks it to cut them (which closes the upstream connection at once even
   when the borrower has stopped reading, or cancels queued work through the server's API);
-* edges arrive as state events — ``veto`` (owner return) and ``edge`` (pressure, operator,
-  tests) — and each affected upstream gets one reclaim task;
-* each task re-plans on every state change and at its deadline, publishes its phase in
+* edges arrive as direct calls: the state's writers return the edges they raise and their
+  callers hand them to :meth:`Reclaimer.answer` — the owner controls for presence and holds
+  (:mod:`vacancyd.control.owner`), this module for GPU pressure and the operator's
+  ``POST /admin/reclaim`` — and each affected upstream gets one reclaim task, started by
+  that call (:meth:`Reclaimer.raise_edge`); the state's events are for observers only;
+* new work on an upstream with an open reclaim is refused by admission, which reads the
+  reclaim published in the state (:func:`vacancyd.core.reclaim.refusal`);
+* each task re-plans after every such write, whenever one of its jobs changes phase
+  (:meth:`vacancyd.control.work.Work.changes`) and at its deadline, publishes its phase in
   /status, cuts and cancels, and unloads through :mod:`vacancyd.control.upstreamcalls`
   (deadline, outcome, metric and log line). Upstreams reclaim concurrently, on their own
   tasks, detached from the collectors' sampling loops.
@@ -23,14 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from vacancyd.control.spawn import Spawner
 from vacancyd.control.upstreamcalls import Status, UpstreamCalls
 from vacancyd.control.work import Work
-from vacancyd.core.events import EdgeRaised, ReclaimChanged, StateEvent, VetoChanged
 from vacancyd.core.lifecycle import JobState
-from vacancyd.core.reasons import ReclaimOutcome, Refuse
+from vacancyd.core.observations import CapacityReading
+from vacancyd.core.reasons import ReclaimOutcome
 from vacancyd.core.reclaim import (
     Edge,
     OnOwnerReturn,
@@ -49,7 +55,7 @@ from vacancyd.core.reclaim import (
     trigger_cleared,
     warm_delay_s,
 )
-from vacancyd.state import SharedState
+from vacancyd.state import PressureSample, SharedState
 from vacancyd.web.catalogue import counter
 from vacancyd.web.metrics import Metrics
 
@@ -83,50 +89,50 @@ class Reclaimer:
         self.warm_models = dict(warm_models)
         self.supervisor = supervisor
         self.reclaims: dict[str, Reclaim] = {}
-        self._changed: dict[str, asyncio.Event] = {}
         self._unloaded: set[str] = set()
         #: Upstreams whose warm reload is scheduled, and when each last had one (monotonic s).
         self._warming: set[str] = set()
         self._warmed_at: dict[str, float] = {}
         registry = metrics.registry
         self.m_reclaims = counter("vacancyd_reclaims", registry=registry)
-        state.subscribe(self._on_state)
-        work.guard_with(self.refusal)
-        work.subscribe(self._wake)
 
-    # -- the proxy's side ----------------------------------------------------------------
+    # -- where edges come from -----------------------------------------------------------
 
-    def refusal(self, upstream: str) -> Refuse | None:
-        """While a reclaim is open on ``upstream``, new work is refused at once."""
-        r = self.reclaims.get(upstream)
-        if r is None or not r.is_open:
-            return None
-        edge = r.first
-        what = {
-            Trigger.OWNER: "the owner returned",
-            Trigger.PRESSURE: f"resource {edge.resource!r} is under owner GPU pressure",
-            Trigger.ADMIN: "an operator reclaimed this upstream",
-            Trigger.HOLD: f"the owner's controls hold this host ({edge.detail})",
-            Trigger.THERMAL: f"GPU {edge.resource!r} stayed too hot ({edge.detail})",
-        }[edge.trigger]
-        return Refuse.of(
-            edge.reason,
-            f"{what}; accepted work is being handed back ({r.phase})",
-            resource=edge.resource,
-        )
-
-    # -- edges ---------------------------------------------------------------------------
-
-    def _on_state(self, event: StateEvent) -> None:
-        if isinstance(event, VetoChanged):
-            if event.active:
-                self.raise_edge(Edge(Trigger.OWNER, event.at, detail=event.detail))
-        elif isinstance(event, EdgeRaised):
-            self.raise_edge(Edge(event.trigger, event.at, event.resource, event.detail))
+    def answer(self, edges: Sequence[Edge]) -> list[str]:
+        """Answer what one write into the store raised (``edges``, returned by the state's
+        writer; often none): open or extend a reclaim on every upstream each edge affects
+        (:meth:`raise_edge`), then let every open reclaim re-plan and warm what resumed.
+        Called after each presence, pressure and owner-controls write. Returns the upstreams
+        the edges reclaim, in order, without repeats."""
+        names: list[str] = []
+        for edge in edges:
+            names += [n for n in self.raise_edge(edge) if n not in names]
         self._warm_resumed()
-        if not isinstance(event, ReclaimChanged):
-            for name in list(self._changed):
-                self._wake(name)
+        for name in list(self.reclaims):
+            self._wake(name)
+        return names
+
+    def record_pressure(self, name: str, sample: PressureSample, now: float) -> list[str]:
+        """A pressure poll of GPU ``name`` at ``now`` (monotonic s): recorded in the state,
+        and its rising edge, if any, answered. Returns the upstreams it reclaims."""
+        return self.answer(self.state.record_pressure(name, sample, now))
+
+    def record_capacity(self, name: str, reading: CapacityReading, now: float) -> list[str]:
+        """A capacity sample of resource ``name`` at ``now`` (monotonic s): recorded in the
+        state, and the thermal edge of a GPU that stayed too hot, if any, answered."""
+        return self.answer(self.state.record_capacity(name, reading, now))
+
+    def record_pressure_failure(self, name: str, error: str, now: float) -> list[str]:
+        """A failed pressure poll of GPU ``name``: as :meth:`record_pressure`."""
+        return self.answer(self.state.record_pressure_failure(name, error, now))
+
+    def reclaim(self, resource: str | None, detail: str) -> list[str]:
+        """An operator's reclaim (``POST /admin/reclaim``), of every upstream or of those
+        depending on ``resource``; returns the upstreams it reclaims."""
+        now = self.state.clock()
+        return self.answer(
+            self.state.raise_edge(Trigger.ADMIN, now, resource=resource, detail=detail)
+        )
 
     def raise_edge(self, edge: Edge) -> list[str]:
         """Answer one edge on every upstream it affects; returns their names."""
@@ -147,7 +153,6 @@ class Reclaimer:
                     if reclaim.deadline is None
                     else f"{max(0.0, reclaim.deadline - edge.at):g} s",
                 )
-                self._changed[name] = asyncio.Event()
                 self.supervisor.spawn(self._run(name), name=f"reclaim {name}", essential=False)
             else:
                 log.info("reclaim on %s absorbs a further %s edge", name, edge.trigger)
@@ -182,7 +187,9 @@ class Reclaimer:
                 )
 
     async def _drive(self, name: str) -> None:
-        changed = self._changed[name]
+        # Set by Work whenever a job of this upstream changes phase, and by answer() after
+        # every write into the store that may clear the trigger.
+        changed = self.work.changes(name)
         while True:
             changed.clear()  # before planning, so a change during the plan wakes the wait
             reclaim = self.reclaims[name]
@@ -299,8 +306,8 @@ class Reclaimer:
 
     def _publish(self, r: Reclaim) -> None:
         self.state.publish_reclaim(r)
+        self._warm_resumed()  # a reclaim that ended may have been all that held lending
 
     def _wake(self, name: str) -> None:
-        event = self._changed.get(name)
-        if event is not None:
-            event.set()
+        """Let ``name``'s reclaim, if one waits, plan again now."""
+        self.work.changes(name).set()

@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 
 from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
-from vacancyd.control.upstreamcalls import UpstreamCalls
+from vacancyd.control.upstreamcalls import Outcome, UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.core.ledger import Job, Phase
 from vacancyd.core.lifecycle import (
@@ -63,6 +64,7 @@ from vacancyd.core.lifecycle import (
 )
 from vacancyd.core.reasons import Admit, Reason, Refuse
 from vacancyd.core.reclaim import Edge
+from vacancyd.core.reclaim import refusal as reclaim_refusal
 from vacancyd.core.sharing import serve_order
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.state import SharedState
@@ -76,8 +78,15 @@ REFRESH_WAIT_S = 2.0
 #: at most this often (seconds): quick enough to release soon after it stops, gentle on it.
 IDLE_POLL_S = 0.25
 
-#: Asks whether an upstream is being reclaimed: the refusal new work gets, or None.
-ReclaimCheck = Callable[[str], Refuse | None]
+
+@dataclass(frozen=True, slots=True)
+class CutResult:
+    """What :meth:`Work.cut` did: ``streams``, the exchanges it cut while they ran (their
+    upstream connections closed); ``cancels``, each server's cancel of tracked jobs in its
+    queue, as :class:`~vacancyd.control.upstreamcalls.UpstreamCalls` ended it."""
+
+    streams: int = 0
+    cancels: tuple[Outcome[None], ...] = ()
 
 
 @dataclass
@@ -92,9 +101,17 @@ class Work:
     """Every borrowed job on this daemon; one per daemon, touched only from the event loop."""
 
     def __init__(
-        self, state: SharedState, *, supervisor: Spawner, metrics: Metrics, calls: UpstreamCalls
+        self,
+        state: SharedState,
+        *,
+        supervisor: Spawner,
+        metrics: Metrics,
+        calls: UpstreamCalls,
+        observers: Sequence[JobObserver] = (),
     ) -> None:
         self.state = state
+        #: Told when each job starts and stops holding its resources (the power limiter).
+        self._observers = tuple(observers)
         #: Every call to the servers (here: cancelling tracked work in a server's queue).
         self.calls = calls
         self.supervisor = supervisor
@@ -116,8 +133,8 @@ class Work:
         self._watched: set[int] = set()
         self._upstreams: dict[str, _Upstream] = {}
         self._jobs: dict[int, JobState] = {}
-        self._listeners: list[Callable[[str], None]] = []
-        self._reclaiming: ReclaimCheck = lambda _upstream: None
+        #: Per upstream: set whenever one of its jobs changes phase (see :meth:`changes`).
+        self._changes: dict[str, asyncio.Event] = {}
         #: Wait queues of upstreams with ``busy = "wait"`` (see :meth:`enable_wait`).
         self.rooms: WaitRooms[JobState] = WaitRooms(
             state.clock,
@@ -149,20 +166,12 @@ class Work:
         """Carry out exclusivity for upstreams with ``exclusive_of`` (set once)."""
         self.card = card
 
-    def guard_with(self, check: ReclaimCheck) -> None:
-        """Refuse admission while ``check`` says the upstream is being reclaimed (set once,
-        by the reclaimer)."""
-        self._reclaiming = check
-
-    def subscribe(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(upstream)`` whenever the set of jobs deferring a reclaim changes."""
-        self._listeners.append(listener)
-
     # -- admission's records (the decisions are vacancyd.control.admission's) -------------
 
     def refusal(self, upstream: str) -> Refuse | None:
-        """The reclaim refusal new work on ``upstream`` gets now, or None."""
-        return self._reclaiming(upstream)
+        """The reclaim refusal new work on ``upstream`` gets now (while the reclaim the
+        reclaimer published for it is open: :func:`vacancyd.core.reclaim.refusal`), or None."""
+        return reclaim_refusal(self.state.reclaims.get(upstream))
 
     def reserve(
         self, upstream: str, admit: Admit, now: float, facts: RequestFacts, borrower: str = ""
@@ -199,6 +208,7 @@ class Work:
             reserved.id, upstream, reserved.resources, now, reserved.model, borrower=borrower
         )
         self._jobs[job.id] = job
+        self._tell(reserved, started=True)
         return job
 
     def charge(self, job_id: int, charged_mib: int | None) -> None:
@@ -212,6 +222,16 @@ class Work:
         if self._jobs.pop(job.id, None) is not None:
             self._release_now(job.id)
             self._ended(replace(job, phase=JobPhase.RELEASED, outcome=JobOutcome.NOT_FORWARDED))
+
+    def _tell(self, job: Job, *, started: bool) -> None:
+        for observer in self._observers:
+            try:
+                if started:
+                    observer.job_started(job)
+                else:
+                    observer.job_ended(job)
+            except Exception:  # an observer's bug must not break a job's life
+                log.exception("job observer %r failed on job %d", observer, job.id)
 
     # -- what the proxy reports ------------------------------------------------------------
 
@@ -292,9 +312,14 @@ class Work:
             if j.upstream == upstream and j.key is not None and j.phase.defers_reclaim
         )
 
-    async def cut(self, jobs: list[JobState], edge: Edge, *, cancel_queued: bool = True) -> None:
-        """Cut ``jobs`` for the reclaim that ``edge`` opened; a tracked job's cancel on the
-        server is bounded by ``upstreamcalls.CANCEL_DEADLINE_S``."""
+    async def cut(
+        self, jobs: list[JobState], edge: Edge, *, cancel_queued: bool = True
+    ) -> CutResult:
+        """Cut ``jobs`` for the reclaim that ``edge`` opened (those that ended meanwhile are
+        skipped); a tracked job's cancel on the server is bounded by
+        ``upstreamcalls.CANCEL_DEADLINE_S``. Returns what was done."""
+        streams = 0
+        cancels: list[Outcome[None]] = []
         queued: dict[str, list[JobState]] = {}
         for job in jobs:
             current = self._jobs.get(job.id)
@@ -304,11 +329,15 @@ class Work:
             self._jobs[current.id] = transition.state
             for effect in transition.effects:
                 if isinstance(effect, CancelExchange):
-                    self._cancel_exchange(transition.state)
+                    streams += self._cancel_exchange(transition.state)
                 elif isinstance(effect, CancelOnServer):
                     queued.setdefault(current.upstream, []).append(transition.state)
         for upstream, tracked in queued.items():
-            await self._cancel_on_server(upstream, [j.key for j in tracked if j.key is not None])
+            keys = [j.key for j in tracked if j.key is not None]
+            outcome = await self._cancel_on_server(upstream, keys)
+            if outcome is not None:
+                cancels.append(outcome)
+        return CutResult(streams, tuple(cancels))
 
     # -- what the daemon's stop does ----------------------------------------------------------
 
@@ -564,6 +593,7 @@ class Work:
             for name in released.resources:
                 self.state.request_sample(name)
             self.state.after_release(released, now)
+            self._tell(released, started=False)
         self.rooms.serve()
 
     def _ended(self, job: JobState) -> None:
@@ -579,19 +609,35 @@ class Work:
             extra={"upstream": job.upstream, "job": job.id, "outcome": outcome.value},
         )
 
-    def _changed(self, upstream: str) -> None:
-        for listener in self._listeners:
-            listener(upstream)
+    def changes(self, upstream: str) -> asyncio.Event:
+        """The event set whenever a job of ``upstream`` changes phase (admitted work starts,
+        lands, ends, is held or released): a reclaim waiting for that work to end clears it
+        and waits on it. One per upstream, created on first use."""
+        event = self._changes.get(upstream)
+        if event is None:
+            event = self._changes[upstream] = asyncio.Event()
+        return event
 
-    def _cancel_exchange(self, job: JobState) -> None:
+    def _changed(self, upstream: str) -> None:
+        event = self._changes.get(upstream)
+        if event is not None:
+            event.set()
+
+    def _cancel_exchange(self, job: JobState) -> bool:
+        """Cut ``job``'s exchange; True when it was still running (counted)."""
         exchange = self._upstreams[job.upstream].exchanges.get(job.id)
         edge = job.cut_by
         if exchange is not None and edge is not None and exchange.cut(edge):
             self.metrics.cancelled_jobs.labels(job.upstream, "stream").inc()
+            return True
+        return False
 
-    async def _cancel_on_server(self, upstream: str, keys: list[str]) -> None:
-        if keys and self.calls.supports(upstream):
-            await self.calls.cancel(upstream, keys, why=f"reclaim on {upstream}")
+    async def _cancel_on_server(self, upstream: str, keys: list[str]) -> Outcome[None] | None:
+        """Cancel the tracked jobs ``keys`` in ``upstream``'s queue; None when there is
+        nothing to cancel or no controller to cancel it with."""
+        if not keys or not self.calls.supports(upstream):
+            return None
+        return await self.calls.cancel(upstream, keys, why=f"reclaim on {upstream}")
 
     def _log_hold(self, job: JobState) -> None:
         hold = job.hold

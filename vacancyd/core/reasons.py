@@ -5,7 +5,8 @@ the gate's refusal reasons (:class:`Reason`), the ``error.type`` and ``error.cod
 errors it answers itself (:class:`ErrorType`, :class:`ErrorCode`), a residency proof's
 reason (:class:`CreditCode`), which fresh sample could change a refusal (:class:`Refresh`),
 why a job is held (:class:`HoldReason`), how a reclaim
-ended (:class:`ReclaimOutcome`), the reasons of the
+ended (:class:`ReclaimOutcome`), why a GPU's power limit was not taken
+(:class:`PowerLimitProblem`), the reasons of the
 browser guards (:class:`GuardReason`) and the authenticator's outcomes
 (:class:`AuthOutcome`), and the reasons only the Kubernetes publisher writes
 (:class:`PublishReason`). The codes and retry hints are a wire contract
@@ -164,6 +165,18 @@ class JobOutcome(StrEnum):
     #: Admitted but never forwarded: the borrower left, or the request was refused, while
     #: the servers it is exclusive of were unloaded.
     NOT_FORWARDED = "not_forwarded"
+
+
+class PowerLimitProblem(StrEnum):
+    """Why the driver did not take a GPU's lending power limit (``power_limit.problem`` in
+    ``/status``, docs/hardware-limits.md)."""
+
+    NO_PERMISSION = "no_permission"  #: vacancyd does not run as root (NVML_ERROR_NO_PERMISSION)
+    NOT_SUPPORTED = "not_supported"  #: the card has no settable limit
+    OUT_OF_RANGE = "out_of_range"  #: outside the card's min/max (or the driver said so)
+    #: any other failure: an NVML error (a lost GPU), or the original limit could not be
+    #: written to the state directory first
+    FAILED = "failed"
 
 
 class ReclaimOutcome(StrEnum):

@@ -24,7 +24,7 @@ from vacancyd.core import gate
 from vacancyd.core.holds import decide_holds
 from vacancyd.core.observations import Quality
 from vacancyd.core.policy import OwnerScope, UpstreamPolicy
-from vacancyd.core.reasons import Reason, ReclaimOutcome
+from vacancyd.core.reasons import Reason, ReclaimOutcome, Refuse
 from vacancyd.core.snapshot import Snapshot
 
 
@@ -174,6 +174,30 @@ class Reclaim:
             "decided_at": self.decided_at,
             "outcome": self.outcome,
         }
+
+
+def refusal(reclaim: Reclaim | None) -> Refuse | None:
+    """The refusal new work on an upstream gets while ``reclaim`` (its latest, or None) is
+    open: the first edge's reason, saying what raised it and that accepted work is being
+    handed back; None when no reclaim is open."""
+    if reclaim is None or not reclaim.is_open:
+        return None
+    edge = reclaim.first
+    if edge.trigger is Trigger.OWNER:
+        what = "the owner returned"
+    elif edge.trigger is Trigger.PRESSURE:
+        what = f"resource {edge.resource!r} is under owner GPU pressure"
+    elif edge.trigger is Trigger.ADMIN:
+        what = "an operator reclaimed this upstream"
+    elif edge.trigger is Trigger.THERMAL:
+        what = f"GPU {edge.resource!r} stayed too hot ({edge.detail})"
+    else:
+        what = f"the owner's controls hold this host ({edge.detail})"
+    return Refuse.of(
+        edge.reason,
+        f"{what}; accepted work is being handed back ({reclaim.phase})",
+        resource=edge.resource,
+    )
 
 
 def open_reclaim(

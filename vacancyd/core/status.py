@@ -103,6 +103,21 @@ class ThermalStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class PowerLimitStatus:
+    """One GPU's lending power limit (``lend_power_limit_w``), in watts: the limit lent
+    under, the card's own limit it restores (None until first read), whether the lending
+    limit is in force now, and why the driver did not take it (``problem``: a
+    ``vacancyd.core.powerlimit.PowerLimitProblem`` value, and ``error`` for a person; None
+    when the last attempt succeeded). Lending goes on either way."""
+
+    lend_w: float | None
+    original_w: float | None
+    applied: bool
+    problem: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class HolderStatus:
     job: int
     upstream: str
@@ -149,6 +164,9 @@ class ResourceStatus:
     energy_j: float | None = field(default=None, metadata=shape(round_to=1))
     #: A GPU's temperature guard (``max_temperature_c``); None where none is configured.
     thermal: ThermalStatus | None = None
+    #: A GPU's lending power limit (``lend_power_limit_w``); None where none is configured
+    #: or left to restore.
+    power_limit: PowerLimitStatus | None = None
 
     JSON_EXTRA: ClassVar[tuple[str, ...]] = ("lendable",)
 

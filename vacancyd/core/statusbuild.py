@@ -40,6 +40,7 @@ from vacancyd.core.status import (
     OwnerControlsStatus,
     OwnerHoldStatus,
     PoolStatus,
+    PowerLimitStatus,
     PresenceStatus,
     PressureEdgeStatus,
     PressureStatus,
@@ -116,6 +117,8 @@ class StatusInputs:
     sleep: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
     pools: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     write_errors: Mapping[str, str] = field(default_factory=dict)
+    #: Per GPU with a lending power limit: the power limiter's report.
+    power_limits: Mapping[str, PowerLimitStatus] = field(default_factory=dict)
     usage_error: str | None = None
     owner_controls: Mapping[str, object] | None = None
     kubernetes: PublisherStatus | None = None
@@ -251,6 +254,7 @@ def _resource(inputs: StatusInputs, name: str, view: ResourceView) -> ResourceSt
         temperature_c=value.temperature_c if value else None,
         energy_j=value.energy_j if value else None,
         thermal=_thermal(view.thermal, now),
+        power_limit=inputs.power_limits.get(name),
     )
 
 

@@ -379,13 +379,7 @@ def render_timeline(
             )
     if segments and peak:
         parts.append(
-            _label(
-                frame.left + frame.plot_w - 4,
-                wy + 12,
-                f"peak {peak} jobs",
-                anchor="end",
-                fill=_MUTE,
-            )
+            _label(8, wy + wh - 2, f"peak {peak} job{'s' if peak != 1 else ''}", fill=_MUTE)
         )
 
     # -- memory and temperature lines ----------------------------------------------------
@@ -450,14 +444,14 @@ def render_timeline(
         parts.append(_label(frame.left - 4, my + 10, _mib_words(mem_top), anchor="end", fill=_MUTE))
         parts.append(_label(frame.left - 4, my + mh, "0", anchor="end", fill=_MUTE))
     elif segments:
-        parts.append(_label(frame.left + 8, my + mh / 2 + 4, "no GPU memory reading", fill=_MUTE))
+        what = "no GPU memory reading" if names else "no GPU resource declared"
+        parts.append(_label(frame.left + 8, my + mh / 2 + 4, what, fill=_MUTE))
     if hottest:
         parts.append(_label(frame.left - 4, ty + 10, f"{temp_hi:.0f} °C", anchor="end", fill=_MUTE))
         parts.append(_label(frame.left - 4, ty + th, f"{temp_lo:.0f} °C", anchor="end", fill=_MUTE))
     elif segments:
-        parts.append(
-            _label(frame.left + 8, ty + th / 2 + 4, "no GPU temperature reading", fill=_MUTE)
-        )
+        what = "no GPU temperature reading" if names else "no GPU resource declared"
+        parts.append(_label(frame.left + 8, ty + th / 2 + 4, what, fill=_MUTE))
 
     # -- what has no data ----------------------------------------------------------------
     if not segments:

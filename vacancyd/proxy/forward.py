@@ -301,9 +301,10 @@ class Forwarding(ProxyBase):
     def _silent(
         self, request: web.BaseRequest, exchange: Exchange, c: Classification
     ) -> web.StreamResponse:
-        """The upstream sent nothing for ``upstream_silence_s``: :class:`Work` holds the job
-        (the server may still be working), and the borrower gets 504 before the reply's
-        headers, or a reset connection after them (a stream must never end cleanly)."""
+        """The upstream sent nothing for ``upstream_silence_s``: the job's handle is told,
+        and the job is held (the server may still be working); the borrower gets 504 before
+        the reply's headers, or a reset connection after them (a stream must never end
+        cleanly)."""
         name = self.upstream.name
         job_id = exchange.job.id
         self.metrics.upstream_error(name, "silent")

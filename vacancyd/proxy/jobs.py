@@ -27,8 +27,8 @@ log = logging.getLogger("vacancyd.proxy.app")
 
 
 class Working(Refusing, Forwarding):
-    """A work request: refused early, or its body read, admitted by :class:`Work` and
-    forwarded as a job."""
+    """A work request: refused early, or its body read, admitted by :class:`Admission` and
+    forwarded as a job through its :class:`JobHandle`."""
 
     async def _work(
         self, request: web.BaseRequest, c: Classification, query: str

@@ -17,7 +17,7 @@ from pathlib import Path
 from vacancyd.adapters import ADAPTERS
 from vacancyd.api.metrics import attach_saver, attach_state
 from vacancyd.collectors import system
-from vacancyd.collectors.nvidia import GpuCapacityProbe, NvmlGpu, SmiProbe
+from vacancyd.collectors.nvidia import GpuCapacityProbe, NvmlGpu, NvmlPowerControl, SmiProbe
 from vacancyd.config.load import ConfigError
 from vacancyd.config.model import ResourceSettings, Settings
 from vacancyd.config.policies import (
@@ -40,8 +40,10 @@ from vacancyd.core.exclusive import ExclusiveScope, ExclusiveTracker
 from vacancyd.core.gpu import GpuSelector
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.power import PowerPolicy
+from vacancyd.core.powerlimit import to_mw
 from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.runtime import calibration, durable, learned
+from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator, Token, borrower_token
@@ -247,6 +249,31 @@ class Collaborators:
     admission: Admission
     reclaimer: Reclaimer
     owner: OwnerControls
+    #: each GPU's lending power limit (``lend_power_limit_w``), applied and restored
+    power: PowerLimiter
+
+
+def power_limiter(settings: Settings, state: SharedState) -> PowerLimiter:
+    """The power limiter for every GPU with ``lend_power_limit_w`` (and for any card a
+    previous run left limited, found from ``state_dir``)."""
+
+    def control_for(device: str) -> NvmlPowerControl:
+        return NvmlPowerControl(NvmlGpu(GpuSelector.parse(device)))
+
+    cards = {
+        r.name: (str(r.device if r.device is not None else 0), r.lend_power_limit_w)
+        for r in settings.resource
+        if r.kind == "gpu" and r.lend_power_limit_w is not None
+    }
+    return PowerLimiter(
+        state,
+        settings.state_dir,
+        {
+            name: (device, control_for(device), to_mw(watts))
+            for name, (device, watts) in cards.items()
+        },
+        control_for,
+    )
 
 
 def build(settings: Settings) -> Collaborators:
@@ -261,7 +288,8 @@ def build(settings: Settings) -> Collaborators:
     saver = learned.LearnedSaver(state, settings.state_dir)
     attach_saver(metrics, saver)
     calls = UpstreamCalls(metrics)
-    work = Work(state, supervisor=supervisor, metrics=metrics, calls=calls)
+    power = power_limiter(settings, state)
+    work = Work(state, supervisor=supervisor, metrics=metrics, calls=calls, observers=(power,))
     saver.holds = work.held
     if not saver.holds_frozen:  # else never written: every resource refuses anyway
         work.on_holds = lambda _held: saver.mark("holds", "")
@@ -283,6 +311,7 @@ def build(settings: Settings) -> Collaborators:
         state,
         owner_controls_config(settings),
         DurablePauseStore(settings.state_dir / PAUSE_FILE),
+        reclaimer=reclaimer,
         supervisor=supervisor,
     )
     return Collaborators(
@@ -296,4 +325,5 @@ def build(settings: Settings) -> Collaborators:
         admission=Admission(state, work),
         reclaimer=reclaimer,
         owner=owner,
+        power=power,
     )

@@ -61,7 +61,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,8 +70,10 @@ from aiohttp import web
 from yarl import URL
 
 from vacancyd.adapters import ADAPTERS
+from vacancyd.api.app import Handler as ApiHandler
 from vacancyd.api.app import health_probe, make_api
 from vacancyd.api.ops import Diagnostics
+from vacancyd.api.overview import Overview
 from vacancyd.api.status import read_status
 from vacancyd.api.usage import UsageReport
 from vacancyd.collectors import logind
@@ -103,6 +105,7 @@ from vacancyd.runtime.build import (
     owner_controls_config,
     read_tokens,
 )
+from vacancyd.runtime.history import HistoryRecorder
 from vacancyd.runtime.listeners import (
     CLOSE_TIMEOUT_S,
     EXIT_ADDRESS_BUSY,
@@ -118,6 +121,7 @@ from vacancyd.runtime.loops import (
     Loops,
     warn_if_headless_at_a_desk,
 )
+from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.runtime.usage import USAGE_FILE, UsageStore
@@ -179,6 +183,7 @@ class Daemon:
     admission: Admission = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
+    power: PowerLimiter = field(init=False)
     saver: learned.LearnedSaver = field(init=False)
     listeners: Listeners = field(init=False)
     loops: Loops = field(init=False)
@@ -191,8 +196,9 @@ class Daemon:
     span_exporter: Any = None
     tracing: Tracing | None = None
     diagnostics: Diagnostics | None = None
-    #: The usage ledger (opened by :meth:`start`, closed at the end of :meth:`stop`).
-    usage: UsageStore | None = None
+    #: The usage ledger: built here so what records into it can be handed ``usage.record``
+    #: before the start; opened by :meth:`start`, closed at the end of :meth:`shutdown`.
+    usage: UsageStore = field(init=False)
 
     def __post_init__(self) -> None:
         parts = build(self.settings)
@@ -206,8 +212,15 @@ class Daemon:
         self.admission = parts.admission
         self.reclaimer = parts.reclaimer
         self.owner = parts.owner
+        self.power = parts.power
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
-        self.loops = Loops(self.settings, self.state, self.metrics, self.supervisor)
+        self.loops = Loops(
+            self.settings, self.state, self.metrics, self.supervisor, self.owner, self.reclaimer
+        )
+        self.usage = UsageStore(
+            self.settings.state_dir / USAGE_FILE,
+            retention_days=self.settings.usage_retention_days,
+        )
 
     @property
     def bound(self) -> dict[str, str]:
@@ -272,6 +285,8 @@ class Daemon:
         # The owner's holds (a restored pause, the schedule, the battery) are in force
         # before the first borrower can connect.
         await self.owner.sample()
+        # A power limit a crash left applied is restored as the daemon starts.
+        self.supervisor.spawn(self.power.run(), name="power limits", essential=False)
         await self._open_usage()
         probes: dict[str, ProbeEndpoint] = {}
         await self._serve_api(auth, secrets, started_at, probes)
@@ -298,18 +313,30 @@ class Daemon:
         self.supervisor.spawn(
             warn_if_headless_at_a_desk(settings), name="headless check", essential=False
         )
+        recorder = HistoryRecorder(self.state, self.usage)
+        self.supervisor.spawn(recorder.run(), name="history recorder", essential=False)
         self._start_kubernetes(started_at)
 
     async def _open_usage(self) -> None:
         """Open the usage ledger (off the loop; a failure is its error in /status, never
-        fatal) and show its error in /status."""
-        store = UsageStore(
-            self.settings.state_dir / USAGE_FILE,
-            retention_days=self.settings.usage_retention_days,
-        )
+        fatal), show its error in /status and run its hourly upkeep."""
+        store = self.usage
         await store.open()
-        self.usage = store
         self.state.usage_error = lambda: store.error
+        self.supervisor.spawn(store.upkeep(), name="usage ledger upkeep", essential=False)
+
+    def _extra_routes(
+        self,
+        app: web.Application,
+        scoped: Callable[[str, ApiHandler], ApiHandler],
+        mutation: Callable[[ApiHandler], ApiHandler],
+    ) -> None:
+        """The API routes beyond make_api's: the debug window and diagnostics, and the
+        status page's overview (timeline and today's totals, vacancyd.api.overview)."""
+        if self.diagnostics is not None:
+            self.diagnostics.install(app, scoped, mutation)
+        tz, zone = self.owner.config.tz, self.owner.config.zone
+        Overview(self.usage, self.usage, tz, zone).install(app, scoped)
 
     async def _serve_api(
         self,
@@ -333,13 +360,12 @@ class Daemon:
             self.metrics,
             started_at=started_at,
             release=self.work.admin_release,
+            reclaim=self.reclaimer.reclaim,
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
-            usage=None
-            if self.usage is None
-            else UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
-            extra_routes=self.diagnostics.install,
+            usage=UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
+            extra_routes=self._extra_routes,
         )
         state = self.state
         await self.listeners.serve(
@@ -551,12 +577,12 @@ class Daemon:
             await self._close_listeners({"api": api})
         await self.owner.flush()  # a pause save in flight is written, not cancelled
         await self.supervisor.stop()
+        await self.power.restore_at_stop()
         if self.tracing is not None:
             await self.tracing.shutdown()
         await self.save_calibrations()
         await self._save_at_stop()
-        if self.usage is not None:
-            await self.usage.close()  # after the listeners: every finished job is written
+        await self.usage.close()  # after the listeners: every finished job is written
         await self.listeners.close_sessions()
         log.info("stopped %.3f s after the stop began", loop.time() - began)
 

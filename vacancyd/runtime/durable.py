@@ -20,7 +20,9 @@ daemon logs it, retries, and keeps serving from memory.
 Layout under ``state_dir``: ``calibration/RESOURCE.json`` (GPU pressure calibration),
 ``residency/UPSTREAM.json`` (the Ollama learned context map), ``footprints/UPSTREAM.json``
 (learned footprint priors), ``holds.json`` (jobs held for uncertain completion),
-``pause.json`` (the owner's pause, :class:`vacancyd.runtime.daemon.DurablePauseStore`).
+``pause.json`` (the owner's pause, :class:`vacancyd.runtime.daemon.DurablePauseStore`),
+``power-limits.json`` (each GPU's own power limit while ``lend_power_limit_w`` is in force,
+:mod:`vacancyd.runtime.powerlimit`).
 """
 
 from __future__ import annotations

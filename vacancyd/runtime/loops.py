@@ -27,6 +27,8 @@ from vacancyd.collectors.base import (
 )
 from vacancyd.collectors.nvidia import GpuPressureProbe, NvmlGpu
 from vacancyd.config.model import Settings
+from vacancyd.control.owner import OwnerControls
+from vacancyd.control.reclaim import Reclaimer
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exposure import Exposure, ListenerExposure
 from vacancyd.core.gpu import GpuSelector
@@ -55,6 +57,10 @@ class Loops:
     state: SharedState
     metrics: Metrics
     supervisor: Supervisor
+    #: takes the presence readings (the owner's return starts there)
+    owner: OwnerControls
+    #: takes the GPU pressure readings (a pressure edge reclaims)
+    reclaimer: Reclaimer
     #: one NVML handle per GPU resource, shared by its capacity and pressure probes
     gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     #: the logind presence source, once started (``presence = "auto"`` or ``"logind"``)
@@ -133,7 +139,7 @@ class Loops:
                 continue
             name = res.name
             probe = capacity_probe(res, self.settings, self.gpus)
-            on_sample = partial(state.record_capacity, name)
+            on_sample = partial(self.reclaimer.record_capacity, name)
             on_error = partial(state.record_capacity_failure, name)
             count = self.metrics.collector_failures(f"capacity:{name}")
             if probe is system.sample_memory:
@@ -179,7 +185,7 @@ class Loops:
                 "lending here depends on capacity alone",
                 sys.platform,
             )
-            state.record_presence(logind.unsupported_reading(sys.platform), state.clock())
+            self.owner.record_presence(logind.unsupported_reading(sys.platform), state.clock())
         elif source is presence_rules.PresenceSource.HEADLESS:
             self.supervisor.spawn(
                 run_probe_loop(
@@ -187,8 +193,8 @@ class Loops:
                     presence.sample_headless,
                     interval_s=cfg.poll_s,
                     timeout_s=cfg.probe_timeout_s,
-                    on_sample=state.record_presence,
-                    on_error=state.record_presence_failure,
+                    on_sample=self.owner.record_presence,
+                    on_error=self.owner.record_presence_failure,
                     count=self.metrics.collector_failures("presence"),
                 ),
                 name="collector presence",
@@ -219,7 +225,8 @@ class Loops:
         self.supervisor.spawn(
             logind.run_logind_loop(
                 self.presence,
-                self.state,
+                on_sample=self.owner.record_presence,
+                on_error=self.owner.record_presence_failure,
                 interval_s=cfg.poll_s,
                 timeout_s=cfg.probe_timeout_s,
                 wake=wake,
@@ -249,10 +256,10 @@ class Loops:
                     GpuPressureProbe(gpu, targets),
                     interval_s=ps.policy.poll_s,
                     timeout_s=self.settings.collectors.probe_timeout_s,
-                    on_sample=lambda r, t, n=name: state.record_pressure(  # type: ignore[misc]
+                    on_sample=lambda r, t, n=name: self.reclaimer.record_pressure(  # type: ignore[misc]
                         n, PressureSample(r.attribution, r.gpu), t
                     ),
-                    on_error=lambda e, t, n=name: state.record_pressure_failure(n, e, t),  # type: ignore[misc]
+                    on_error=lambda e, t, n=name: self.reclaimer.record_pressure_failure(n, e, t),  # type: ignore[misc]
                     wake=state.sample_wanted(f"pressure:{name}"),
                     count=self.metrics.collector_failures(f"pressure:{name}"),
                 ),

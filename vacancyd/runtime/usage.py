@@ -10,7 +10,7 @@ corrupt (or not a database at all) is renamed aside, ``usage.sqlite3.corrupt-<UT
 and a fresh one is started; the store keeps the error (:attr:`UsageStore.error`, shown in
 ``/status``) and never raises it. A database that cannot be opened for any other reason (a
 directory it may not write) is left alone: the store records nothing, keeps the error and
-tries again at the next hourly upkeep.
+tries again at the next row and the next hourly upkeep.
 
 The same database keeps the lender's history for the status page's timeline (table
 ``history``, one sample a minute and one at each presence or lending edge,
@@ -143,15 +143,32 @@ class LedgerUnreadable(Exception):
     """The ledger file exists but cannot be read (permissions, corruption, not a database)."""
 
 
+def ledger_exists(path: Path) -> bool:
+    """Whether the ledger file is there; raises :class:`LedgerUnreadable` when that cannot
+    be told (a state directory the caller may not search)."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise LedgerUnreadable(f"cannot look for {path}: {exc.strerror or exc}") from exc
+    return True
+
+
 def read_groups(path: Path, since: float, by: str) -> list[UsageGroup]:
     """Read the ledger at ``path`` offline, read-only (``vacancyd usage`` without ``--url``),
     grouped as :func:`query_groups` does. A missing file is an empty ledger. Raises
     :class:`LedgerUnreadable` saying why for a file that cannot be read, ValueError for an
     unknown ``by``."""
-    if not path.exists():
+    if not ledger_exists(path):
         return []
+    # A read-only open of a WAL database creates its -wal and -shm files when they are not
+    # there, owned by the reader: root's `sudo vacancyd usage` would leave files the service's
+    # user cannot open. Without a -wal file no daemon has rows outside the main file, so it
+    # is read as immutable (no side files); with one, the daemon's own files are used.
+    immutable = "" if path.with_name(path.name + "-wal").exists() else "&immutable=1"
     try:
-        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=5.0)
     except sqlite3.Error as exc:
         raise LedgerUnreadable(f"cannot open {path}: {exc}") from exc
     try:
@@ -198,7 +215,6 @@ class UsageStore:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="vacancyd-usage"
         )
-        self._upkeep: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
@@ -211,20 +227,23 @@ class UsageStore:
     # -- the loop's side ----------------------------------------------------------------
 
     async def open(self) -> None:
-        """Open (or create) the ledger off the loop, set aside a corrupt one, delete rows past
-        retention, and start the hourly upkeep. Never raises: a failure is kept in
-        :attr:`error`."""
+        """Open (or create) the ledger off the loop, set aside a corrupt one and delete rows
+        past retention. Never raises: a failure is kept in :attr:`error`. The hourly pass is
+        :meth:`upkeep`, which the caller runs as a task of its own."""
         await self._run(self._open_and_prune)
-        self._upkeep = asyncio.create_task(self._upkeep_loop(), name="usage ledger upkeep")
+
+    async def upkeep(self) -> None:
+        """Every ``prune_every_s`` seconds, delete the rows past retention (and open the
+        ledger if it could not be opened before), until cancelled. Never raises otherwise."""
+        while True:
+            await asyncio.sleep(self.prune_every_s)
+            if self._closed:
+                return
+            await self._run(self._open_and_prune)
 
     async def close(self) -> None:
-        """Stop the upkeep, wait for the rows already recorded to be written, and close the
-        database (off the loop)."""
-        if self._upkeep is not None:
-            self._upkeep.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._upkeep
-            self._upkeep = None
+        """Wait for the rows already recorded to be written and close the database (off the
+        loop). Cancel :meth:`upkeep` first."""
         if not self._closed:
             self._closed = True
             await self._run(self._close_db)  # runs after every row queued before it
@@ -232,8 +251,9 @@ class UsageStore:
 
     def record(self, row: UsageRow) -> concurrent.futures.Future[None]:
         """Write ``row`` and commit it, on the store's thread; returns at once (callable from
-        the event loop, never blocks it). The returned future is done once the row is
-        committed (or dropped: the error is then in :attr:`error`); it never raises."""
+        the event loop, never blocks it; also before :meth:`open`, the first row then opens
+        the ledger). The returned future is done once the row is committed (or dropped: the
+        error is then in :attr:`error`); it never raises."""
         if self._closed:
             self.dropped += 1
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -280,11 +300,6 @@ class UsageStore:
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
-
-    async def _upkeep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.prune_every_s)
-            await self._run(self._open_and_prune)
 
     # -- the store's thread -------------------------------------------------------------
 

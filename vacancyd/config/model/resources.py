@@ -63,7 +63,8 @@ class ResourceSettings(FrozenModel):
     settings (gpu only). ``max_temperature_c`` (gpu only, °C): new borrowed work is refused
     ``gpu_too_hot`` while the card is above it, until it is below ``temperature_resume_c``
     (default 5 °C less); ``hot_yield_after_s``: seconds above it after which running borrowed
-    work is yielded by the reclaim policy (unset: never).
+    work is yielded by the reclaim policy (unset: never). ``lend_power_limit_w`` (gpu only,
+    watts): the NVML power limit in force while borrowed work holds the card.
     """
 
     name: Name
@@ -77,6 +78,7 @@ class ResourceSettings(FrozenModel):
     max_temperature_c: float | None = Field(None, gt=0, le=150)
     temperature_resume_c: float | None = Field(None, gt=0, le=150)
     hot_yield_after_s: float | None = Field(None, ge=0, le=86400)
+    lend_power_limit_w: float | None = Field(None, gt=0, le=5000)
 
     @model_validator(mode="after")
     def _kind_rules(self) -> ResourceSettings:
@@ -86,6 +88,8 @@ class ResourceSettings(FrozenModel):
             raise ValueError("device applies only to kind = 'gpu'")
         if self.kind != "gpu" and self.pressure is not None:
             raise ValueError("pressure applies only to kind = 'gpu'")
+        if self.kind != "gpu" and self.lend_power_limit_w is not None:
+            raise ValueError("lend_power_limit_w applies only to kind = 'gpu'")
         self._thermal_rules()
         if self.kind == "gpu":
             GpuSelector.parse(self.device)  # raises ValueError with the reason
