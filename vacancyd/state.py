@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from vacancyd.core import footprint, residency
 from vacancyd.core import presence as presence_rules
+from vacancyd.core import residency
 from vacancyd.core.events import (
     CapacityChanged,
     EdgeRaised,
@@ -48,10 +48,10 @@ from vacancyd.core.events import (
 )
 from vacancyd.core.exposure import Exposure
 from vacancyd.core.holds import Hold
-from vacancyd.core.ledger import Job, Ledger
+from vacancyd.core.ledger import Ledger
 from vacancyd.core.lifecycle import Hold as JobHold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
-from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
+from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import (
     Attribution,
     PressureEdge,
@@ -216,8 +216,6 @@ class SharedState:
         self._subscribers: list[Listener] = []
         #: Pool name -> its member upstreams, first member first (``[[pool]]``).
         self.pools: dict[str, tuple[str, ...]] = {}
-        #: Called after every capacity or server sample (the wait queues re-decide on them).
-        self.sample_hooks: list[Callable[[], None]] = []
         self.pressure: dict[str, PressureState] = {
             name: PressureState(p, p.new_learner(), p.new_tracker())
             for name, p in (pressure or {}).items()
@@ -232,18 +230,15 @@ class SharedState:
         self.reclaims: dict[str, Reclaim] = {}
         #: Per resource, when a reclaim last unloaded an upstream depending on it (monotonic).
         self.yielded_at: dict[str, float] = {}
-        #: Per upstream, what it learned of its models' contexts (Ollama; persisted).
+        #: Per upstream, how many times a reclaim unloaded it: after one, its server's next
+        #: observation says nothing of the borrowed jobs before (vacancyd.runtime.learned).
+        self.unloads: dict[str, int] = {}
+        #: Per upstream, what it learned of its models' contexts (Ollama; persisted; written
+        #: by vacancyd.runtime.learned.Learner).
         self.learning: dict[str, residency.ContextLearning] = {}
-        #: Per upstream, the last released job whose loaded context is still to be read.
-        self._to_learn: dict[str, tuple[Job, float]] = {}
-        #: Called after ``learning`` changes, so the daemon can persist it.
-        self.on_learning: Callable[[str], None] | None = None
-        #: Per upstream, per model: learned footprint priors in MiB (persisted).
+        #: Per upstream, per model: learned footprint priors in MiB (persisted; written by
+        #: vacancyd.runtime.learned.Learner).
         self.priors: dict[str, dict[str, int]] = {}
-        #: Per resource, the last released job whose memory drop is still to be measured.
-        self._to_measure: dict[str, tuple[Job, float]] = {}
-        #: Called after ``priors`` changes, so the daemon can persist it.
-        self.on_priors: Callable[[str], None] | None = None
         #: Per resource, why a durable state file it depends on could not be used.
         self.state_errors: dict[str, str] = {}
         #: Per durable state file (or the directory), why its newest write failed.
@@ -256,8 +251,6 @@ class SharedState:
         self.unsaved_holds: dict[str, str | None] = {}
         #: The owner's holds in force (vacancyd.control.owner writes them; core/holds.py).
         self.holds: tuple[Hold, ...] = ()
-        #: Extra /status parts per upstream (a vLLM controller's ``sleep`` state), by name.
-        self.upstream_views: dict[str, Callable[[], Mapping[str, object]]] = {}
         #: Renders the owner's controls for /status (set by vacancyd.control.owner).
         self.owner_view: Callable[[], Mapping[str, object]] | None = None
         #: Per GPU with a lending power limit, what the power limiter last did (written by
@@ -347,10 +340,6 @@ class SharedState:
         GPU that stayed too hot raises (none otherwise)."""
         before = self.capacity[name].quality(now, self.resources[name].stale_after_s)
         self.capacity[name] = self.capacity[name].succeeded(reading, now)
-        pending = self._to_measure.get(name)
-        if pending is not None and now > pending[1]:
-            del self._to_measure[name]
-            self._learn_prior(pending[0], reading)
         if before is not Quality.READY:
             log.info("resource %s measured", name)
             self._emit(CapacityChanged(name, Quality.READY))
@@ -359,7 +348,6 @@ class SharedState:
         if tracker is not None:
             raised = self._observe_thermal(name, tracker, reading.temperature_c, now)
         self._wake(self._observed, name)
-        self._sampled()
         return raised
 
     def _observe_thermal(
@@ -506,100 +494,10 @@ class SharedState:
         return None
 
     def record_server(self, upstream: str, state: ServerState, now: float) -> None:
+        """A server observation of ``upstream`` at ``now`` (monotonic s); what it teaches
+        is learned by :class:`vacancyd.runtime.learned.Learner` first."""
         self.servers[upstream] = self.servers.get(upstream, Observation()).succeeded(state, now)
-        changed = False
-        learned = self.learning.get(upstream, residency.ContextLearning())
-        if state.modelfile_num_ctx:
-            merged = {**learned.modelfile_num_ctx, **state.modelfile_num_ctx}
-            if merged != learned.modelfile_num_ctx:
-                learned = residency.ContextLearning(learned.contexts, merged)
-                changed = True
-        pending = self._to_learn.get(upstream)
-        if pending is not None and now > pending[1] and state.models is not None:
-            del self._to_learn[upstream]
-            job, _ = pending
-            contexts = self._learn_from(upstream, job, state, learned.contexts)
-            if contexts is not None:
-                learned = residency.ContextLearning(contexts, learned.modelfile_num_ctx)
-                changed = True
-        if changed:
-            self.learning[upstream] = learned
-            if self.on_learning is not None:
-                self.on_learning(upstream)
         self._wake(self._observed, f"server:{upstream}")
-        self._sampled()
-
-    def _sampled(self) -> None:
-        for hook in list(self.sample_hooks):
-            try:
-                hook()
-            except Exception:  # a broken hook must not break a collector
-                log.exception("sample hook failed")
-
-    def _learn_from(
-        self,
-        upstream: str,
-        job: Job,
-        state: ServerState,
-        contexts: Mapping[residency.ContextKey, int],
-    ) -> dict[residency.ContextKey, int] | None:
-        """The learned context map after job ``job``, or None when it teaches nothing.
-
-        The first observation after a borrowed job ended shows the context that job's kind of
-        request loads, as long as no other job has been admitted since (the ledger admits one
-        at a time per resource, so the model was not touched by other borrowed work).
-        """
-        facts = job.facts
-        if facts is None or facts.model is None or facts.runner_options or facts.dialect is None:
-            return None
-        if any(j.upstream == upstream for j in self.ledger.jobs()):
-            return None
-        model = residency.find_model(state.models or (), facts.model)
-        if model is None or model.digest is None or model.context_length is None:
-            return None
-        key = residency.ContextKey(model.digest, facts.num_ctx, facts.dialect)
-        if contexts.get(key) == model.context_length:
-            return None
-        log.info(
-            "upstream %s: requests for %s (num_ctx %s, /%s) load context %d",
-            upstream,
-            facts.model,
-            "unset" if facts.num_ctx is None else facts.num_ctx,
-            facts.dialect,
-            model.context_length,
-        )
-        return residency.learn_context(contexts, key, model.context_length)
-
-    def _learn_prior(self, job: Job, after: CapacityReading) -> None:
-        """Raise the model's footprint prior to the memory drop its job was seen to cause.
-
-        Only when no other job was admitted on the resource meanwhile, and only for a job
-        that may have loaded its model (no residency credit applied).
-        """
-        if job.model is None or (job.credit is not None and job.credit.applied):
-            return
-        policy = self.resources.get(job.resources[0])
-        if policy is None or policy.kind is not ResourceKind.GPU:
-            return  # system memory moves with every process on the host: a drop proves nothing
-        if any(job.resources[0] in j.resources for j in self.ledger.jobs()):
-            return
-        drop = footprint.observed_drop(job.free_before_mib, after.free_mib)
-        if drop is None:
-            return
-        priors = footprint.learn_prior(self.priors.get(job.upstream, {}), job.model, drop)
-        if priors is None:
-            return
-        self.priors[job.upstream] = priors
-        log.info(
-            "upstream %s: loading %s took %d MiB of %s; footprint prior raised to %d MiB",
-            job.upstream,
-            job.model,
-            drop,
-            job.resources[0],
-            drop,
-        )
-        if self.on_priors is not None:
-            self.on_priors(job.upstream)
 
     def yielded(self, upstream: str, now: float) -> None:
         """A reclaim unloaded (or tried to unload) ``upstream`` at ``now`` (monotonic s): no
@@ -609,7 +507,7 @@ class SharedState:
             return
         for name in policy.resources:
             self.yielded_at[name] = now
-        self._to_learn.pop(upstream, None)
+        self.unloads[upstream] = self.unloads.get(upstream, 0) + 1
 
     def record_reach(self, upstream: str, ok: bool, now: float, error: str = "") -> None:
         """Record whether ``upstream``'s server accepted a connection at ``now`` (monotonic
@@ -765,15 +663,6 @@ class SharedState:
     ) -> None:
         self.listeners[upstream] = ListenerState(address, bound, error)
         self._emit(ListenerChanged(upstream, bound))
-
-    def after_release(self, job: Job, now: float) -> None:
-        """A borrowed job was released at ``now`` (monotonic s): watch the next samples to
-        learn its model's footprint prior and loaded context."""
-        if job.model is not None and job.free_before_mib is not None:
-            self._to_measure[job.resources[0]] = (job, now)
-        if job.facts is not None and job.facts.dialect is not None:
-            self._to_learn[job.upstream] = (job, now)
-            self.request_sample(f"server:{job.upstream}")
 
     # -- fresh samples on demand ---------------------------------------------------------
 

@@ -29,7 +29,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 LINE = re.compile(
     r'^(?P<client>\S+) "(?P<method>[A-Z]+) (?P<path>\S+) HTTP/(?P<version>\d\.\d)" '
     r"(?P<status>\d{3}) (?P<bytes>\d+) (?P<duration>\d+\.\d{3})s "
-    r"class=(?P<klass>[a-z]+) reason=(?P<reason>[a-z_]+|-)$"
+    r"class=(?P<klass>[a-z]+) reason=(?P<reason>[a-z_]+|-) borrower=(?P<borrower>[a-z0-9_.-]+)$"
 )
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -81,6 +81,9 @@ async def test_api_and_proxy_access_lines_have_one_shape(
         assert doc["status"] == int(text["status"]) == 200
         assert doc["bytes"] == int(text["bytes"]) > 0
         assert doc["reason"] is None
+        # The proxy's request is the unnamed borrower's (trusted loopback); the API's no one's.
+        shown = "default" if listener == "up" else None
+        assert doc["borrower"] == shown and text["borrower"] == (shown or "-")
 
 
 async def test_the_companion_health_listener_writes_the_same_shape(

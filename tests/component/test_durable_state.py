@@ -107,7 +107,7 @@ async def test_an_unusable_state_file_refuses_its_resources_and_is_not_overwritt
         assert str(path) in error["message"] and why in error["message"]
         doc = await status(d)
         assert doc["resources"]["gpu0"]["state_error"].startswith(str(path))
-        d.state.on_learning("up")  # type: ignore[misc]
+        d.daemon.saver.mark("residency", "up")
         await d.daemon.saver.flush()
     assert path.read_text(encoding="utf-8") == content
 

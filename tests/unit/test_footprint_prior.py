@@ -7,6 +7,7 @@ from vacancyd.core import footprint
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.reasons import Credit
+from vacancyd.runtime.learned import Learner
 from vacancyd.state import SharedState
 
 
@@ -24,8 +25,9 @@ def load(s: SharedState, before: float, after: float, credit: Credit | None = No
     assert not isinstance(job, type(None)) and hasattr(job, "id")
     released = s.ledger.release(job.id, 2.0)
     assert released is not None
-    s.after_release(released, 2.0)
-    s.record_capacity("r", CapacityReading(after, 16_000), 3.0)
+    learner = Learner(s, lambda _kind, _upstream: None)
+    learner.after_release(released, 2.0)
+    learner.capacity_sampled("r", CapacityReading(after, 16_000), 3.0)
 
 
 def test_a_gpu_load_raises_the_prior_and_never_lowers_it() -> None:

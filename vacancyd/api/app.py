@@ -33,7 +33,7 @@ from aiohttp import HttpVersion11, hdrs, web
 from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
-from vacancyd.api.status import render_status
+from vacancyd.api.status import SleepViews, render_status
 from vacancyd.api.usage import UsageReport, usage_handler
 from vacancyd.core.ledger import Job
 from vacancyd.core.numbers import parse_int
@@ -149,6 +149,7 @@ def make_api(
     max_event_subscribers: int = 32,
     controls: PauseControl | None = None,
     probes: Mapping[str, probe.ProbeEndpoint] | None = None,
+    sleep_views: SleepViews | None = None,
     usage: UsageReport | None = None,
     extra_routes: Callable[
         [web.Application, Callable[[str, Handler], Handler], Callable[[Handler], Handler]], None
@@ -160,9 +161,10 @@ def make_api(
     detail)`` raises an operator's reclaim edge (of every upstream when ``resource`` is None)
     and returns the upstreams it reclaims. ``probes`` maps an
     upstream name to its lendability probe (which checks its own token rule); it may be
-    filled after this call. ``usage``: what ``GET /usage`` reads (:mod:`vacancyd.api.usage`;
-    None: it answers 404). ``extra_routes(app, scoped, mutation)`` adds further routes (the
-    debug window and diagnostics, vacancyd.api.ops)."""
+    filled after this call. ``sleep_views``: each controller's own view for ``/status``.
+    ``usage``: what ``GET /usage`` reads (:mod:`vacancyd.api.usage`; None: it answers 404).
+    ``extra_routes(app, scoped, mutation)`` adds further routes (the debug window and
+    diagnostics, vacancyd.api.ops)."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     events.install(app)
 
@@ -222,7 +224,7 @@ def make_api(
     readyz = healthz
 
     async def status(_: web.Request) -> web.Response:
-        return web.json_response(render_status(state, started_at))
+        return web.json_response(render_status(state, started_at, sleep_views))
 
     async def metrics_view(request: web.Request) -> web.Response:
         body, content_type = exposition(metrics.registry, request.headers.get("Accept"))

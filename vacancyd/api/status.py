@@ -89,6 +89,7 @@ proceeding or done; ``edges_at`` are the ages (s) of the edges it answers, first
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vacancyd import __version__
@@ -96,12 +97,18 @@ from vacancyd.core.status import ListenerStatus, StatusDocument
 from vacancyd.core.statusbuild import PressureReadout, StatusInputs, build_status
 from vacancyd.state import SharedState
 
+#: Per upstream, a controller's own view for /status (a vLLM controller's sleep mode).
+SleepViews = Mapping[str, Callable[[], Mapping[str, object]]]
 
-def gather_status_inputs(state: SharedState, started_at: float | None = None) -> StatusInputs:
+
+def gather_status_inputs(
+    state: SharedState, started_at: float | None = None, sleep_views: SleepViews | None = None
+) -> StatusInputs:
     """Read everything :func:`~vacancyd.core.statusbuild.build_status` needs from ``state``
     at its clock, in one synchronous step (nothing can change in between); the owners'
-    views (a controller's sleep mode, the owner controls, the Kubernetes publisher) are
-    rendered here. ``started_at``: monotonic start time (for uptime)."""
+    views (``sleep_views``: a controller's sleep mode per upstream; the owner controls, the
+    Kubernetes publisher) are rendered here. ``started_at``: monotonic start time (for
+    uptime)."""
     now = state.clock()
     snap = state.snapshot(now)
     _ready, not_ready = state.ready(now)
@@ -153,7 +160,7 @@ def gather_status_inputs(state: SharedState, started_at: float | None = None) ->
         reach=dict(state.reach),
         reach_max_age_s=state.reach_max_age_s,
         sleep={
-            name: view() for name, view in state.upstream_views.items() if name in state.upstreams
+            name: view() for name, view in (sleep_views or {}).items() if name in state.upstreams
         },
         pools=dict(state.pools),
         write_errors=dict(state.write_errors),
@@ -164,13 +171,18 @@ def gather_status_inputs(state: SharedState, started_at: float | None = None) ->
     )
 
 
-def read_status(state: SharedState, started_at: float | None = None) -> StatusDocument:
+def read_status(
+    state: SharedState, started_at: float | None = None, sleep_views: SleepViews | None = None
+) -> StatusDocument:
     """Everything ``/status``, ``/metrics`` and the Kubernetes publisher show, from one
-    snapshot at the state's clock. ``started_at``: monotonic start time (for uptime)."""
-    return build_status(gather_status_inputs(state, started_at))
+    snapshot at the state's clock. ``started_at``: monotonic start time (for uptime);
+    ``sleep_views``: see :func:`gather_status_inputs`."""
+    return build_status(gather_status_inputs(state, started_at, sleep_views))
 
 
-def render_status(state: SharedState, started_at: float) -> dict[str, Any]:
+def render_status(
+    state: SharedState, started_at: float, sleep_views: SleepViews | None = None
+) -> dict[str, Any]:
     """The ``/status`` JSON object (see the module docstring for its shape): one
     :func:`read_status` document as JSON."""
-    return read_status(state, started_at).to_json()
+    return read_status(state, started_at, sleep_views).to_json()

@@ -36,6 +36,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Protocol
 
 from vacancyd.adapters.base import Controller, UpstreamError
 from vacancyd.control.observe import JobObserver
@@ -97,8 +98,36 @@ class _Upstream:
     exchanges: dict[int, Cuttable] = field(default_factory=dict)
 
 
+class HeldJobs(Protocol):
+    """What a :class:`HoldsWriter` reads and tells: the held jobs, and whether they are on
+    disk (:class:`Work` itself)."""
+
+    def held(self) -> list[JobState]: ...
+
+    def holds_saved(self, job_ids: frozenset[int]) -> None: ...
+
+    def holds_unsaved(self, error: str) -> None: ...
+
+
+class HoldsWriter(Protocol):
+    """Writes the held jobs to the state directory (the daemon's durable-state saver), so
+    a hold survives a restart."""
+
+    def write_holds(self, source: HeldJobs) -> None:
+        """Write ``source.held()`` soon (off the loop), then tell ``source`` which job ids
+        are on disk (``holds_saved``) or why the write failed (``holds_unsaved``)."""
+        ...
+
+
 class Work:
-    """Every borrowed job on this daemon; one per daemon, touched only from the event loop."""
+    """Every borrowed job on this daemon; one per daemon, touched only from the event loop.
+
+    ``holds_writer``: asked to write the held jobs whenever their set changes; with one, a
+    new hold is shown (``/status``, the ``job_hold`` event, the log) only once
+    :meth:`holds_saved` says it is on disk, and until then its resources lend nothing.
+    None: holds are shown at once and never written. ``after_release(job, now)``: told of
+    every released reservation (monotonic ``now``), to learn from it.
+    """
 
     def __init__(
         self,
@@ -107,6 +136,8 @@ class Work:
         supervisor: Spawner,
         metrics: Metrics,
         calls: UpstreamCalls,
+        holds_writer: HoldsWriter | None = None,
+        after_release: Callable[[Job, float], None] | None = None,
         observers: Sequence[JobObserver] = (),
     ) -> None:
         self.state = state
@@ -116,13 +147,10 @@ class Work:
         self.calls = calls
         self.supervisor = supervisor
         self.metrics = metrics
-        #: Called with every held job whenever the set of held jobs changes (the daemon
-        #: writes them to the state directory, so a hold survives a restart). When set, a new
-        #: hold is shown (``/status``, the ``job_hold`` event, the log) only once
-        #: :meth:`holds_saved` says it is on disk; until then its resources lend nothing.
-        self.on_holds: Callable[[list[JobState]], None] | None = None
+        self._holds_writer = holds_writer
+        self._after_release = after_release
         self._held_ids: set[int] = set()
-        #: Held jobs not yet known to be on disk (only while ``on_holds`` is set).
+        #: Held jobs not yet known to be on disk (only with a ``holds_writer``).
         self._unsaved: set[int] = set()
         #: Held jobs shown in /status and announced as ``job_hold`` events, by id.
         self._shown: dict[int, JobState] = {}
@@ -143,9 +171,9 @@ class Work:
             observe=lambda up, outcome, s: metrics.wait_seconds.labels(up, outcome).observe(s),
         )
         self.rooms.set_order(serve_order(state.upstreams))
-        # Anything that may change a waiting request's answer serves the queues again.
+        # Anything that may change a waiting request's answer serves the queues again: a
+        # state transition here, each new sample through the daemon's collectors.
         state.subscribe(lambda _event: self.rooms.serve())
-        state.sample_hooks.append(self.rooms.serve)
         #: Exclusivity effects; None until :meth:`share_cards` (no upstream is exclusive).
         self.card: CardSharing | None = None
 
@@ -350,7 +378,7 @@ class Work:
 
     def stop_watching(self) -> list[JobState]:
         """The daemon stops watching its jobs (after its listeners closed): hold each one
-        whose completion is uncertain (:meth:`JobState.stop_watching`), so ``on_holds`` writes
+        whose completion is uncertain (:meth:`JobState.stop_watching`), so ``holds_writer`` writes
         it out and the restarted daemon holds its resources again. Returns the jobs newly
         held."""
         now = self.state.clock()
@@ -439,13 +467,13 @@ class Work:
 
     def _holds_changed(self, job: JobState) -> None:
         """After ``job``'s transition: when the set of held jobs changed, ask for it to be
-        written (``on_holds``) and show what is on disk (:meth:`_show_holds`)."""
+        written (``holds_writer``) and show what is on disk (:meth:`_show_holds`)."""
         held = {j.id for j in self._jobs.values() if j.phase is JobPhase.HELD}
         if held != self._held_ids:
             self._held_ids = held
             self._unsaved &= held  # a hold that ended before it was written is just gone
-            if self.on_holds is not None:
-                self.on_holds(self.held())
+            if self._holds_writer is not None:
+                self._holds_writer.write_holds(self)
             self._show_holds()
 
     def holds_saved(self, job_ids: frozenset[int]) -> None:
@@ -526,7 +554,7 @@ class Work:
             if isinstance(effect, Release):
                 self._release(job.id)
             elif isinstance(effect, SetPhase):
-                if job.hold is not None and self.on_holds is not None:
+                if job.hold is not None and self._holds_writer is not None:
                     # Shown (ledger phase, log) once on disk: holds_saved().
                     self._unsaved.add(job.id)
                     continue
@@ -592,7 +620,8 @@ class Work:
         if released is not None:
             for name in released.resources:
                 self.state.request_sample(name)
-            self.state.after_release(released, now)
+            if self._after_release is not None:
+                self._after_release(released, now)
             self._tell(released, started=False)
         self.rooms.serve()
 

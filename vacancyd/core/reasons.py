@@ -42,6 +42,11 @@ class Reason(StrEnum):
     #: The GPU is above its ``max_temperature_c``: no new borrowed work until it has cooled
     #: below its resume temperature (docs/configuration.md).
     GPU_TOO_HOT = "gpu_too_hot"
+    #: The borrower used its ``daily_busy_s`` for the lender's local day (429, Retry-After
+    #: until the quota resets at local midnight; docs/borrowers.md).
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    #: The borrower already runs its ``max_concurrent`` jobs (429; docs/borrowers.md).
+    BORROWER_BUSY = "borrower_busy"
 
 
 class ErrorType(StrEnum):
@@ -75,6 +80,8 @@ class ErrorCode(StrEnum):
     INVALID_MODEL = "invalid_model"
     BACKGROUND_UNSUPPORTED = "background_unsupported"
     MANAGEMENT_DENIED = "management_denied"
+    #: 403: a ``[[borrower]]`` asked for an upstream outside its ``upstreams``
+    UPSTREAM_NOT_ALLOWED = "upstream_not_allowed"
     UNRECOGNIZED_ROUTE = "unrecognized_route"
     UNKNOWN_RESULT = "unknown_result"
     WEBSOCKET_WORK_UNSUPPORTED = "websocket_work_unsupported"
@@ -236,7 +243,14 @@ RETRY_AFTER_S: dict[Reason, int] = {
     Reason.SHUTTING_DOWN: 10,
     Reason.STATE_WRITE_FAILED: 30,
     Reason.GPU_TOO_HOT: 60,
+    Reason.QUOTA_EXHAUSTED: 3600,  # the rule passes the seconds until the quota resets
+    Reason.BORROWER_BUSY: 2,
 }
+
+#: Refusals answered with their own HTTP status whatever the upstream's ``refusal_status``:
+#: a borrower's own limits are its doing (429 Too Many Requests), not the lender's state.
+#: Their Retry-After is never capped by ``retry_after_max_s`` (it says when the quota resets).
+BORROWER_LIMITS: dict[Reason, int] = {Reason.QUOTA_EXHAUSTED: 429, Reason.BORROWER_BUSY: 429}
 
 
 class Refresh(StrEnum):

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from vacancyd.core.reasons import Credit, ErrorCode, ErrorType, Reason, Refuse
+from vacancyd.core.reasons import BORROWER_LIMITS, Credit, ErrorCode, ErrorType, Reason, Refuse
 
 SOURCE = "vacancyd"
 
@@ -73,10 +73,15 @@ def render_refusal(
     """(status, headers, body) for a gate or ledger refusal on ``upstream``; ``flat`` renders
     the body in the flat shape (module docstring).
 
-    ``status`` is the upstream's ``refusal_status`` (503 or 429). ``retry_after_max_s`` caps
-    the Retry-After hint (the upstream's ``retry_after_max_s``); the body's ``retry_after_s``
-    is the value sent, and ``retry_after_hint_s`` the uncapped hint when the cap lowered it.
+    ``status`` is the upstream's ``refusal_status`` (503 or 429); a borrower's own limits
+    (:data:`~vacancyd.core.reasons.BORROWER_LIMITS`) are always 429 and their Retry-After is
+    never capped. ``retry_after_max_s`` caps the Retry-After hint (the upstream's
+    ``retry_after_max_s``); the body's ``retry_after_s`` is the value sent, and
+    ``retry_after_hint_s`` the uncapped hint when the cap lowered it.
     """
+    own_status = BORROWER_LIMITS.get(refusal.reason)
+    if own_status is not None:  # a borrower's own limit: its status, its whole Retry-After
+        status, retry_after_max_s = own_status, None
     seconds = retry_after(refusal, retry_after_max_s)
     headers = {"Retry-After": str(seconds)}
     if refusal.reason not in SDK_RETRYABLE or seconds > SDK_MAX_RETRY_AFTER_S:

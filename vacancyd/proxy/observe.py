@@ -6,8 +6,9 @@ The proxy handler tags the aiohttp request with what it learned (:data:`ROUTE_CL
 
 * observes ``vacancyd_request_duration_seconds{upstream, route_class}`` (always), and
 * writes the access line at INFO on ``vacancyd.access.UPSTREAM`` (client, request line,
-  status, bytes sent, duration, route class and refusal reason, in the shape every listener
-  shares: :mod:`vacancyd.web.access`), refusals summed up per reason under a flood.
+  status, bytes sent, duration, route class, refusal reason and borrower, in the shape every
+  listener shares: :mod:`vacancyd.web.access`), refusals summed up per reason and borrower
+  under a flood.
 
 Durations are wall-clock seconds measured by aiohttp from the first byte of the request to
 the end of the response (streams included). Trace context injection for OpenTelemetry lives
@@ -25,8 +26,10 @@ from aiohttp.abc import AbstractAccessLogger
 
 from vacancyd.core.lifecycle import JobState
 from vacancyd.core.reasons import Refuse
+from vacancyd.core.usage import borrower_label
 from vacancyd.web import access
 from vacancyd.web.access import RefusalLog
+from vacancyd.web.auth import BORROWER
 
 if TYPE_CHECKING:
     from vacancyd.web.metrics import HistogramSeries, LoopHistogram
@@ -114,10 +117,12 @@ class ProxyAccessLogger(AbstractAccessLogger):
             return
         refusal = request.get(REFUSAL)
         reason = None
+        who = request.get(BORROWER)
+        borrower = None if who is None else borrower_label(who)
         if refusal is not None:
             reason = refusal.reason.value
             if not logger.isEnabledFor(logging.DEBUG) and not self.refusals.first(
-                logger, self.upstream, reason, response.status, request.remote
+                logger, self.upstream, reason, response.status, request.remote, borrower or "-"
             ):
                 return
-        access.write_line(logger, self.upstream, request, response, time, klass, reason)
+        access.write_line(logger, self.upstream, request, response, time, klass, reason, borrower)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,9 +232,34 @@ def check_state_dir(path: Path, saver: learned.LearnedSaver) -> None:
         saver.errors[str(path)] = f"not writable: {exc.strerror or exc}"
 
 
+class ControllerViews(Mapping[str, Callable[[], Mapping[str, object]]]):
+    """Each upstream controller's own view for /status (a vLLM controller's sleep mode),
+    by upstream name, read live from ``calls`` (controllers are added as proxies start):
+    only upstreams among ``names`` whose controller has a ``view()``."""
+
+    def __init__(self, calls: UpstreamCalls, names: Iterable[str]) -> None:
+        self._calls = calls
+        self._names = tuple(names)
+
+    def __getitem__(self, name: str) -> Callable[[], Mapping[str, object]]:
+        view = getattr(self._calls.controller(name), "view", None)
+        if name not in self._names or not callable(view):
+            raise KeyError(name)
+        return view  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._names if name in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 @dataclass(frozen=True)
 class Collaborators:
-    """What the daemon is made of before anything listens or samples."""
+    """What the daemon is made of before anything listens or samples. The upstreams'
+    controllers, whose HTTP sessions need the running event loop, are added to ``calls``
+    by :meth:`vacancyd.runtime.daemon.Daemon.start`, which builds the card sharing
+    (:func:`card_sharing`) once they are."""
 
     state: SharedState
     #: the holds ``holds.json`` listed at startup, restored before any proxy listens
@@ -242,6 +267,7 @@ class Collaborators:
     metrics: Metrics
     supervisor: Supervisor
     saver: learned.LearnedSaver
+    learner: learned.Learner
     #: every call to an upstream server's own API (controllers are added as proxies start)
     calls: UpstreamCalls
     work: Work
@@ -287,14 +313,19 @@ def build(settings: Settings) -> Collaborators:
     supervisor = Supervisor()
     saver = learned.LearnedSaver(state, settings.state_dir)
     attach_saver(metrics, saver)
+    learner = learned.Learner(state, saver.mark)
     calls = UpstreamCalls(metrics)
     power = power_limiter(settings, state)
-    work = Work(state, supervisor=supervisor, metrics=metrics, calls=calls, observers=(power,))
-    saver.holds = work.held
-    if not saver.holds_frozen:  # else never written: every resource refuses anyway
-        work.on_holds = lambda _held: saver.mark("holds", "")
-        saver.holds_written = work.holds_saved
-        saver.holds_failed = work.holds_unsaved
+    work = Work(
+        state,
+        supervisor=supervisor,
+        metrics=metrics,
+        calls=calls,
+        observers=(power,),
+        # a holds.json that could not be read is never written: every resource refuses
+        holds_writer=None if saver.holds_frozen else saver,
+        after_release=learner.after_release,
+    )
     for up in settings.upstream:
         if up.busy == "wait":
             work.enable_wait(up.name, max_waiting=up.waiting_limit, timeout_s=up.wait_timeout)
@@ -320,6 +351,7 @@ def build(settings: Settings) -> Collaborators:
         metrics=metrics,
         supervisor=supervisor,
         saver=saver,
+        learner=learner,
         calls=calls,
         work=work,
         admission=Admission(state, work),

@@ -95,6 +95,7 @@ from vacancyd.runtime import learned, lendability, memory, sdnotify
 from vacancyd.runtime.build import (
     PAUSE_VERSION,
     Collaborators,
+    ControllerViews,
     DurablePauseStore,
     build,
     build_state,
@@ -185,6 +186,7 @@ class Daemon:
     owner: OwnerControls = field(init=False)
     power: PowerLimiter = field(init=False)
     saver: learned.LearnedSaver = field(init=False)
+    learner: learned.Learner = field(init=False)
     listeners: Listeners = field(init=False)
     loops: Loops = field(init=False)
     _saved_holds: list[learned.SavedHold] = field(init=False)
@@ -208,6 +210,7 @@ class Daemon:
         self.supervisor = parts.supervisor
         self.saver = parts.saver
         self.calls = parts.calls
+        self.learner = parts.learner
         self.work = parts.work
         self.admission = parts.admission
         self.reclaimer = parts.reclaimer
@@ -215,7 +218,14 @@ class Daemon:
         self.power = parts.power
         self.listeners = Listeners(self.settings, self.state, self.metrics, self.supervisor)
         self.loops = Loops(
-            self.settings, self.state, self.metrics, self.supervisor, self.owner, self.reclaimer
+            self.settings,
+            self.state,
+            self.metrics,
+            self.supervisor,
+            self.owner,
+            self.reclaimer,
+            learner=parts.learner,
+            sampled=parts.work.rooms.serve,
         )
         self.usage = UsageStore(
             self.settings.state_dir / USAGE_FILE,
@@ -347,12 +357,14 @@ class Daemon:
     ) -> None:
         """Bind the API listener (``probes``: filled in as the proxies are built)."""
         settings = self.settings
+        sleep_views = ControllerViews(self.calls, [u.name for u in settings.upstream])
         self.diagnostics = Diagnostics(
             self.state,
             settings,
             started_at=started_at,
             secrets=secrets.all_secrets,
             users=lambda: self.presence.seen_users if self.presence is not None else (),
+            sleep_views=sleep_views,
         )
         api = make_api(
             self.state,
@@ -364,6 +376,7 @@ class Daemon:
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
+            sleep_views=sleep_views,
             usage=UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
             extra_routes=self._extra_routes,
         )
@@ -395,9 +408,6 @@ class Daemon:
                 self.listeners.control_session(credential), upstream.target
             )
             self.calls.add(up.name, controller)
-            view = getattr(controller, "view", None)
-            if callable(view):
-                self.state.upstream_views[up.name] = view
         self.work.add_upstream(
             up.name,
             JobRules(
@@ -457,8 +467,8 @@ class Daemon:
                 if saved.release_by is ReleaseBy.SERVER_IDLE
                 else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
             )
-        if self._saved_holds:
-            self.saver.mark("holds", "")  # the restored jobs have new ids
+        if self._saved_holds and not self.saver.holds_frozen:
+            self.saver.write_holds(self.work)  # the restored jobs have new ids
         self._saved_holds = []
 
     @property

@@ -40,8 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vacancyd.control.work import HeldJobs
+from vacancyd.core import footprint, residency
+from vacancyd.core.ledger import Job
 from vacancyd.core.lifecycle import HoldReason, JobState, ReleaseBy
+from vacancyd.core.observations import CapacityReading
+from vacancyd.core.policy import ResourceKind
 from vacancyd.core.residency import ContextKey, ContextLearning
+from vacancyd.core.snapshot import ServerState
 from vacancyd.runtime import durable
 from vacancyd.state import SharedState
 
@@ -314,9 +320,9 @@ class LearnedSaver:
     A write that fails (read-only directory, full disk) is logged once per distinct error
     and retried, after :data:`RETRY_MIN_S` doubling up to :data:`RETRY_MAX_S` seconds, until
     it succeeds; the daemon keeps serving from what it holds in memory. ``errors`` maps each
-    failing file to its error, for /status. After each write of ``holds.json`` the daemon is
-    told which held jobs are on disk (``holds_written``) or why they are not
-    (``holds_failed``), so a hold is shown only once a restart would find it.
+    failing file to its error, for /status. After each write of ``holds.json`` the held jobs'
+    owner (:meth:`write_holds`) is told which are on disk or why they are not, so a hold is
+    shown only once a restart would find it.
     """
 
     def __init__(self, state: SharedState, state_dir: Path) -> None:
@@ -332,14 +338,8 @@ class LearnedSaver:
             for u in state.upstreams
             if state.state_errors.keys() & set(state.upstreams[u].resources)
         }
-        state.on_learning = lambda u: self.mark("residency", u)
-        state.on_priors = lambda u: self.mark("footprints", u)
-        #: The held jobs to write to ``holds.json`` (set by the daemon); None: no holds file.
-        self.holds: Callable[[], list[JobState]] | None = None
-        #: Told the ids of the held jobs each successful ``holds.json`` write contained.
-        self.holds_written: Callable[[frozenset[int]], None] | None = None
-        #: Told why a ``holds.json`` write failed (it is retried).
-        self.holds_failed: Callable[[str], None] | None = None
+        #: Whose held jobs ``holds.json`` holds (:meth:`write_holds`); None: not asked yet.
+        self._held: HeldJobs | None = None
         self._holds_frozen = any(
             str(holds_path(state_dir)) in why for why in state.state_errors.values()
         )
@@ -351,7 +351,16 @@ class LearnedSaver:
         resource refuses until it is repaired or removed and vacancyd restarted)."""
         return self._holds_frozen
 
+    def write_holds(self, source: HeldJobs) -> None:
+        """Write ``source``'s held jobs to ``holds.json`` soon; after each write, tell it
+        which job ids are on disk (``holds_saved``) or why they are not
+        (``holds_unsaved``). Never writes a ``holds.json`` that could not be read at
+        startup (:attr:`holds_frozen`)."""
+        self._held = source
+        self.mark("holds", "")
+
     def mark(self, kind: str, upstream: str) -> None:
+        """Write ``kind`` ("holds", "residency" or "footprints") of ``upstream`` soon."""
         if kind == "holds" and self._holds_frozen:
             return
         if kind != "holds" and upstream in self._frozen:
@@ -390,7 +399,7 @@ class LearnedSaver:
             held: list[JobState] = []
             if kind == "holds":
                 path = holds_path(self.state_dir)
-                held = self.holds() if self.holds is not None else []
+                held = self._held.held() if self._held is not None else []
                 charges = {
                     j.id: entry.charged_mib
                     for j in held
@@ -415,8 +424,8 @@ class LearnedSaver:
                 self._dirty.add(item)
                 self._failing = True
                 message = f"{exc.strerror or exc}"
-                if kind == "holds" and self.holds_failed is not None:
-                    self.holds_failed(f"{path}: {message}")
+                if kind == "holds" and self._held is not None:
+                    self._held.holds_unsaved(f"{path}: {message}")
                 if self.errors.get(str(path)) != message:
                     log.error(
                         "cannot write durable state %s: %s; %s (the write is retried)",
@@ -431,5 +440,132 @@ class LearnedSaver:
             else:
                 if self.errors.pop(str(path), None) is not None:
                     log.info("durable state %s written again", path)
-                if kind == "holds" and self.holds_written is not None:
-                    self.holds_written(frozenset(j.id for j in held))
+                if kind == "holds" and self._held is not None:
+                    self._held.holds_saved(frozenset(j.id for j in held))
+
+
+class Learner:
+    """Learns from each borrowed job's end, on the samples that follow it: the footprint
+    prior of the model it loaded (the memory drop of a GPU resource, in MiB) and, for
+    Ollama, the context its kind of request loads (with each server observation's
+    Modelfile contexts). Writes what it learned into the store (``state.priors``,
+    ``state.learning``) and tells ``changed(kind, upstream)`` ("footprints" or
+    "residency") so it is persisted. Touch only from the event loop.
+
+    The daemon's collectors call :meth:`capacity_sampled` and :meth:`server_sampled` with
+    each sample before recording it in the store; ``Work`` calls :meth:`after_release`.
+    """
+
+    def __init__(self, state: SharedState, changed: Callable[[str, str], None]) -> None:
+        self.state = state
+        self._changed = changed
+        #: Per upstream, the last released job whose loaded context is still to be read,
+        #: when it was released, and how many unloads its upstream had then.
+        self._to_learn: dict[str, tuple[Job, float, int]] = {}
+        #: Per resource, the last released job whose memory drop is still to be measured.
+        self._to_measure: dict[str, tuple[Job, float]] = {}
+
+    def after_release(self, job: Job, now: float) -> None:
+        """A borrowed job was released at ``now`` (monotonic s): watch the next samples to
+        learn its model's footprint prior and loaded context."""
+        if job.model is not None and job.free_before_mib is not None:
+            self._to_measure[job.resources[0]] = (job, now)
+        if job.facts is not None and job.facts.dialect is not None:
+            self._to_learn[job.upstream] = (job, now, self.state.unloads.get(job.upstream, 0))
+            self.state.request_sample(f"server:{job.upstream}")
+
+    def capacity_sampled(self, name: str, reading: CapacityReading, now: float) -> None:
+        """A capacity sample of resource ``name`` taken at ``now`` (monotonic s)."""
+        pending = self._to_measure.get(name)
+        if pending is not None and now > pending[1]:
+            del self._to_measure[name]
+            self._learn_prior(pending[0], reading)
+
+    def server_sampled(self, upstream: str, server: ServerState, now: float) -> None:
+        """A server observation of ``upstream`` taken at ``now`` (monotonic s)."""
+        state = self.state
+        changed = False
+        learned = state.learning.get(upstream, ContextLearning())
+        if server.modelfile_num_ctx:
+            merged = {**learned.modelfile_num_ctx, **server.modelfile_num_ctx}
+            if merged != learned.modelfile_num_ctx:
+                learned = ContextLearning(learned.contexts, merged)
+                changed = True
+        pending = self._to_learn.get(upstream)
+        if pending is not None and now > pending[1] and server.models is not None:
+            del self._to_learn[upstream]
+            job, _, unloads = pending
+            contexts = None
+            if state.unloads.get(upstream, 0) == unloads:  # else a reclaim unloaded it since
+                contexts = self._learn_from(upstream, job, server, learned.contexts)
+            if contexts is not None:
+                learned = ContextLearning(contexts, learned.modelfile_num_ctx)
+                changed = True
+        if changed:
+            state.learning[upstream] = learned
+            self._changed("residency", upstream)
+
+    def _learn_from(
+        self,
+        upstream: str,
+        job: Job,
+        server: ServerState,
+        contexts: Mapping[ContextKey, int],
+    ) -> dict[ContextKey, int] | None:
+        """The learned context map after job ``job``, or None when it teaches nothing.
+
+        The first observation after a borrowed job ended shows the context that job's kind of
+        request loads, as long as no other job has been admitted since (the ledger admits one
+        at a time per resource, so the model was not touched by other borrowed work).
+        """
+        facts = job.facts
+        if facts is None or facts.model is None or facts.runner_options or facts.dialect is None:
+            return None
+        if any(j.upstream == upstream for j in self.state.ledger.jobs()):
+            return None
+        model = residency.find_model(server.models or (), facts.model)
+        if model is None or model.digest is None or model.context_length is None:
+            return None
+        key = ContextKey(model.digest, facts.num_ctx, facts.dialect)
+        if contexts.get(key) == model.context_length:
+            return None
+        log.info(
+            "upstream %s: requests for %s (num_ctx %s, /%s) load context %d",
+            upstream,
+            facts.model,
+            "unset" if facts.num_ctx is None else facts.num_ctx,
+            facts.dialect,
+            model.context_length,
+        )
+        return residency.learn_context(contexts, key, model.context_length)
+
+    def _learn_prior(self, job: Job, after: CapacityReading) -> None:
+        """Raise the model's footprint prior to the memory drop its job was seen to cause.
+
+        Only when no other job was admitted on the resource meanwhile, and only for a job
+        that may have loaded its model (no residency credit applied).
+        """
+        state = self.state
+        if job.model is None or (job.credit is not None and job.credit.applied):
+            return
+        policy = state.resources.get(job.resources[0])
+        if policy is None or policy.kind is not ResourceKind.GPU:
+            return  # system memory moves with every process on the host: a drop proves nothing
+        if any(job.resources[0] in j.resources for j in state.ledger.jobs()):
+            return
+        drop = footprint.observed_drop(job.free_before_mib, after.free_mib)
+        if drop is None:
+            return
+        priors = footprint.learn_prior(state.priors.get(job.upstream, {}), job.model, drop)
+        if priors is None:
+            return
+        state.priors[job.upstream] = priors
+        log.info(
+            "upstream %s: loading %s took %d MiB of %s; footprint prior raised to %d MiB",
+            job.upstream,
+            job.model,
+            drop,
+            job.resources[0],
+            drop,
+        )
+        self._changed("footprints", job.upstream)

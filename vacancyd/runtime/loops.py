@@ -32,10 +32,12 @@ from vacancyd.control.reclaim import Reclaimer
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exposure import Exposure, ListenerExposure
 from vacancyd.core.gpu import GpuSelector
+from vacancyd.core.observations import CapacityReading
 from vacancyd.core.snapshot import ServerState
 from vacancyd.proxy.app import Upstream
 from vacancyd.runtime import calibration
 from vacancyd.runtime.build import capacity_probe
+from vacancyd.runtime.learned import Learner
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import REACH_DEMAND_S, PressureSample, SharedState
 from vacancyd.web.metrics import Metrics
@@ -51,7 +53,26 @@ CALIBRATION_SAVE_INTERVAL_S = 300.0
 
 @dataclass
 class Loops:
-    """Starts the sampling loops of one daemon under its supervisor."""
+    """Starts the sampling loops of one daemon under its supervisor. Each capacity or
+    server sample goes, in this order, to the learner, the store, then ``sampled``."""
+
+    def capacity_sampled(self, name: str, reading: CapacityReading, now: float) -> None:
+        """A capacity sample of resource ``name`` taken at ``now`` (monotonic s)."""
+        self.learner.capacity_sampled(name, reading, now)
+        self.reclaimer.record_capacity(name, reading, now)  # records it, answers its edge
+        self._sampled()
+
+    def server_sampled(self, upstream: str, server: ServerState, now: float) -> None:
+        """A server observation of ``upstream`` taken at ``now`` (monotonic s)."""
+        self.learner.server_sampled(upstream, server, now)
+        self.state.record_server(upstream, server, now)
+        self._sampled()
+
+    def _sampled(self) -> None:
+        try:
+            self.sampled()
+        except Exception:  # a broken hook must not break a collector
+            log.exception("serving the wait queues after a sample failed")
 
     settings: Settings
     state: SharedState
@@ -61,6 +82,10 @@ class Loops:
     owner: OwnerControls
     #: takes the GPU pressure readings (a pressure edge reclaims)
     reclaimer: Reclaimer
+    #: learns from each capacity and server sample, before it is recorded in the store
+    learner: Learner
+    #: called after each capacity or server sample is recorded (the wait queues re-decide)
+    sampled: Callable[[], None]
     #: one NVML handle per GPU resource, shared by its capacity and pressure probes
     gpus: dict[str, NvmlGpu] = field(default_factory=dict)
     #: the logind presence source, once started (``presence = "auto"`` or ``"logind"``)
@@ -121,7 +146,7 @@ class Loops:
                 probe,
                 interval_s=poll,
                 timeout_s=self.settings.collectors.probe_timeout_s,
-                on_sample=lambda s, t: state.record_server(name, s, t),
+                on_sample=lambda s, t: self.server_sampled(name, s, t),
                 on_error=lambda e, t: state.record_server_failure(name, e, t),
                 wake=state.sample_wanted(f"server:{name}"),
                 count=self.metrics.collector_failures(f"server:{name}"),
@@ -139,7 +164,7 @@ class Loops:
                 continue
             name = res.name
             probe = capacity_probe(res, self.settings, self.gpus)
-            on_sample = partial(self.reclaimer.record_capacity, name)
+            on_sample = partial(self.capacity_sampled, name)
             on_error = partial(state.record_capacity_failure, name)
             count = self.metrics.collector_failures(f"capacity:{name}")
             if probe is system.sample_memory:

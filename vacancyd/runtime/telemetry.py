@@ -7,8 +7,9 @@ Spans:
   ``url.path``, ``http.response.status_code``, ``vacancyd.upstream``,
   ``vacancyd.route_class``, ``vacancyd.decision`` (``admitted`` / ``refused``),
   ``vacancyd.reason`` and ``vacancyd.resource`` (refusals), ``vacancyd.resources`` and
-  ``vacancyd.job`` (admitted work). The forwarded request carries this span's
-  ``traceparent``, so the inference server's own spans join the trace.
+  ``vacancyd.job`` (admitted work), ``vacancyd.borrower`` (who borrows: a ``[[borrower]]``
+  name or ``default``; absent for a request not allowed to borrow). The forwarded request
+  carries this span's ``traceparent``, so the inference server's own spans join the trace.
 * ``vacancyd.post_release_sample`` — after admitted work ends and its resources are
   released, the wait for the fresh capacity sample the next borrower's admission needs;
   child of the request span. ``vacancyd.sampled`` says whether one arrived.
@@ -31,8 +32,10 @@ from aiohttp import web
 from vacancyd import __version__
 from vacancyd.config.model import TelemetrySettings
 from vacancyd.core.events import ReclaimChanged, StateEvent
+from vacancyd.core.usage import borrower_label
 from vacancyd.proxy import observe
 from vacancyd.runtime.tasks import Supervisor
+from vacancyd.web.auth import BORROWER
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -95,6 +98,9 @@ class Tracing:
                 span.set_attribute(
                     "vacancyd.route_class", request.get(observe.ROUTE_CLASS, "unauthenticated")
                 )
+                borrower = request.get(BORROWER)
+                if borrower is not None:
+                    span.set_attribute("vacancyd.borrower", borrower_label(borrower))
                 refusal = observe.refusal_of(request)
                 job = observe.job_of(request)
                 if refusal is not None:

@@ -274,6 +274,15 @@ class UsageStore:
             self._executor, self._query, float(start), by
         )
 
+    async def busy_between(self, start: float, end: float) -> dict[str, float]:
+        """Busy seconds per borrower (``""`` unnamed) of the jobs that ended at or after
+        ``start`` (wall s), each counted only from ``start`` to ``end`` (a local day's
+        bounds: a job that began before midnight counts its part after it). Raises
+        :class:`LedgerUnreadable` when the ledger cannot be read now."""
+        if self._closed:
+            raise LedgerUnreadable("the usage ledger is closed")
+        return await self._run(lambda: self._query_busy(start, end))
+
     def record_history(self, sample: HistorySample) -> concurrent.futures.Future[None]:
         """Write one history sample (vacancyd.runtime.history) to the ``history`` table and
         commit it, on the store's thread; returns at once and never raises, like
@@ -427,6 +436,20 @@ class UsageStore:
             return query_groups(self._db, since, by)
         except sqlite3.Error as exc:
             raise LedgerUnreadable(f"cannot read the usage ledger {self.path}: {exc}") from exc
+
+    def _query_busy(self, start: float, end: float) -> dict[str, float]:
+        if self._db is None and not self._open_db():
+            raise LedgerUnreadable(self.error or "the usage ledger is not open")
+        assert self._db is not None
+        try:
+            rows = self._db.execute(
+                "SELECT borrower, SUM(MAX(0.0, MIN(ended_at, ?) - MAX(started_at, ?))) "
+                "FROM jobs WHERE ended_at >= ? GROUP BY borrower",
+                (end, start, start),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise LedgerUnreadable(f"cannot read the usage ledger {self.path}: {exc}") from exc
+        return {str(name): float(total or 0.0) for name, total in rows}
 
     def _prune(self) -> int:
         if self._db is None:

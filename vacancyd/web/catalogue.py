@@ -52,6 +52,39 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         ("upstream", "outcome", "reason"),
     ),
     MetricSpec(
+        "vacancyd_borrower_requests",
+        MetricType.COUNTER,
+        (
+            "Borrowed work requests per borrower (its [[borrower]] name, or default) and "
+            "upstream, by outcome (admitted, refused)."
+        ),
+        ("borrower", "upstream", "outcome"),
+    ),
+    MetricSpec(
+        "vacancyd_borrower_busy_seconds",
+        MetricType.COUNTER,
+        "Seconds of borrowed jobs that ended, per borrower and primary resource.",
+        ("borrower", "resource"),
+    ),
+    MetricSpec(
+        "vacancyd_borrower_tokens",
+        MetricType.COUNTER,
+        (
+            "Tokens the servers reported for borrowed jobs, per borrower, upstream and "
+            "direction (prompt, completion)."
+        ),
+        ("borrower", "upstream", "direction"),
+    ),
+    MetricSpec(
+        "vacancyd_borrower_energy_joules",
+        MetricType.COUNTER,
+        (
+            "GPU energy attributed to borrowed jobs, per borrower and resource, shared "
+            "between concurrent jobs by time (absent where the GPU has no energy counter)."
+        ),
+        ("borrower", "resource"),
+    ),
+    MetricSpec(
         "vacancyd_auth",
         MetricType.COUNTER,
         (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 import platform
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 from vacancyd import __version__
 from vacancyd.core.observations import ProbeFailure
 from vacancyd.core.reasons import Credit, CreditCode
+from vacancyd.core.usage import UsageRow, borrower_label
 from vacancyd.web.catalogue import MetricType, counter, histogram, info, spec
 
 #: Request-duration buckets (seconds): refusals answer in milliseconds, generations take
@@ -94,6 +95,35 @@ class LoopCounter(Collector):
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for labels, count in list(self._counts.items()):
             family.add_metric(labels, float(count))
+        yield family
+
+
+class LoopSum(LoopCounter):
+    """A :class:`LoopCounter` of amounts (seconds, joules, tokens) rather than events."""
+
+    def __init__(self, name: str, documentation: str, labelnames: tuple[str, ...]) -> None:
+        super().__init__(name, documentation, labelnames)
+        self._sums: dict[tuple[str, ...], float] = {}
+
+    @classmethod
+    def declared(cls, name: str) -> LoopSum:
+        """The counter ``name`` as :mod:`vacancyd.web.catalogue` declares it."""
+        s = spec(name, MetricType.COUNTER)
+        return cls(s.name, s.help, s.labels)
+
+    def add(self, amount: float, *labels: str) -> None:
+        """Add ``amount`` (not negative) to ``labels``' series."""
+        sums = self._sums
+        sums[labels] = sums.get(labels, 0.0) + max(0.0, amount)
+
+    def total(self, *labels: str) -> float:
+        """The sum for ``labels`` so far (0 when never added to)."""
+        return self._sums.get(labels, 0.0)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for labels, amount in list(self._sums.items()):
+            family.add_metric(labels, amount)
         yield family
 
 
@@ -175,7 +205,16 @@ class Metrics:
         self.upstream_errors = LoopCounter.declared("vacancyd_upstream_errors")
         self.jobs = LoopCounter.declared("vacancyd_jobs")
         self.collector_errors = LoopCounter.declared("vacancyd_collector_errors")
+        #: Per borrower (docs/borrowers.md): its work requests, busy seconds, tokens, energy.
+        self.borrower_requests = LoopCounter.declared("vacancyd_borrower_requests")
+        self.borrower_busy = LoopSum.declared("vacancyd_borrower_busy_seconds")
+        self.borrower_tokens = LoopSum.declared("vacancyd_borrower_tokens")
+        self.borrower_energy = LoopSum.declared("vacancyd_borrower_energy_joules")
         for loop_counter in (
+            self.borrower_requests,
+            self.borrower_busy,
+            self.borrower_tokens,
+            self.borrower_energy,
             self.decisions,
             self.auth_decisions,
             self.proxied,
@@ -217,6 +256,26 @@ class Metrics:
 
     def decision(self, upstream: str, outcome: str, reason: str = "") -> None:
         self.decisions.inc(upstream, outcome, reason)
+
+    def borrower_request(self, borrower: str, upstream: str, admitted: bool) -> None:
+        """One work request of ``borrower`` ("" unnamed: shown as ``default``) on
+        ``upstream``, admitted or refused (``vacancyd_borrower_requests``)."""
+        outcome = "admitted" if admitted else "refused"
+        self.borrower_requests.inc(borrower_label(borrower), upstream, outcome)
+
+    def borrower_job(self, row: UsageRow, energy_j: Mapping[str, float]) -> None:
+        """Count a finished job's busy seconds (under its primary resource), tokens and
+        energy (J per GPU resource with an energy counter, ``energy_j``) under its borrower
+        (``vacancyd_borrower_busy_seconds``, ``_tokens``, ``_energy_joules``); tokens and
+        energy only where they were reported."""
+        who = borrower_label(row.borrower)
+        self.borrower_busy.add(max(0.0, row.ended_at - row.started_at), who, row.resource)
+        if row.prompt_tokens is not None:
+            self.borrower_tokens.add(row.prompt_tokens, who, row.upstream, "prompt")
+        if row.completion_tokens is not None:
+            self.borrower_tokens.add(row.completion_tokens, who, row.upstream, "completion")
+        for resource, joules in energy_j.items():
+            self.borrower_energy.add(joules, who, resource)
 
     def request(self, upstream: str, route_class: str, code: str) -> None:
         """One request answered by ``upstream``'s listener (``vacancyd_proxy_requests``)."""
