@@ -163,6 +163,11 @@ def test_dashboard_and_rules_name_only_exposed_metrics(scrape: set[str]) -> None
         "vacancyd_gpu_owner_load_ratio",
         "vacancyd_request_duration_seconds_bucket",
         "vacancyd_server_observation_age_seconds",
+        # the Borrowers row (issue 23)
+        "vacancyd_borrower_requests_total",
+        "vacancyd_borrower_busy_seconds_total",
+        "vacancyd_borrower_tokens_total",
+        "vacancyd_borrower_energy_joules_total",
     ):
         assert metric in text, metric
     # and the series this issue added are really served
