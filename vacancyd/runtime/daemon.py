@@ -82,7 +82,7 @@ from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamS
 from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
 from vacancyd.control.accounting import Accounting
 from vacancyd.control.admission import Admission
-from vacancyd.control.borrowers import Borrowers, limits_of
+from vacancyd.control.borrowers import Borrowers
 from vacancyd.control.owner import OwnerControls
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.upstreamcalls import UpstreamCalls
@@ -127,7 +127,7 @@ from vacancyd.runtime.loops import (
 from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.runtime.telemetry import Tracing, start_tracing
-from vacancyd.runtime.usage import USAGE_FILE, LedgerUnreadable, UsageStore
+from vacancyd.runtime.usage import LedgerUnreadable, UsageStore
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.framing import lenient_parser_problem
@@ -233,33 +233,9 @@ class Daemon:
             learner=parts.learner,
             sampled=self._sampled,
         )
-        self.usage = UsageStore(
-            self.settings.state_dir / USAGE_FILE,
-            retention_days=self.settings.usage_retention_days,
-        )
-        self.borrowers = Borrowers(
-            limits_of(
-                (b.name, b.upstreams, b.max_concurrent, b.daily_busy_s)
-                for b in self.settings.borrower
-            )
-        )
-        #: What each job used: the quota counts, the per-borrower metrics, the ledger rows.
-        self.accounting = Accounting(
-            self.borrowers,
-            self.metrics,
-            record=self.usage.record,
-            energy_of=self._energy_reading,
-            clock=self.state.clock,
-        )
-        self.work.accounting = self.accounting
-
-    def _energy_reading(self, resource: str) -> tuple[float, float] | None:
-        """The newest (monotonic s, J) of ``resource``'s GPU energy counter, None without one."""
-        observed = self.state.capacity.get(resource)
-        if observed is None or observed.value is None or observed.observed_at is None:
-            return None
-        energy = observed.value.energy_j
-        return None if energy is None else (observed.observed_at, energy)
+        self.usage = parts.usage
+        self.accounting = parts.accounting
+        self.borrowers = parts.accounting.borrowers
 
     def _sampled(self) -> None:
         """After every capacity or server sample: the wait queues decide again, and the jobs
