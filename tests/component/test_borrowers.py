@@ -100,7 +100,7 @@ def bearer(token: str) -> dict[str, str]:
 
 async def chat(
     d: RunningDaemon, token: str | None, upstream_name: str = "llm", **body: Any
-) -> tuple[int, dict[str, Any], aiohttp.typedefs.LooseHeaders]:
+) -> tuple[int, dict[str, Any], dict[str, str]]:
     headers = bearer(token) if token else {}
     async with (
         aiohttp.ClientSession() as s,
@@ -115,7 +115,7 @@ async def chat(
             doc = json.loads(text)
         except ValueError:
             doc = {"text": text}
-        return r.status, doc, r.headers
+        return r.status, doc, dict(r.headers)
 
 
 async def api_get(d: RunningDaemon, path: str) -> Any:
@@ -135,6 +135,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 async def ledger_rows(d: RunningDaemon, count: int) -> list[dict[str, Any]]:
     """The ledger's rows once ``count`` are there (written on the store's thread)."""
     path = d.daemon.settings.state_dir / USAGE_FILE
+    rows: list[dict[str, Any]] = []
     for _ in range(200):
         rows = await asyncio.to_thread(_rows, path)
         if len(rows) >= count:
