@@ -63,6 +63,7 @@ from vacancyd.core.lifecycle import (
     Transition,
     WatchIdle,
 )
+from vacancyd.core.observations import SampleKey
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import Admit, Decision, Reason, Refresh, Refuse
 from vacancyd.core.reclaim import Edge
@@ -170,7 +171,7 @@ class Work:
         #: Wait queues of upstreams with ``busy = "wait"`` (see :meth:`enable_wait`).
         self.rooms: WaitRooms[JobState] = WaitRooms(
             state.clock,
-            request_sample=state.request_sample,
+            request_sample=state.samples.request,
             counts=state.ledger.waiting,
             observe=lambda up, outcome, s: metrics.wait_seconds.labels(up, outcome).observe(s),
         )
@@ -288,7 +289,7 @@ class Work:
         again when another job was released on the upstream's resources since that sample
         (concurrent jobs release often), within :data:`REFRESH_WAIT_S` × 2 in all."""
         policy = self.state.upstreams[upstream]
-        refreshed: dict[str, float | None] = {}
+        refreshed: dict[SampleKey, float | None] = {}
         started = self.state.clock()
         while True:
             snap = self.state.snapshot()
@@ -308,9 +309,9 @@ class Work:
             ):
                 return decision
             refreshed[key] = released
-            view = snap.resources.get(key) if decision.refresh is Refresh.CAPACITY else None
+            view = snap.resources.get(key.name) if decision.refresh is Refresh.CAPACITY else None
             after = view.released_at if view is not None else None
-            if not await self.state.fresh_sample(key, REFRESH_WAIT_S, after=after):
+            if not await self.state.samples.fresh(key, REFRESH_WAIT_S, after=after):
                 return decision
 
     def _attempt(
@@ -348,7 +349,7 @@ class Work:
         try:
             refusal = await self.card.before_forward(job.upstream)
             if refusal is None:
-                await self.state.fresh_sample(policy.resource, REFRESH_WAIT_S)
+                await self.state.samples.fresh(SampleKey.capacity(policy.resource), REFRESH_WAIT_S)
                 decision = gate.decide(facts, self.state.snapshot(), policy)
                 if isinstance(decision, Refuse):
                     refusal = decision
@@ -781,7 +782,7 @@ class Work:
         released = self.state.ledger.release(job_id, now)
         if released is not None:
             for name in released.resources:
-                self.state.request_sample(name)
+                self.state.samples.request(SampleKey.capacity(name))
             if self._after_release is not None:
                 self._after_release(released, now)
             self._tell(released, started=False)
@@ -899,7 +900,7 @@ class Work:
         ``detached_until``. One task per job, for as long as either lasts."""
         name = job.upstream
         job_id = job.id
-        key = f"server:{name}"
+        key = SampleKey.server(name)
         self._watched.add(job_id)
 
         async def await_idle() -> None:
@@ -941,7 +942,7 @@ class Work:
                         await asyncio.sleep(min(wait, IDLE_POLL_S - (now - polled_at)))
                         continue
                     polled_at = now
-                    if not await self.state.fresh_sample(key, wait):
+                    if not await self.state.samples.fresh(key, wait):
                         await asyncio.sleep(wait)
             finally:
                 self._watched.discard(job_id)
