@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.support.daemon import running_daemon, serve_app
 from vacancyd.api.metrics import Metrics
 from vacancyd.config import parse_config
+from vacancyd.control.admission import Admission, Admitted
 from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.work import Work
 from vacancyd.core.lifecycle import JobState
@@ -153,16 +154,16 @@ DECISIONS = [0]
 
 
 def count_decisions() -> None:
-    """Count the gate's decisions made by admission (``Work`` calls ``gate.decide``)."""
-    from vacancyd.control import work as work_module
+    """Count the gate's decisions made by admission (``Admission`` calls ``gate.decide``)."""
+    from vacancyd.core import gate  # admission calls it through the module
 
-    real = work_module.gate.decide
+    real = gate.decide
 
     def counted(*args: Any, **kw: Any) -> Any:
         DECISIONS[0] += 1
         return real(*args, **kw)
 
-    work_module.gate.decide = counted  # type: ignore[assignment]
+    gate.decide = counted
 
 
 async def admission_cost(slots: int, queue: int, steps: int) -> tuple[float, float]:
@@ -181,6 +182,7 @@ async def admission_cost(slots: int, queue: int, steps: int) -> tuple[float, flo
     state.clock = lambda: clock[0]
     metrics = Metrics()
     work = Work(state, supervisor=Supervisor(), metrics=metrics, calls=UpstreamCalls(metrics))
+    admission = Admission(state, work)
     up = settings.upstream[0]
     work.enable_wait("up", max_waiting=up.waiting_limit, timeout_s=up.wait_timeout)
     reading = CapacityReading(64_000, 128_000, 0.1)
@@ -197,15 +199,15 @@ async def admission_cost(slots: int, queue: int, steps: int) -> tuple[float, flo
     sample()
     running: list[JobState] = []
     for _ in range(slots):
-        job = await work.admit("up", facts)
-        assert isinstance(job, JobState), job
-        running.append(job)
-    admitted: asyncio.Queue[JobState] = asyncio.Queue()
+        admitted = await admission.admit("up", facts)
+        assert isinstance(admitted, Admitted), admitted
+        running.append(admitted.job.admitted)
+    queued: asyncio.Queue[JobState] = asyncio.Queue()
 
     async def waiter() -> None:
-        job = await work.admit("up", facts)
-        assert isinstance(job, JobState), job
-        admitted.put_nowait(job)
+        outcome = await admission.admit("up", facts)
+        assert isinstance(outcome, Admitted), outcome
+        queued.put_nowait(outcome.job.admitted)
 
     tasks = [asyncio.create_task(waiter()) for _ in range(queue)]
     await asyncio.sleep(0)
@@ -222,12 +224,12 @@ async def admission_cost(slots: int, queue: int, steps: int) -> tuple[float, flo
         work._release_now(victim.id)
         sample()  # the post-release sample serves the queue: the head is admitted
         if not queue:
-            job = work._attempt("up", facts)
+            job = admission._attempt("up", facts)
             assert isinstance(job, JobState), job
             running.append(job)
         total += time.perf_counter() - t0
         if queue:
-            running.append(await admitted.get())
+            running.append(await queued.get())
     gc.enable()
     decisions = DECISIONS[0] / steps
     for task in tasks:

@@ -348,5 +348,16 @@ async def test_the_timeline_and_todays_totals_show_each_borrower(tmp_path: Path)
             assert "alice 2 h" in drawn["desc"]
             assert "img" not in drawn["elements"] and "script" not in drawn["elements"]
             assert await page.evaluate("document.querySelectorAll('img').length") == 0
+            # drawn again, under the page's policy: nothing in it is refused
+            violations = await page.evaluate(
+                "window.violations = [];"
+                "document.addEventListener('securitypolicyviolation',"
+                " (e) => window.violations.push(e.violatedDirective));"
+                "overviewAt = 0; loadOverview()"
+                ".then(() => new Promise((r) => setTimeout(r, 300)))"  # reports are queued
+                ".then(() => window.violations)"
+            )
+            assert violations == []
+            assert await page.wait_for(f"{HISTORY_SVG} !== null")
             await page.evaluate("document.getElementById('history').scrollIntoView(); true")
             await page.screenshot(tmp_path / "timeline-borrowers.png")

@@ -16,8 +16,6 @@ from vacancyd.cli import main
 from vacancyd.core.usage import UsageRow
 from vacancyd.runtime.usage import USAGE_FILE, UsageStore
 
-NOW = time.time()
-
 
 def write_config(tmp_path: Path, extra: str = "") -> Path:
     cfg = tmp_path / "vacancyd.toml"
@@ -37,14 +35,15 @@ def fill(tmp_path: Path, rows: list[UsageRow]) -> None:
 
 
 def job(job_id: int, borrower: str, model: str | None, ago_s: float, **kw: object) -> UsageRow:
+    now = time.time()  # at the test's start: a slow run must not age the rows out of --since
     values: dict[str, object] = {
         "job_id": job_id,
         "borrower": borrower,
         "upstream": "llm",
         "model": model,
         "resource": "gpu0",
-        "started_at": NOW - ago_s - 60,
-        "ended_at": NOW - ago_s,
+        "started_at": now - ago_s - 60,
+        "ended_at": now - ago_s,
         "outcome": "completed",
         "prompt_tokens": 100,
         "completion_tokens": 50,
@@ -54,12 +53,13 @@ def job(job_id: int, borrower: str, model: str | None, ago_s: float, **kw: objec
     return UsageRow(**values)  # type: ignore[arg-type]
 
 
-ROWS = [
-    job(1, "", "qwen", 60),
-    job(2, "friend", "qwen", 120, energy_j=None, prompt_tokens=None, completion_tokens=None),
-    job(3, "friend", None, 600),
-    job(4, "friend", "qwen", 3 * 86400),  # outside 24h
-]
+def rows() -> list[UsageRow]:
+    return [
+        job(1, "", "qwen", 60),
+        job(2, "friend", "qwen", 120, energy_j=None, prompt_tokens=None, completion_tokens=None),
+        job(3, "friend", None, 600),
+        job(4, "friend", "qwen", 3 * 86400),  # outside 24h
+    ]
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -71,7 +71,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 @pytest.fixture
 def ledger(tmp_path: Path) -> Path:
     cfg = write_config(tmp_path, "energy_price_per_kwh = 0.25\nenergy_currency = 'EUR'")
-    fill(tmp_path, ROWS)
+    fill(tmp_path, rows())
     return cfg
 
 
@@ -239,7 +239,7 @@ def test_a_state_dir_it_may_not_search_is_an_error_not_an_empty_ledger(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = write_config(tmp_path)
-    fill(tmp_path, ROWS)
+    fill(tmp_path, rows())
     real_stat = Path.stat
 
     def denied(self: Path, **kw: object) -> object:

@@ -1,11 +1,13 @@
-"""Borrowed work: admission, and every admitted job's life until its reservation is released.
+"""Borrowed work: every admitted job's life until its reservation is released.
 
 The phases and their rules are the pure state machine in :mod:`vacancyd.core.lifecycle`;
-this module is its only executor and the only writer of the admission ledger. It:
+this module is its only executor and the only writer of the admission ledger. The decisions
+that admit or refuse a request are :mod:`vacancyd.control.admission`'s; this module:
 
-* admits a request: the gate on a snapshot, at most one fresh observation when the refusal
-  says a fresher sample could change it, the reclaim check, then the ledger reservation;
-* records what the proxy reports about the exchange (started, reply arrived, ended) and
+* records what admission decided: the ledger reservation and the job's record
+  (:meth:`Work.reserve`), an exclusive job's charge, a job dropped before it was forwarded;
+* records what the proxy reports about the exchange through the job's handle
+  (:mod:`vacancyd.control.job`: started, reply arrived, ended, upstream silent) and
   carries out the resulting transitions: tracking a job the server still runs (its own
   task, ``track NAME job N``), tracking the abandoned request of a borrower who disconnected
   from a server that goes on generating, and holding a cut job whose outcome is uncertain
@@ -13,20 +15,18 @@ this module is its only executor and the only writer of the admission ledger. It
   releasing;
 * counts and logs how every job ended (``vacancyd_jobs_total{upstream,outcome}``, the
   ``outcome`` field of the ``job N ended`` log line);
-* cuts jobs for a reclaim: cancels the exchange, or cancels tracked work through the
+* cuts jobs for a reclaim: cuts the exchange the proxy handed over
+  (:class:`~vacancyd.core.lifecycle.Cuttable`), or cancels tracked work through the
   server's API with a deadline;
 * on every release, asks the collectors for a fresh sample of each released resource, so
   the next admission's "sample after the last release" rule is usually met by the time the
-  next request arrives, and serves the wait queues;
-* sharing (docs/architecture.md "Sharing the card"): a request the ledger refuses
-  ``resource_busy`` on an upstream with ``busy = "wait"`` waits in that upstream's FIFO
-  (:mod:`vacancyd.control.waiting`) instead; a job of an upstream with ``exclusive_of`` has
-  the other servers unloaded before it is forwarded and is charged again on a fresh sample
-  after that, and its own server frees its memory before its reservation is released
-  (:mod:`vacancyd.control.sharing`).
+  next request arrives, and serves the wait queues of upstreams with ``busy = "wait"``
+  (:mod:`vacancyd.control.waiting`, kept here as :attr:`Work.rooms`);
+* sharing (docs/architecture.md "Sharing the card"): an exclusive upstream's server frees
+  its memory before its job's reservation is released (:mod:`vacancyd.control.sharing`).
 
-The proxy keeps only its own HTTP objects; a reclaim reads jobs and asks for cuts here.
-Times are monotonic seconds from ``SharedState.clock``.
+A reclaim reads jobs and asks for cuts here. Times are monotonic seconds from
+``SharedState.clock``.
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
 from vacancyd.control.upstreamcalls import Outcome, UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
-from vacancyd.core import gate, pool
 from vacancyd.core.ledger import Job, Phase
 from vacancyd.core.lifecycle import (
     CancelExchange,
     CancelOnServer,
+    Cuttable,
     Ending,
     Follow,
     Hold,
@@ -64,13 +64,11 @@ from vacancyd.core.lifecycle import (
     WatchIdle,
 )
 from vacancyd.core.observations import SampleKey
-from vacancyd.core.policy import UpstreamPolicy
-from vacancyd.core.reasons import Admit, Decision, Reason, Refresh, Refuse
+from vacancyd.core.reasons import Admit, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.reclaim import refusal as reclaim_refusal
 from vacancyd.core.sharing import serve_order
-from vacancyd.core.snapshot import RequestFacts, Snapshot
-from vacancyd.core.waiting import refresh_key, waits_on
+from vacancyd.core.snapshot import RequestFacts
 from vacancyd.state import SharedState
 from vacancyd.web.metrics import Metrics
 
@@ -81,9 +79,6 @@ REFRESH_WAIT_S = 2.0
 #: While a held or detached job waits for its server to be seen idle, the server is asked
 #: at most this often (seconds): quick enough to release soon after it stops, gentle on it.
 IDLE_POLL_S = 0.25
-
-#: Returns True when it cancelled a running exchange (False: it had already finished).
-CutExchange = Callable[[], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +95,8 @@ class CutResult:
 class _Upstream:
     rules: JobRules
     controller: Controller | None = None
-    cut: dict[int, CutExchange] = field(default_factory=dict)
+    #: The running exchanges of this upstream's jobs, by job id (a reclaim cuts them).
+    exchanges: dict[int, Cuttable] = field(default_factory=dict)
 
 
 class HeldJobs(Protocol):
@@ -199,191 +195,19 @@ class Work:
         """Carry out exclusivity for upstreams with ``exclusive_of`` (set once)."""
         self.card = card
 
-    # -- admission -----------------------------------------------------------------------
+    # -- admission's records (the decisions are vacancyd.control.admission's) -------------
 
     def refusal(self, upstream: str) -> Refuse | None:
         """The reclaim refusal new work on ``upstream`` gets now (while the reclaim the
         reclaimer published for it is open: :func:`vacancyd.core.reclaim.refusal`), or None."""
         return reclaim_refusal(self.state.reclaims.get(upstream))
 
-    async def admit(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
-        """Gate then ledger, with at most one fresh observation in between; then, where the
-        upstream says so, a wait for a slot and the exclusive job's unload.
-
-        A refusal that says a fresher sample could change it (``Refuse.refresh``) waits up
-        to :data:`REFRESH_WAIT_S` seconds for one and decides once more; the second decision
-        stands. The sample waited for is the one the refusal needs: after the last release
-        for the post-completion rule (asked for by that release, so usually under way or
-        done already), otherwise one taken after the request arrived. With ``busy = "wait"``, a
-        ``resource_busy`` refusal (and any request arriving while others wait) joins the
-        upstream's FIFO instead; only ``resource_busy`` ever waits. Raises CancelledError
-        when the client goes away (nothing stays reserved for it).
-        """
-        waits = self.rooms.has_queue(upstream)
-        if waits and self.rooms.waiting(upstream):
-            # Others wait already: join behind them (FIFO), unless the gate refuses anyway.
-            early = self._attempt(upstream, facts, reserve=False)
-            decision: JobState | Refuse = (
-                early if isinstance(early, Refuse) and not waits_on(early) else self._busy()
-            )
-        else:
-            decision = await self._admit_once(upstream, facts)
-        if waits and isinstance(decision, Refuse) and decision.reason is Reason.RESOURCE_BUSY:
-            decision = await self.rooms.wait(
-                upstream, lambda: self._attempt(upstream, facts), self._drop
-            )
-        if isinstance(decision, JobState) and self.card is not None:
-            if self.card.is_exclusive(upstream):
-                return await self._take_card(decision, facts)
-        return decision
-
-    def choose(self, members: list[str], facts: RequestFacts) -> str | Refuse:
-        """The pool member a request should go to, or the refusal when none can take it.
-
-        The member the gate admits with the most room after the charge wins
-        (:func:`vacancyd.core.pool.choose_member`). When none admits now, a member whose
-        refusal a fresh sample may change is chosen (its admission takes that sample), then,
-        when every member is busy, the waiting member with the shortest queue.
-        """
-        snap = self.state.snapshot()
-        policies = [self.state.upstreams[m] for m in members]
-        choice = pool.choose_member(
-            facts,
-            snap,
-            policies,
-            lambda p: self.refusal(p.name) or self.state.ledger.fits(p.name, p.resources),
-        )
-        if isinstance(choice, pool.Choice):
-            return choice.member.name
-        for policy in policies:
-            refusal = gate.decide(facts, snap, policy)
-            if isinstance(refusal, Refuse) and refusal.refresh is not None:
-                return policy.name
-        if choice.reason is Reason.RESOURCE_BUSY:
-            waiting = [m for m in members if self.rooms.has_queue(m)]
-            if waiting:
-                return min(waiting, key=self.rooms.waiting)
-        return choice
-
-    def would_admit(self, upstream: str, facts: RequestFacts) -> Refuse | None:
-        """None when a request with ``facts`` would be admitted on ``upstream`` now, else
-        the refusal it would get (``resource_busy`` while others wait for it). Reserves,
-        samples and waits for nothing: the lendability probe asks this."""
-        policy = self.state.upstreams[upstream]
-        decision = self._decide(facts, self.state.snapshot(), policy)
-        if isinstance(decision, Refuse):
-            return decision
-        reclaiming = self.refusal(upstream)
-        if reclaiming is not None:
-            return reclaiming
-        if self.rooms.has_queue(upstream) and self.rooms.waiting(upstream):
-            return self._busy()
-        return self.state.ledger.fits(upstream, decision.resources)
-
-    @staticmethod
-    def _busy() -> Refuse:
-        return Refuse.of(Reason.RESOURCE_BUSY, "other requests wait for this upstream")
-
-    async def _admit_once(self, upstream: str, facts: RequestFacts) -> JobState | Refuse:
-        """Decide, taking a fresh sample of each input a refusal names at most once — or
-        again when another job was released on the upstream's resources since that sample
-        (concurrent jobs release often), within :data:`REFRESH_WAIT_S` × 2 in all."""
-        policy = self.state.upstreams[upstream]
-        refreshed: dict[SampleKey, float | None] = {}
-        started = self.state.clock()
-        while True:
-            snap = self.state.snapshot()
-            decision = self._decide(facts, snap, policy)
-            if isinstance(decision, Admit):
-                return self._reserve(upstream, decision, snap.now, facts)
-            key = refresh_key(decision, upstream)
-            released = max(
-                (v.released_at or 0.0 for n in policy.resources if (v := snap.resources.get(n))),
-                default=None,
-            )
-            if key is None or (
-                key in refreshed
-                and (
-                    refreshed[key] == released or self.state.clock() - started > 2 * REFRESH_WAIT_S
-                )
-            ):
-                return decision
-            refreshed[key] = released
-            view = snap.resources.get(key.name) if decision.refresh is Refresh.CAPACITY else None
-            after = view.released_at if view is not None else None
-            if not await self.state.samples.fresh(key, REFRESH_WAIT_S, after=after):
-                return decision
-
-    def _attempt(
-        self, upstream: str, facts: RequestFacts, *, reserve: bool = True
+    def reserve(
+        self, upstream: str, admit: Admit, now: float, facts: RequestFacts, borrower: str = ""
     ) -> JobState | Refuse:
-        """One synchronous admission attempt (a waiting request's turn); with ``reserve``
-        False, only the refusal it would get (an admission is reported as ``resource_busy``)."""
-        snap = self.state.snapshot()
-        decision = self._decide(facts, snap, self.state.upstreams[upstream])
-        if isinstance(decision, Refuse):
-            return decision
-        if not reserve:
-            return self._busy()
-        return self._reserve(upstream, decision, snap.now, facts)
-
-    def _decide(self, facts: RequestFacts, snap: Snapshot, policy: UpstreamPolicy) -> Decision:
-        """The gate's decision; for an exclusive upstream a memory refusal is provisional,
-        since the memory the other servers hold is given back by the unload before the job
-        runs (the job is charged again on a fresh sample after it: :meth:`_take_card`)."""
-        decision = gate.decide(facts, snap, policy)
-        if (
-            isinstance(decision, Refuse)
-            and decision.reason is Reason.INSUFFICIENT_CAPACITY
-            and policy.exclusive_of
-            and self.card is not None
-        ):
-            return Admit(resources=policy.resources)
-        return decision
-
-    async def _take_card(self, job: JobState, facts: RequestFacts) -> JobState | Refuse:
-        """Unload the servers an exclusive job shares the card with, then charge it on a
-        fresh capacity sample; a refusal releases the job."""
-        assert self.card is not None
-        policy = self.state.upstreams[job.upstream]
-        try:
-            refusal = await self.card.before_forward(job.upstream)
-            if refusal is None:
-                await self.state.samples.fresh(SampleKey.capacity(policy.resource), REFRESH_WAIT_S)
-                decision = gate.decide(facts, self.state.snapshot(), policy)
-                if isinstance(decision, Refuse):
-                    refusal = decision
-                else:
-                    self.state.ledger.set_charge(job.id, decision.charged_mib)
-        except BaseException:
-            self._drop(job)
-            raise
-        edge = self.cut_by(job.id)
-        if refusal is None and edge is not None:
-            # A reclaim cut the job while the card was being cleared: it never runs.
-            refusal = Refuse.of(
-                edge.reason,
-                f"the lender reclaimed {job.upstream!r} ({edge.trigger}) before the job was "
-                "forwarded",
-            )
-        if refusal is not None:
-            self._drop(job)
-            return refusal
-        return job
-
-    def _drop(self, job: JobState) -> None:
-        """Release a job admitted for a request that will not run it (gone, or refused after
-        its unload): nothing was forwarded, so nothing needs freeing."""
-        if self._jobs.pop(job.id, None) is not None:
-            self._release_now(job.id)
-            self._ended(replace(job, phase=JobPhase.RELEASED, outcome=JobOutcome.NOT_FORWARDED))
-
-    def _reserve(
-        self, upstream: str, admit: Admit, now: float, facts: RequestFacts
-    ) -> JobState | Refuse:
-        reclaiming = self.refusal(upstream)
-        if reclaiming is not None:
-            return reclaiming
+        """Reserve what the gate admitted on a snapshot taken at ``now`` (monotonic s): the
+        new job's record, or the ledger's refusal when no slot is left. ``borrower``: who
+        borrows it ("": the unnamed borrower of the single borrow token)."""
         policy = self.state.upstreams[upstream]
         reserved = self.state.ledger.reserve(
             upstream,
@@ -409,10 +233,24 @@ class Work:
                     admit.charged_mib,
                     credit.why,
                 )
-        job = JobState(reserved.id, upstream, reserved.resources, now, reserved.model)
+        job = JobState(
+            reserved.id, upstream, reserved.resources, now, reserved.model, borrower=borrower
+        )
         self._jobs[job.id] = job
         self._tell(reserved, started=True)
         return job
+
+    def charge(self, job_id: int, charged_mib: int | None) -> None:
+        """Charge job ``job_id`` ``charged_mib`` MiB again (an exclusive job, on the fresh
+        sample after the other servers were unloaded)."""
+        self.state.ledger.set_charge(job_id, charged_mib)
+
+    def drop(self, job: JobState) -> None:
+        """Release a job admitted for a request that will not run it (gone, or refused after
+        its unload): nothing was forwarded, so nothing needs freeing."""
+        if self._jobs.pop(job.id, None) is not None:
+            self._release_now(job.id)
+            self._ended(replace(job, phase=JobPhase.RELEASED, outcome=JobOutcome.NOT_FORWARDED))
 
     def _tell(self, job: Job, *, started: bool) -> None:
         for observer in self._observers:
@@ -426,11 +264,11 @@ class Work:
 
     # -- what the proxy reports ------------------------------------------------------------
 
-    def forwarding(self, job_id: int, key: str | None, cut: CutExchange) -> None:
-        """The exchange of job ``job_id`` starts; ``cut`` cancels it, ``key`` is the job key
-        the upstream's controller tracks (None when untracked)."""
+    def forwarding(self, job_id: int, key: str | None, exchange: Cuttable) -> None:
+        """The exchange of job ``job_id`` starts; a reclaim cuts ``exchange``, ``key`` is the
+        job key the upstream's controller tracks (None when untracked)."""
         job = self._jobs[job_id]
-        self._upstreams[job.upstream].cut[job_id] = cut
+        self._upstreams[job.upstream].exchanges[job_id] = exchange
         self._apply(job.forwarding(key))
         self._changed(job.upstream)
 
@@ -453,7 +291,7 @@ class Work:
         if job is None:
             return
         up = self._upstreams[job.upstream]
-        up.cut.pop(job_id, None)
+        up.exchanges.pop(job_id, None)
         self._apply(job.exchange_ended(ending, up.rules, self.state.clock()))
         self._changed(job.upstream)
 
@@ -464,7 +302,7 @@ class Work:
         if job is None:
             return
         up = self._upstreams[job.upstream]
-        up.cut.pop(job_id, None)
+        up.exchanges.pop(job_id, None)
         self._apply(job.went_silent(up.rules, self.state.clock()))
         self._changed(job.upstream)
 
@@ -817,8 +655,9 @@ class Work:
 
     def _cancel_exchange(self, job: JobState) -> bool:
         """Cut ``job``'s exchange; True when it was still running (counted)."""
-        cut = self._upstreams[job.upstream].cut.get(job.id)
-        if cut is not None and cut():
+        exchange = self._upstreams[job.upstream].exchanges.get(job.id)
+        edge = job.cut_by
+        if exchange is not None and edge is not None and exchange.cut(edge):
             self.metrics.cancelled_jobs.labels(job.upstream, "stream").inc()
             return True
         return False

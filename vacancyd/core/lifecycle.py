@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Protocol
 
 from vacancyd.core.ledger import Phase
 from vacancyd.core.reasons import (  # re-exported; defined with the other codes
@@ -144,7 +145,8 @@ class JobState:
     (the job's :class:`JobOutcome` when it ends). ``detached_since`` / ``detached_until``:
     monotonic seconds between which a job whose borrower disconnected is tracked (the server
     may still be generating for it); None otherwise. ``cut_at_stop``: the daemon's stop cut
-    the exchange, so its end is a cut, whatever the proxy saw.
+    the exchange, so its end is a cut, whatever the proxy saw. ``borrower``: who borrowed
+    it, as admission was told ("": the unnamed borrower of the single borrow token).
     """
 
     id: int
@@ -163,6 +165,7 @@ class JobState:
     detached_since: float | None = None
     detached_until: float | None = None
     cut_at_stop: bool = False
+    borrower: str = ""
 
     @property
     def ledger_phase(self) -> Phase | None:
@@ -427,7 +430,21 @@ class SetPhase:
 
 @dataclass(frozen=True, slots=True)
 class CancelExchange:
-    """Cancel the running exchange (closing the upstream connection at once)."""
+    """Cancel the running exchange (closing the upstream connection at once): the executor
+    calls the job's :class:`Cuttable` exchange with the edge that cut it."""
+
+
+class Cuttable(Protocol):
+    """The running HTTP exchange of one job, as its carrier (the proxy) hands it over when
+    forwarding starts; a reclaim's :class:`CancelExchange` is carried out by calling
+    :meth:`cut`."""
+
+    def cut(self, edge: Edge) -> bool:
+        """End the exchange now because ``edge`` cut the job: the upstream connection is
+        closed at once and the borrower told (503 before the reply, an aborted stream
+        after). Returns True when it cut a running exchange, False when it had already
+        ended (or was cut before). Never raises, never blocks."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,11 +2,15 @@
 
 Order for every request: authenticate (borrow scope) -> classify -> by class:
 
-* work: early 413 on Content-Length -> gate steps 1–5 -> buffer body within limits ->
-  read the model name -> ask :class:`~vacancyd.control.work.Work` for admission (gate step
-  6, a fresh observation if one could change the answer, the ledger reservation) -> forward,
-  streaming the response -> tell ``Work`` how the exchange ended. Everything after that
-  (release, tracking work the server still runs, holding a cut job) is ``Work``'s.
+* work: early 413 on Content-Length -> the early refusal (gate steps 1–5 and an open
+  reclaim, asked of :class:`~vacancyd.control.admission.Admission`) -> buffer body within
+  limits -> read the model name -> ``Admission.admit`` (gate step 6, a fresh observation if
+  one could change the answer, the ledger reservation; a pool's member chosen first), which
+  answers ``Admitted`` with the job's :class:`~vacancyd.control.job.JobHandle` or
+  ``Refused`` -> forward, streaming the response, reporting the exchange through the
+  handle (forwarding, reply arrived, ended or silent). Everything after that (release,
+  tracking work the server still runs, holding a cut job) is ``Work``'s. The proxy never
+  reads the shared store itself.
 * reclaim (docs/reclaim.md): while a reclaim is open on the upstream, work is refused
   before the body is read; a reclaim may cut an admitted job — before response headers the
   borrower gets 503 with the edge's reason, after them the connection is aborted so the

@@ -13,14 +13,13 @@ from yarl import URL
 
 from vacancyd.adapters.base import Adapter, Controller
 from vacancyd.config.model import LimitsSettings, UpstreamSettings
+from vacancyd.control.admission import Admission
 from vacancyd.control.upstreamcalls import UpstreamCalls
-from vacancyd.control.work import Work
 from vacancyd.core.classify import Classification, Classifier
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.refusal import RenderedRefusal, error_body
 from vacancyd.proxy import bodies, client, headers, reply, tunnel
-from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.metrics import Metrics
 from vacancyd.web.site import reset_connection
@@ -78,12 +77,11 @@ class ProxyBase:
         self,
         upstream: Upstream,
         *,
-        state: SharedState,
+        admission: Admission,
         auth: Authenticator,
         metrics: Metrics,
         limits: LimitsSettings,
         session: aiohttp.ClientSession,
-        work: Work,
         controller: Controller | None = None,
         calls: UpstreamCalls | None = None,
         tunnels: tunnel.TunnelLimits | None = None,
@@ -93,10 +91,13 @@ class ProxyBase:
         self.upstream = upstream
         #: A pool's member proxies, first member first (``[[pool]]``); empty otherwise.
         self.members: Mapping[str, Self] = members or {}
-        self.work = work
+        #: Every admission decision: the early refusal, the probe, the pool's choice, the
+        #: full decision (vacancyd.control.admission).
+        self.admission = admission
+        #: Whom the early refusal asks about: this upstream, or a pool's members.
+        self.admits: tuple[str, ...] = tuple(self.members) or (upstream.name,)
         self.controller = controller
         self.tunnels = tunnel.Tunnels(tunnels or tunnel.TunnelLimits())
-        self.state = state
         self.auth = auth
         self.metrics = metrics
         self.limits = limits

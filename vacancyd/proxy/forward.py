@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
+from vacancyd.control.job import JobHandle
 from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.core.classify import Classification
-from vacancyd.core.lifecycle import Ending, JobState
+from vacancyd.core.lifecycle import Ending
 from vacancyd.core.reasons import ErrorCode, ErrorType, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import render_refusal_bytes
@@ -25,16 +27,18 @@ log = logging.getLogger("vacancyd.proxy.app")
 
 class Exchange:
     """The proxy's own view of one job's exchange: the response the borrower already has,
-    whether :class:`Work` has been told it ended, and whether a reclaim's cut is what
-    cancelled the handler.
+    whether the job's handle has been told it ended, and whether a reclaim's cut is what
+    cancelled the handler. A reclaim cuts it through :meth:`cut`
+    (:class:`~vacancyd.core.lifecycle.Cuttable`).
 
     Written only by the forwarding code; the job's life is in :class:`Work`.
     """
 
-    __slots__ = ("cutting", "ended", "failed", "job", "response")
+    __slots__ = ("cutting", "ended", "failed", "job", "response", "task")
 
-    def __init__(self, job: JobState) -> None:
+    def __init__(self, job: JobHandle, task: asyncio.Task[Any]) -> None:
         self.job = job
+        self.task = task
         self.response: web.StreamResponse | None = None
         self.ended = False
         self.cutting = False
@@ -42,16 +46,25 @@ class Exchange:
         #: not end well: the upstream failed, or the borrower stopped reading and was cut off.
         self.failed: Ending | None = None
 
+    def cut(self, edge: Edge) -> bool:
+        """A reclaim cuts the job (``edge``): cancel the handler's task, whose cancellation
+        closes the upstream connection at once even while the borrower is stalled."""
+        if self.ended or self.cutting:
+            return False
+        self.cutting = True
+        self.task.cancel()
+        return True
+
 
 class Forwarding(ProxyBase):
     """Forwarding a request upstream and streaming the reply back; the end of a job's
     exchange (completed, failed, silent, cut) as the proxy sees it."""
 
     def _end_exchange(self, exchange: Exchange, ending: Ending) -> None:
-        """Tell :class:`Work` once that ``exchange`` ended (releasing or tracking its job)."""
+        """Tell the job's handle once that ``exchange`` ended (releasing or tracking its job)."""
         if not exchange.ended:
             exchange.ended = True
-            self.work.exchange_ended(exchange.job.id, ending)
+            exchange.job.ended(ending)
 
     def _after_cut(
         self, request: web.BaseRequest, exchange: Exchange, edge: Edge
@@ -131,7 +144,7 @@ class Forwarding(ProxyBase):
             if on_sent is not None:
                 on_sent()
             if exchange is not None and tracked is not None:
-                edge = self.work.reply_arrived(exchange.job.id, upstream_resp.status)
+                edge = exchange.job.reply_arrived(upstream_resp.status)
                 if edge is not None:
                     return self._after_cut(request, exchange, edge)
             out_headers = headers.response_headers(
@@ -199,9 +212,7 @@ class Forwarding(ProxyBase):
         stage = "connect" if unreachable else "response"
         self.metrics.upstream_error(up.name, stage)
         if unreachable:  # the lendability probe answers upstream_unreachable from now
-            self.state.record_reach(
-                up.name, False, self.state.clock(), f"a borrowed request: {exc}"
-            )
+            self.admission.found_unreachable(up.name, f"a borrowed request: {exc}")
         log.warning(
             "upstream %s %s for %s %s: %s",
             up.name,
@@ -290,15 +301,16 @@ class Forwarding(ProxyBase):
     def _silent(
         self, request: web.BaseRequest, exchange: Exchange, c: Classification
     ) -> web.StreamResponse:
-        """The upstream sent nothing for ``upstream_silence_s``: :class:`Work` holds the job
-        (the server may still be working), and the borrower gets 504 before the reply's
-        headers, or a reset connection after them (a stream must never end cleanly)."""
+        """The upstream sent nothing for ``upstream_silence_s``: the job's handle is told,
+        and the job is held (the server may still be working); the borrower gets 504 before
+        the reply's headers, or a reset connection after them (a stream must never end
+        cleanly)."""
         name = self.upstream.name
         job_id = exchange.job.id
         self.metrics.upstream_error(name, "silent")
         if not exchange.ended:
             exchange.ended = True
-            self.work.upstream_silent(job_id)
+            exchange.job.silent()
         log.warning(
             "%s: upstream sent nothing for %g s on job %d (%s %s)%s",
             name,

@@ -12,8 +12,10 @@ from aiohttp import web
 from vacancyd.adapters.base import BadRequest
 from vacancyd.adapters.bodyparse import SMALL_JSON_BYTES, run_cooperatively
 from vacancyd.adapters.bodyparse import run as run_steps
+from vacancyd.control.admission import Refused
+from vacancyd.control.job import JobHandle
 from vacancyd.core.classify import Classification
-from vacancyd.core.lifecycle import Ending, JobState
+from vacancyd.core.lifecycle import Ending
 from vacancyd.core.reasons import ErrorCode, ErrorType, Reason, Refuse
 from vacancyd.core.snapshot import RequestFacts
 from vacancyd.proxy import bodies, observe, tunnel
@@ -25,8 +27,8 @@ log = logging.getLogger("vacancyd.proxy.app")
 
 
 class Working(Refusing, Forwarding):
-    """A work request: refused early, or its body read, admitted by :class:`Work` and
-    forwarded as a job."""
+    """A work request: refused early, or its body read, admitted by :class:`Admission` and
+    forwarded as a job through its :class:`JobHandle`."""
 
     async def _work(
         self, request: web.BaseRequest, c: Classification, query: str
@@ -94,16 +96,16 @@ class Working(Refusing, Forwarding):
                 return self._json_error(request, 400, str(exc), ErrorType.INVALID_REQUEST, exc.code)
             runs = self
             if self.members:
-                chosen = self.work.choose(list(self.members), facts)
-                if isinstance(chosen, Refuse):
-                    return await self._refuse(request, chosen)
+                chosen = self.admission.choose(self.admits, facts)
+                if isinstance(chosen, Refused):
+                    return await self._refuse(request, chosen.refusal)
                 runs = self.members[chosen]
                 name = chosen
-            decision = await self.work.admit(name, facts)
-            if isinstance(decision, Refuse):
-                return await self._refuse(request, decision)
-            job = decision
-            request[observe.JOB] = job
+            decision = await self.admission.admit(name, facts)
+            if isinstance(decision, Refused):
+                return await self._refuse(request, decision.refusal)
+            job = decision.job
+            request[observe.JOB] = job.admitted
             self.metrics.decision(name, "admitted")
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
             cap = runs.upstream.adapter.cap_keep_alive
@@ -137,29 +139,22 @@ class Working(Refusing, Forwarding):
         request: web.BaseRequest,
         c: Classification,
         query: str,
-        job: JobState,
+        job: JobHandle,
         body: bytes,
         key: str | None,
         on_sent: Callable[[], None],
     ) -> web.StreamResponse:
-        """Forward an admitted job; tells :class:`Work` how the exchange ended.
+        """Forward an admitted job; reports the exchange through its handle.
 
         A reclaim's cut cancels the handler's own task (no task per request), which closes
         the upstream connection at once even while the borrower is stalled; that one
         cancellation is then taken back and the borrower told (503, or an aborted stream).
         """
-        exchange = Exchange(job)
         task = asyncio.current_task()
         assert task is not None
+        exchange = Exchange(job, task)
 
-        def cut() -> bool:
-            if exchange.ended or exchange.cutting:
-                return False
-            exchange.cutting = True
-            task.cancel()
-            return True
-
-        self.work.forwarding(job.id, key, cut)
+        job.forwarding(key, exchange)
         ending = Ending.ABORTED
         try:
             try:
@@ -167,7 +162,7 @@ class Working(Refusing, Forwarding):
                     request, c, query, body=body, on_sent=on_sent, exchange=exchange, tracked=key
                 )
             except asyncio.CancelledError:
-                edge = self.work.cut_by(job.id)
+                edge = job.cut_by
                 if edge is None or not exchange.cutting:
                     raise
                 task.uncancel()  # the cut's own cancellation, delivered: the request goes on

@@ -42,7 +42,7 @@ from vacancyd.core.refusal import SDK_MAX_RETRY_AFTER_S, error_body
 from vacancyd.core.snapshot import RequestFacts
 
 if TYPE_CHECKING:
-    from vacancyd.control.work import Work
+    from vacancyd.control.admission import Admission
 
 #: The probe's path on every upstream listener.
 PATH = "/.well-known/vacancyd/lendable"
@@ -50,11 +50,13 @@ PATH = "/.well-known/vacancyd/lendable"
 SCOPE = "probe"
 
 
-def decide(work: Work, upstream: str, model: str | None) -> Refuse | None:
+def decide(admission: Admission, upstream: str, model: str | None) -> Refuse | None:
     """None when a borrowed request for ``model`` (None: no model named) would be admitted
     on ``upstream`` now, else the refusal it would get. Reserves, samples, waits for
-    nothing: the gate (residency credit included), an open reclaim, the ledger's slots."""
-    return work.would_admit(upstream, RequestFacts(model=model))
+    nothing: the gate (residency credit included), an open reclaim, the ledger's slots
+    (:meth:`Admission.would_admit`)."""
+    refused = admission.would_admit(upstream, RequestFacts(model=model))
+    return None if refused is None else refused.refusal
 
 
 def _not_found(message: str, code: ErrorCode, **extra: Any) -> web.Response:
@@ -67,7 +69,7 @@ def _not_found(message: str, code: ErrorCode, **extra: Any) -> web.Response:
 
 def answer(
     request: web.BaseRequest,
-    work: Work,
+    admission: Admission,
     policy: UpstreamPolicy,
     *,
     canonical_model: Callable[[str], str] = str,
@@ -98,8 +100,8 @@ def answer(
             )
     # A server that does not answer comes first: whatever the gate says, nothing would
     # serve the request (and a transient refusal would hide why).
-    down = work.state.upstream_unreachable(policy.name)
-    refusal = None if down else decide(work, policy.name, model)
+    down = admission.unreachable(policy.name)
+    refusal = None if down else decide(admission, policy.name, model)
     doc: dict[str, object] = {
         "lendable": refusal is None and not down,
         "upstream": policy.name,

@@ -1,5 +1,6 @@
-"""The refusal path: gate steps 1–5 and the reclaim check before a work body is read, and
-the cached serialized 503 replies (:mod:`vacancyd.proxy.app`)."""
+"""The refusal path: the early refusal before a work body is read (asked of
+:class:`~vacancyd.control.admission.Admission`), and the cached serialized 503 replies
+(:mod:`vacancyd.proxy.app`)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,8 @@ import logging
 
 from aiohttp import web
 
-from vacancyd.core import gate
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.refusal import render_refusal_bytes
-from vacancyd.core.snapshot import Snapshot
 from vacancyd.proxy import bodies, observe, reply
 from vacancyd.proxy.base import TEMPLATE_CACHE_SIZE, ProxyBase
 
@@ -77,42 +76,9 @@ class Refusing(ProxyBase):
             await bodies.drain(request, 2 * self.max_body, self.limits.body_read_timeout_s)
         return response
 
-    def _reclaim_refusal(self) -> Refuse | None:
-        return self.work.refusal(self.upstream.name)
-
     def _early_refusal(self) -> Refuse | None:
-        """Gate steps 1–5 and the reclaim check, before the body is read: a refusal no fresh
-        sample can change. A pool refuses only when every member does (the one that frees up
-        first answers).
-
-        The switches, the owner's holds and presence come first and need no snapshot, so a
-        refusal for any of them (lending off, the owner present or pausing) builds none; a
-        snapshot is built, once, only when they let a member through to the later steps,
-        which then start again from step 1 on it (the same answer for the steps already
-        asked).
-        """
-        state = self.state
-        switched_off = gate.decide_switches(state.stopping, state.lending_enabled)
-        if switched_off is not None:
-            return switched_off  # the same for every member, and no snapshot needed
-        proxies: list[Refusing] = list(self.members.values()) or [self]
-        refusals: list[Refuse] = []
-        now = state.clock()
-        presence = state.presence_view(now)
-        snap: Snapshot | None = None
-        for proxy in proxies:
-            policy = proxy.upstream.policy
-            refusal = gate.decide_owner_steps(state.holds, presence, now, policy)
-            if refusal is None:
-                if snap is None:
-                    snap = state.snapshot()
-                refusal = gate.decide_before_body(snap, policy)
-                if refusal is not None and refusal.refresh is not None:
-                    refusal = None  # a fresh sample may still admit it: let the body come
-                refusal = refusal or proxy._reclaim_refusal()
-                if refusal is None:
-                    return None
-            refusals.append(refusal)
-        if len(refusals) == 1:
-            return refusals[0]
-        return min(refusals, key=lambda r: r.retry_after_s)
+        """Gate steps 1–5 and the reclaim check before the body is read, for this upstream
+        or every member of a pool (:meth:`Admission.early`): a refusal no fresh sample can
+        change, or None."""
+        refused = self.admission.early(self.admits)
+        return None if refused is None else refused.refusal

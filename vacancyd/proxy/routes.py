@@ -27,7 +27,7 @@ class Routing(Forwarding):
         answers = [
             probe.answer(
                 request,
-                self.work,
+                self.admission,
                 proxy.upstream.policy,
                 canonical_model=proxy.upstream.adapter.canonical_model,
                 refusal_status=proxy.upstream.settings.refusal_status,

@@ -29,6 +29,7 @@ from vacancyd.config.policies import (
 )
 from vacancyd.config.secrets import Secrets
 from vacancyd.config.zone import resolve_zone
+from vacancyd.control.admission import Admission
 from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.sharing import CardSharing, ExclusiveSettings
@@ -270,6 +271,8 @@ class Collaborators:
     #: every call to an upstream server's own API (controllers are added as proxies start)
     calls: UpstreamCalls
     work: Work
+    #: every admission decision (the proxy's one way in)
+    admission: Admission
     reclaimer: Reclaimer
     owner: OwnerControls
     #: each GPU's lending power limit (``lend_power_limit_w``), applied and restored
@@ -351,6 +354,7 @@ def build(settings: Settings) -> Collaborators:
         learner=learner,
         calls=calls,
         work=work,
+        admission=Admission(state, work),
         reclaimer=reclaimer,
         owner=owner,
         power=power,

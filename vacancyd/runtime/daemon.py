@@ -80,6 +80,7 @@ from vacancyd.collectors import logind
 from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamSettings
 from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
+from vacancyd.control.admission import Admission
 from vacancyd.control.owner import OwnerControls
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.upstreamcalls import UpstreamCalls
@@ -181,6 +182,7 @@ class Daemon:
     supervisor: Supervisor = field(init=False)
     calls: UpstreamCalls = field(init=False)
     work: Work = field(init=False)
+    admission: Admission = field(init=False)
     reclaimer: Reclaimer = field(init=False)
     owner: OwnerControls = field(init=False)
     power: PowerLimiter = field(init=False)
@@ -211,6 +213,7 @@ class Daemon:
         self.calls = parts.calls
         self.learner = parts.learner
         self.work = parts.work
+        self.admission = parts.admission
         self.reclaimer = parts.reclaimer
         self.owner = parts.owner
         self.power = parts.power
@@ -305,7 +308,7 @@ class Daemon:
             proxies[up.name] = await self._serve_upstream(up, credential, auth, probes)
         for pool in settings.pool:
             await self.listeners.serve_pool(
-                pool.name, pool.listen, pool.members, proxies, auth=auth, work=self.work
+                pool.name, pool.listen, pool.members, proxies, auth=auth, admission=self.admission
             )
         self.work.watch_restored()
         self._share_cards()
@@ -371,6 +374,7 @@ class Daemon:
             started_at=started_at,
             release=self.work.admin_release,
             reclaim=self.reclaimer.reclaim,
+            switched=lambda: self.reclaimer.answer(()),
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
@@ -422,7 +426,7 @@ class Daemon:
         proxy = await self.listeners.serve_upstream(
             upstream,
             auth=auth,
-            work=self.work,
+            admission=self.admission,
             controller=controller,
             calls=self.calls,
             probes=probes,

@@ -23,8 +23,8 @@ from aiohttp.abc import AbstractAccessLogger
 
 from vacancyd.adapters.base import Controller
 from vacancyd.config.model import Settings, is_loopback, split_listen
+from vacancyd.control.admission import Admission
 from vacancyd.control.upstreamcalls import UpstreamCalls
-from vacancyd.control.work import Work
 from vacancyd.proxy.app import Proxy, Upstream, make_server
 from vacancyd.proxy.client import UpstreamClient
 from vacancyd.proxy.observe import ProxyAccessLogger
@@ -193,7 +193,7 @@ class Listeners:
         upstream: Upstream,
         *,
         auth: Authenticator,
-        work: Work,
+        admission: Admission,
         controller: Controller | None,
         calls: UpstreamCalls,
         probes: dict[str, ProbeEndpoint],
@@ -204,12 +204,11 @@ class Listeners:
         up = upstream.settings
         proxy = Proxy(
             upstream,
-            state=self.state,
+            admission=admission,
             auth=auth,
             metrics=self.metrics,
             limits=self.settings.server.limits,
             session=self.proxy_session(),
-            work=work,
             controller=controller,
             calls=calls,
             tunnels=TunnelLimits(up.websocket_max_tunnels, up.websocket_idle_timeout_s),
@@ -238,20 +237,19 @@ class Listeners:
         proxies: Mapping[str, Proxy],
         *,
         auth: Authenticator,
-        work: Work,
+        admission: Admission,
     ) -> None:
         """Bind a pool's listener: a proxy in front of its members' proxies (``proxies``,
         by upstream name). Raises StartupError when it cannot bind."""
         first = proxies[members[0]]
         pool_proxy = Proxy(
             replace(first.upstream, alias=name),
-            state=self.state,
+            admission=admission,
             auth=auth,
             metrics=self.metrics,
             limits=self.settings.server.limits,
             session=first.session,
             upstream_client=first.client,
-            work=work,
             tunnels=TunnelLimits(
                 first.upstream.settings.websocket_max_tunnels,
                 first.upstream.settings.websocket_idle_timeout_s,
