@@ -614,7 +614,7 @@ class SharedState:
             self.job_borrowers.pop(job, None)
         change = "started" if outcome is None else "ended"
         label = borrower_label(borrower)
-        self._emit(JobChanged(job, upstream, label, change, model, outcome, self.clock()))
+        self.events.emit(JobChanged(job, upstream, label, change, model, outcome, self.clock()))
 
     def publish_reclaim(self, reclaim: Reclaim) -> None:
         """Record an upstream's reclaim for /status and tell subscribers."""

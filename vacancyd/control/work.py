@@ -243,10 +243,26 @@ class Work:
         )
         self._jobs[job.id] = job
         self._tell(reserved, started=True)
-        self.state.note_job(job.id, upstream, borrower, job.model)
-        if self.accounting is not None:
-            self.accounting.started(job.id, borrower, upstream, job.model, job.resources, now)
+        self._account(job, None, now)
         return job
+
+    def _account(self, job: JobState, outcome: str | None, now: float) -> None:
+        """Tell /status, /events and the accounting that ``job`` started (``outcome``
+        None) or ended with ``outcome``; a failure there is logged, never raised into the
+        job's life."""
+        try:
+            self.state.note_job(job.id, job.upstream, job.borrower, job.model, outcome=outcome)
+            accounting = self.accounting
+            if accounting is None:
+                return
+            if outcome is None:
+                accounting.started(
+                    job.id, job.borrower, job.upstream, job.model, job.resources, now
+                )
+            else:
+                accounting.ended(job.id, outcome)
+        except Exception:
+            log.exception("accounting failed on job %d", job.id)
 
     # -- a borrower's own limits (docs/borrowers.md) --------------------------------------
 
@@ -275,7 +291,9 @@ class Work:
     ) -> None:
         """What job ``job_id``'s exchange carried (told before its end is reported): the
         tokens the server reported (None: not reported) and the body bytes in and out."""
-        if self.accounting is not None:
+        if self.accounting is None:
+            return
+        try:
             self.accounting.exchanged(
                 job_id,
                 prompt_tokens=prompt_tokens,
@@ -283,6 +301,8 @@ class Work:
                 bytes_in=bytes_in,
                 bytes_out=bytes_out,
             )
+        except Exception:  # counting never breaks the job's life
+            log.exception("accounting failed on job %d", job_id)
 
     def charge(self, job_id: int, charged_mib: int | None) -> None:
         """Charge job ``job_id`` ``charged_mib`` MiB again (an exclusive job, on the fresh
@@ -674,9 +694,7 @@ class Work:
         """Count and log ``job``'s end (it has left ``_jobs``)."""
         outcome = job.outcome or job.final_outcome
         self.metrics.job_ended(job.upstream, outcome)
-        self.state.note_job(job.id, job.upstream, job.borrower, job.model, outcome=outcome.value)
-        if self.accounting is not None:
-            self.accounting.ended(job.id, outcome.value)
+        self._account(job, outcome.value, self.state.clock())
         log.info(
             "%s: job %d ended: %s after %.3f s",
             job.upstream,
