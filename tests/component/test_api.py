@@ -13,8 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.config import daemon_toml, resource, token, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
+from vacancyd.api.app import make_api
 from vacancyd.cli import format_status, main
+from vacancyd.config import parse_config
 from vacancyd.core.status import StatusDocument
+from vacancyd.runtime.daemon import Daemon
+from vacancyd.web.auth import Authenticator
 
 ADMIN = "admin-token-0123456789ab"
 READ = "read-token-0123456789abc"
@@ -293,3 +297,32 @@ async def test_status_cli_token_from_file_or_environment(
         main, ["status", "--url", lender.api_url, "--token-file", str(tmp_path / "nope")]
     )
     assert code == 2 and "--token-file" in capsys.readouterr().err
+
+
+async def test_an_operator_switch_is_handed_to_the_reclaimer_at_once() -> None:
+    """Turning lending or a resource back on must let the reclaimer warm what was unloaded
+    now, not at the next sample (``make_api``'s ``switched``); an unchanged switch and a
+    refused request call nothing."""
+    daemon = Daemon(parse_config(daemon_toml(upstream("up", "http://127.0.0.1:9")), "<test>"))
+    calls: list[str] = []
+    api = make_api(
+        daemon.state,
+        Authenticator([], trust_loopback=True, metrics=daemon.metrics),
+        daemon.metrics,
+        started_at=0.0,
+        release=daemon.work.admin_release,
+        reclaim=daemon.reclaimer.reclaim,
+        switched=lambda: calls.append("switched"),
+    )
+    async with serve_app(api) as url, aiohttp.ClientSession() as http:
+        for enabled, expect in ((False, 1), (False, 1), (True, 2)):
+            async with http.put(url + "/admin/lending", json={"enabled": enabled}) as r:
+                assert r.status == 200
+            assert len(calls) == expect
+        resource = next(iter(daemon.state.switches))
+        async with http.put(url + f"/admin/resources/{resource}", json={"enabled": False}) as r:
+            assert r.status == 200
+        assert len(calls) == 3
+        async with http.put(url + "/admin/lending", json={"enabled": "yes"}) as r:
+            assert r.status == 400
+        assert len(calls) == 3

@@ -145,6 +145,7 @@ def make_api(
     started_at: float,
     release: Callable[[int], Job | None],
     reclaim: Callable[[str | None, str], list[str]],
+    switched: Callable[[], object] | None = None,
     events_keepalive_s: float = events.KEEPALIVE_S,
     max_event_subscribers: int = 32,
     controls: PauseControl | None = None,
@@ -159,7 +160,8 @@ def make_api(
     """The operator's application. ``release(job_id)`` frees a borrowed job's reservation
     and returns its ledger record as it was (None for an unknown job); ``reclaim(resource,
     detail)`` raises an operator's reclaim edge (of every upstream when ``resource`` is None)
-    and returns the upstreams it reclaims. ``probes`` maps an
+    and returns the upstreams it reclaims; ``switched()`` is called after an operator turned
+    lending or a resource on or off (the reclaimer warms what may now be lent). ``probes`` maps an
     upstream name to its lendability probe (which checks its own token rule); it may be
     filled after this call. ``sleep_views``: each controller's own view for ``/status``.
     ``usage``: what ``GET /usage`` reads (:mod:`vacancyd.api.usage`; None: it answers 404).
@@ -237,6 +239,8 @@ def make_api(
         if isinstance(enabled, web.Response):
             return enabled
         changed = state.set_lending(enabled)
+        if changed and switched is not None:
+            switched()
         log.info("admin set lending %s (from %s)", enabled, request.remote)
         return web.json_response({"lending_enabled": enabled, "changed": changed})
 
@@ -256,6 +260,8 @@ def make_api(
                 ),
                 status=404,
             )
+        if changed and switched is not None:
+            switched()
         log.info("admin set resource %s enabled=%s (from %s)", name, enabled, request.remote)
         return web.json_response({"resource": name, "enabled": enabled, "changed": changed})
 

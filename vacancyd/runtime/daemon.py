@@ -10,7 +10,7 @@ Task tree (names as they appear in logs):
 * ``state saver`` — writes learned contexts and footprint priors as they change (not
   essential; see vacancyd.runtime.learned)
 * ``collector presence`` — the presence loop (headless or logind), when one is configured
-  (essential); logind's signals wake it through ``state.sample_wanted("presence")``
+  (essential); logind's signals wake it through ``state.samples``
 * ``observer NAME`` — server observation for adapters that need it (essential)
 * ``owner controls`` — the lending schedule, pauses, the battery rule and exclusive apps
   (essential; ``vacancyd.control.owner``)
@@ -86,6 +86,7 @@ from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
+from vacancyd.core.events import Shutdown
 from vacancyd.core.lifecycle import JobPhase, JobRules, JobState, ReleaseBy
 from vacancyd.core.status import service_status_line
 from vacancyd.k8s.host import HostPublisher
@@ -373,6 +374,7 @@ class Daemon:
             started_at=started_at,
             release=self.work.admin_release,
             reclaim=self.reclaimer.reclaim,
+            switched=lambda: self.reclaimer.answer(()),
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
@@ -569,7 +571,8 @@ class Daemon:
             await self.kubernetes.announce_terminating()
         await self._drain(began, grace_s, delay_s)
         cut = await self._cut_what_is_left()
-        self.state.announce_shutdown(cut, hurried=self._hurry.is_set())
+        # /events followers get `shutdown` as the last event of their stream
+        self.state.events.emit(Shutdown(cut, self._hurry.is_set()))
         log.info(
             "drain over after %.1f s%s; closing the listeners",
             loop.time() - began,

@@ -44,7 +44,7 @@ from vacancyd.control.work import HeldJobs
 from vacancyd.core import footprint, residency
 from vacancyd.core.ledger import Job
 from vacancyd.core.lifecycle import HoldReason, JobState, ReleaseBy
-from vacancyd.core.observations import CapacityReading
+from vacancyd.core.observations import CapacityReading, SampleKey
 from vacancyd.core.policy import ResourceKind
 from vacancyd.core.residency import ContextKey, ContextLearning
 from vacancyd.core.snapshot import ServerState
@@ -472,7 +472,7 @@ class Learner:
             self._to_measure[job.resources[0]] = (job, now)
         if job.facts is not None and job.facts.dialect is not None:
             self._to_learn[job.upstream] = (job, now, self.state.unloads.get(job.upstream, 0))
-            self.state.request_sample(f"server:{job.upstream}")
+            self.state.samples.request(SampleKey.server(job.upstream))
 
     def capacity_sampled(self, name: str, reading: CapacityReading, now: float) -> None:
         """A capacity sample of resource ``name`` taken at ``now`` (monotonic s)."""
