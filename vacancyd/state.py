@@ -17,13 +17,12 @@ caller in :mod:`vacancyd.control` hands it on (see ARCHITECTURE.md, "The owner's
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from vacancyd.bus import EventBus, Listener
 from vacancyd.core import presence as presence_rules
 from vacancyd.core import residency
 from vacancyd.core.events import (
@@ -31,7 +30,6 @@ from vacancyd.core.events import (
     EdgeRaised,
     HoldChanged,
     JobHoldChanged,
-    LendabilityChanged,
     LendingSwitched,
     ListenerChanged,
     PresenceSampled,
@@ -39,8 +37,6 @@ from vacancyd.core.events import (
     PressureReleased,
     ReclaimChanged,
     ResourceSwitched,
-    Shutdown,
-    StateEvent,
     Stopping,
     ThermalChanged,
     UnseenGpuWorkChanged,
@@ -50,14 +46,21 @@ from vacancyd.core.exposure import Exposure
 from vacancyd.core.holds import Hold
 from vacancyd.core.ledger import Ledger
 from vacancyd.core.lifecycle import Hold as JobHold
-from vacancyd.core.observations import CapacityReading, Observation, Quality
+from vacancyd.core.observations import (
+    CapacityReading,
+    Observation,
+    Quality,
+    SampleKey,
+    SampleKind,
+)
 from vacancyd.core.policy import ResourcePolicy, UpstreamPolicy
+from vacancyd.core.presence import PresenceReading
 from vacancyd.core.pressure import (
     Attribution,
     PressureEdge,
     PressurePolicy,
-    PressureTracker,
-    ThresholdLearner,
+    PressureSample,
+    PressureState,
     UnseenGpuWork,
 )
 from vacancyd.core.reach import Reach
@@ -65,32 +68,28 @@ from vacancyd.core.readiness import not_ready
 from vacancyd.core.reclaim import Edge, Reclaim, Trigger
 from vacancyd.core.snapshot import (
     PresenceView,
-    PressureView,
     ResourceView,
     ServerState,
     Snapshot,
+    presence_view_of,
+    pressure_view,
 )
 from vacancyd.core.status import PowerLimitStatus, PublisherStatus
 from vacancyd.core.thermal import ThermalChange, ThermalPolicy, ThermalTracker
 from vacancyd.core.veto import VetoTracker
+from vacancyd.samples import OnDemandSamples
+
+__all__ = [
+    "REACH_DEMAND_S",
+    "ListenerState",
+    "PresenceReading",
+    "PresenceState",
+    "PressureSample",
+    "PressureState",
+    "SharedState",
+]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class PresenceReading:
-    """One presence sample from a collector.
-
-    ``owner_signal``: this sample matches the owner policy (a local unlocked, non-idle
-    session or an owner process); it feeds the veto's hysteresis.
-    ``evidence_complete``: every session could be read clearly.
-    ``sessions``: a redacted description per session for /status.
-    """
-
-    owner_signal: bool
-    evidence_complete: bool
-    detail: str = ""
-    sessions: tuple[Mapping[str, object], ...] = ()
 
 
 @dataclass
@@ -105,38 +104,6 @@ class ListenerState:
     address: str
     bound: bool = False
     error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PressureSample:
-    """One pressure poll as a collector hands it over: the attribution and the GPU's UUID."""
-
-    attribution: Attribution
-    gpu: str
-
-
-@dataclass
-class PressureState:
-    """One GPU's pressure guard (docs/architecture.md): reading, learner and hysteresis.
-
-    ``pending_cache``: a saved calibration read at start, applied once the first sample says
-    which GPU (UUID) this is. ``last_edge``: the newest rising edge, for /status.
-    """
-
-    policy: PressurePolicy
-    learner: ThresholdLearner
-    tracker: PressureTracker
-    reading: Observation[Attribution] = field(default_factory=Observation)
-    gpu: str | None = None
-    pending_cache: Mapping[str, object] | None = None
-    last_edge: PressureEdge | None = None
-
-
-Listener = Callable[[StateEvent], None]
-
-
-def _matched_owner_process(reading: PresenceReading) -> bool:
-    return any(s.get("owner_processes") for s in reading.sessions)
 
 
 class _ReclaimViews(Mapping[str, dict[str, object]]):
@@ -204,16 +171,12 @@ class SharedState:
         self.listeners: dict[str, ListenerState] = {}
         #: per upstream: what kind of socket serves its target (vacancyd.core.exposure)
         self.target_exposure: dict[str, Exposure] = {}
-        self._sample_wanted: dict[str, asyncio.Event] = {}
-        #: Keys whose on-demand samples are taken on the loop itself (see sample_inline).
-        self._inline: dict[str, Callable[[], None]] = {}
-        self._inline_due: set[str] = set()
+        #: Samples on demand: collectors wake for them, admission waits for them.
+        self.samples = OnDemandSamples(self.clock, self._observed_at)
         self._presence_view: PresenceView | None = None
         self._presence_view_of: Observation[PresenceReading] | None = None
-        #: When each key's sample was last asked for (monotonic s).
-        self._requested_at: dict[str, float] = {}
-        self._observed: dict[str, asyncio.Event] = {}
-        self._subscribers: list[Listener] = []
+        #: The event bus beside the store: every transition as a typed event.
+        self.events = EventBus()
         #: Pool name -> its member upstreams, first member first (``[[pool]]``).
         self.pools: dict[str, tuple[str, ...]] = {}
         self.pressure: dict[str, PressureState] = {
@@ -221,6 +184,8 @@ class SharedState:
             for name, p in (pressure or {}).items()
         }
         self.unseen = UnseenGpuWork()
+        #: Upstreams whose admitted work is not seen on their GPU -> why (a live view).
+        self.unseen_gpu_work: Mapping[str, str] = self.unseen.flagged
         #: Per GPU with ``max_temperature_c``: its temperature guard (vacancyd.core.thermal),
         #: fed by each capacity sample.
         self.thermal: dict[str, ThermalTracker] = {
@@ -228,6 +193,9 @@ class SharedState:
         }
         #: Each upstream's latest reclaim as published by vacancyd.control.reclaim.
         self.reclaims: dict[str, Reclaim] = {}
+        #: Each upstream's latest reclaim as plain JSON values (see ``Reclaim.view``); a
+        #: live view of :attr:`reclaims`.
+        self.reclaim_views: Mapping[str, dict[str, object]] = _ReclaimViews(self.reclaims)
         #: Per resource, when a reclaim last unloaded an upstream depending on it (monotonic).
         self.yielded_at: dict[str, float] = {}
         #: Per upstream, how many times a reclaim unloaded it: after one, its server's next
@@ -263,30 +231,12 @@ class SharedState:
         #: for /status; None when no ledger is kept.
         self.usage_error: Callable[[], str | None] | None = None
 
-    @property
-    def reclaim_views(self) -> Mapping[str, dict[str, object]]:
-        """Each upstream's latest reclaim as plain JSON values (see ``Reclaim.view``); a
-        live view of :attr:`reclaims`."""
-        return _ReclaimViews(self.reclaims)
-
-    @property
-    def unseen_gpu_work(self) -> Mapping[str, str]:
-        """Upstreams whose admitted work is not seen on their GPU -> why."""
-        return self.unseen.flagged
-
     # -- change notification -------------------------------------------------------------
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
-        """Call ``listener(event)`` on each state transition; returns an unsubscribe."""
-        self._subscribers.append(listener)
-        return lambda: self._subscribers.remove(listener) if listener in self._subscribers else None
-
-    def _emit(self, event: StateEvent) -> None:
-        for listener in list(self._subscribers):
-            try:
-                listener(event)
-            except Exception:  # a broken subscriber must not break a collector
-                log.exception("state listener failed on %s", event.kind)
+        """Call ``listener(event)`` on each state transition; returns an unsubscribe
+        (:meth:`EventBus.subscribe` of :attr:`events`)."""
+        return self.events.subscribe(listener)
 
     # -- writers -------------------------------------------------------------------------
 
@@ -296,18 +246,7 @@ class SharedState:
         ``grace_s`` in seconds and the ``in_flight`` borrowed exchanges when given)."""
         if not self.stopping:
             self.stopping = True
-            self._emit(Stopping(grace_s, in_flight))
-
-    def announce_shutdown(self, cut: int, *, hurried: bool) -> None:
-        """The drain is over and the listeners close now: followers of ``/events`` get the
-        ``shutdown`` event (``cut`` exchanges were cut) as the last of their stream."""
-        self._emit(Shutdown(cut, hurried))
-
-    def note_lendability(self, upstreams: Mapping[str, Mapping[str, object]]) -> None:
-        """Tell subscribers that what a borrowed request would get changed (event
-        ``lendable``): ``upstreams`` maps each upstream to its new summary. The daemon's
-        lendability watcher calls this; not every such change is another transition."""
-        self._emit(LendabilityChanged(dict(upstreams)))
+            self.events.emit(Stopping(grace_s, in_flight))
 
     def set_lending(self, enabled: bool) -> bool:
         """Flip the global lending switch; returns True when it changed."""
@@ -315,7 +254,7 @@ class SharedState:
         self.lending_enabled = enabled
         if changed:
             log.info("lending switched %s", "on" if enabled else "off")
-            self._emit(LendingSwitched(enabled))
+            self.events.emit(LendingSwitched(enabled))
         return changed
 
     def set_resource_switch(self, name: str, enabled: bool) -> bool:
@@ -326,7 +265,7 @@ class SharedState:
         self.switches[name] = enabled
         if changed:
             log.info("resource %s switched %s", name, "on" if enabled else "off")
-            self._emit(ResourceSwitched(name, enabled))
+            self.events.emit(ResourceSwitched(name, enabled))
         return changed
 
     def free_mib(self, resource: str) -> float | None:
@@ -342,12 +281,12 @@ class SharedState:
         self.capacity[name] = self.capacity[name].succeeded(reading, now)
         if before is not Quality.READY:
             log.info("resource %s measured", name)
-            self._emit(CapacityChanged(name, Quality.READY))
+            self.events.emit(CapacityChanged(name, Quality.READY))
         tracker = self.thermal.get(name)
         raised: tuple[Edge, ...] = ()
         if tracker is not None:
             raised = self._observe_thermal(name, tracker, reading.temperature_c, now)
-        self._wake(self._observed, name)
+        self.samples.observed(SampleKey.capacity(name))
         return raised
 
     def _observe_thermal(
@@ -378,7 +317,7 @@ class SharedState:
                     policy.max_c,
                     policy.hot_yield_after_s,
                 )
-            self._emit(ThermalChanged(name, change.value, tracker.hot, temperature_c, now))
+            self.events.emit(ThermalChanged(name, change.value, tracker.hot, temperature_c, now))
             if change is ThermalChange.YIELD:
                 raised += self.raise_edge(
                     Trigger.THERMAL,
@@ -398,7 +337,7 @@ class SharedState:
             or (previous.observed_at is not None and previous.failed_at < previous.observed_at)
         ):
             log.warning("resource %s unmeasured: %s", name, error)
-            self._emit(CapacityChanged(name, Quality.UNKNOWN, error))
+            self.events.emit(CapacityChanged(name, Quality.UNKNOWN, error))
 
     def record_pressure(self, name: str, sample: PressureSample, now: float) -> tuple[Edge, ...]:
         """A valid pressure poll of GPU ``name`` (docs/architecture.md, "Yield").
@@ -435,7 +374,7 @@ class SharedState:
             raised = self._pressure_edge(name, ps, edge)
         elif was_engaged and not ps.tracker.engaged:
             log.info("resource %s: GPU pressure released", name)
-            self._emit(PressureReleased(name))
+            self.events.emit(PressureReleased(name))
         self._track_unseen(name, sample.attribution)
         return raised
 
@@ -464,7 +403,7 @@ class SharedState:
             edge.cause.value,
             f", unknown for {edge.unknown_for_s:.0f} s" if edge.unknown_for_s else "",
         )
-        self._emit(
+        self.events.emit(
             PressureEdgeRaised(
                 name, ps.tracker.engaged, edge.cause, edge.at, edge.unknown_for_s, load, threshold
             )
@@ -485,7 +424,7 @@ class SharedState:
                 log.warning("upstream %s: unseen GPU work: %s", change.upstream, change.detail)
             else:
                 log.info("upstream %s: its processes are seen on the GPU again", change.upstream)
-            self._emit(UnseenGpuWorkChanged(change.upstream, change.active, change.detail))
+            self.events.emit(UnseenGpuWorkChanged(change.upstream, change.active, change.detail))
 
     def _unseen_resource(self, policy: UpstreamPolicy) -> str | None:
         for name in policy.resources:
@@ -497,7 +436,7 @@ class SharedState:
         """A server observation of ``upstream`` at ``now`` (monotonic s); what it teaches
         is learned by :class:`vacancyd.runtime.learned.Learner` first."""
         self.servers[upstream] = self.servers.get(upstream, Observation()).succeeded(state, now)
-        self._wake(self._observed, f"server:{upstream}")
+        self.samples.observed(SampleKey.server(upstream))
 
     def yielded(self, upstream: str, now: float) -> None:
         """A reclaim unloaded (or tried to unload) ``upstream`` at ``now`` (monotonic s): no
@@ -533,7 +472,7 @@ class SharedState:
         )
         self.reach_asked_at[upstream] = self.clock()
         if first:
-            self.sample_wanted(f"reach:{upstream}").set()
+            self.samples.wanted(SampleKey.reach(upstream)).set()
         reach = self.reach.get(upstream)
         return reach is not None and reach.unreachable(self.clock(), self.reach_max_age_s)
 
@@ -553,20 +492,20 @@ class SharedState:
         self.presence.reading = self.presence.reading.succeeded(reading, now)
         if first:
             log.info("owner presence sampled (%s)", self.presence.source)
-            self._emit(PresenceSampled())
+            self.events.emit(PresenceSampled())
         if self.veto.observe(reading.owner_signal, now):
             log.info(
                 "host policy veto %s%s",
                 "engaged" if self.veto.engaged else "released",
                 f": {reading.detail}" if reading.detail else "",
             )
-            self._emit(VetoChanged(self.veto.engaged, reading.detail, now))
+            self.events.emit(VetoChanged(self.veto.engaged, reading.detail, now))
             if self.veto.engaged:
                 return (Edge(Trigger.OWNER, now, detail=reading.detail),)
         elif (
             was_engaged
-            and _matched_owner_process(reading)
-            and not (before is not None and _matched_owner_process(before))
+            and presence_rules.matched_owner_process(reading)
+            and not (before is not None and presence_rules.matched_owner_process(before))
             and any(u.lend_while_present for u in self.upstreams.values())
         ):
             # An owner program now holds a machine whose owner was already present: the
@@ -596,7 +535,7 @@ class SharedState:
             detail = f"presence stale and unreadable: {error}"
             if self.veto.observe(True, now):
                 log.warning("host policy veto engaged: %s", detail)
-                self._emit(VetoChanged(True, detail, now))
+                self.events.emit(VetoChanged(True, detail, now))
                 return (Edge(Trigger.OWNER, now, detail=detail),)
         return ()
 
@@ -613,7 +552,7 @@ class SharedState:
         except ValueError:
             log.error("ignoring a reclaim edge with unknown trigger %r", trigger)
             return ()
-        self._emit(EdgeRaised(kind, now, resource, detail))
+        self.events.emit(EdgeRaised(kind, now, resource, detail))
         return (Edge(kind, now, resource, detail),)
 
     def set_holds(self, holds: tuple[Hold, ...], now: float) -> tuple[Edge, ...]:
@@ -630,18 +569,18 @@ class SharedState:
             if hold.key in before:
                 continue
             log.warning("owner hold %s engaged: %s", hold.key, hold.detail)
-            self._emit(HoldChanged(hold.key, True, hold.detail, now))
+            self.events.emit(HoldChanged(hold.key, True, hold.detail, now))
             for resource in sorted(hold.resources) if hold.resources is not None else [None]:
                 raised += self.raise_edge("hold", now, resource=resource, detail=hold.detail)
         for key in sorted(before - after):
             log.info("owner hold %s released", key)
-            self._emit(HoldChanged(key, False, "", now))
+            self.events.emit(HoldChanged(key, False, "", now))
         return tuple(raised)
 
     def note_job_hold(self, job: int, upstream: str, hold: JobHold, *, held: bool) -> None:
         """Tell subscribers that borrowed job ``job`` of ``upstream`` was held under
         ``hold`` (``held``) or that this hold ended (event ``job_hold``)."""
-        self._emit(
+        self.events.emit(
             JobHoldChanged(
                 job,
                 upstream,
@@ -656,95 +595,22 @@ class SharedState:
     def publish_reclaim(self, reclaim: Reclaim) -> None:
         """Record an upstream's reclaim for /status and tell subscribers."""
         self.reclaims[reclaim.upstream] = reclaim
-        self._emit(ReclaimChanged(reclaim.upstream, reclaim.phase))
+        self.events.emit(ReclaimChanged(reclaim.upstream, reclaim.phase))
 
     def set_listener(
         self, upstream: str, address: str, bound: bool, error: str | None = None
     ) -> None:
         self.listeners[upstream] = ListenerState(address, bound, error)
-        self._emit(ListenerChanged(upstream, bound))
+        self.events.emit(ListenerChanged(upstream, bound))
 
-    # -- fresh samples on demand ---------------------------------------------------------
-
-    def sample_wanted(self, key: str) -> asyncio.Event:
-        """The event a collector waits on (besides its timer) to sample ``key`` at once."""
-        return self._sample_wanted.setdefault(key, asyncio.Event())
-
-    def sample_inline(self, key: str, sample: Callable[[], None]) -> None:
-        """Take ``key``'s on-demand samples on the event loop: ``sample()`` (which probes and
-        records the reading) runs in a loop callback soon after :meth:`request_sample`.
-
-        Only for a probe that cannot block: one that reads kernel memory through procfs
-        (``/proc/meminfo``), never a device driver (NVML stays in its thread). Requests made
-        before the callback runs share it: the sample it takes starts after all of them.
-        """
-        self._inline[key] = sample
-
-    def request_sample(self, key: str) -> None:
-        """Wake ``key``'s collector for a sample now (a probe that starts after this call)."""
-        if key in self._inline:
-            self._requested_at[key] = self.clock()
-            if key not in self._inline_due:
-                self._inline_due.add(key)
-                asyncio.get_running_loop().call_soon(self._sample_inline_now, key)
-            return
-        event = self._sample_wanted.get(key)
-        if event is not None:
-            self._requested_at[key] = self.clock()
-            event.set()
-
-    def _sample_inline_now(self, key: str) -> None:
-        self._inline_due.discard(key)
-        self._inline[key]()
-
-    def _observed_at(self, key: str) -> float | None:
-        if key.startswith("server:"):
-            obs = self.servers.get(key.removeprefix("server:"))
+    def _observed_at(self, key: SampleKey) -> float | None:
+        if key.kind is SampleKind.SERVER:
+            obs = self.servers.get(key.name)
             return None if obs is None else obs.observed_at
-        capacity = self.capacity.get(key)
-        return None if capacity is None else capacity.observed_at
-
-    async def fresh_sample(self, key: str, timeout_s: float, *, after: float | None = None) -> bool:
-        """Wait for a sample of ``key`` (a resource, or ``server:NAME``) newer than needed.
-
-        Without ``after``: one started after this call (a probe already running does not
-        count), asked for now. With ``after`` (monotonic s): one started later than that;
-        when a sample was already asked for at or after ``after`` (a release asks for one,
-        so the next request's post-completion check finds it under way or done), that one
-        is waited for instead of asking again.
-
-        Returns False when none arrived within ``timeout_s`` seconds or nobody samples it.
-        """
-        if key not in self._sample_wanted and key not in self._inline:
-            return False
-        since = self.clock() if after is None else after
-
-        def arrived() -> bool:
-            last = self._observed_at(key)
-            if last is None:
-                return False
-            return last >= since if after is None else last > since
-
-        if after is not None and arrived():
-            return True
-        observed = self._observed.setdefault(key, asyncio.Event())
-        try:
-            async with asyncio.timeout(timeout_s):
-                while True:
-                    observed.clear()
-                    if after is None or self._requested_at.get(key, -math.inf) < since:
-                        self.request_sample(key)
-                    await observed.wait()
-                    if arrived():
-                        return True
-        except TimeoutError:
-            return False
-
-    @staticmethod
-    def _wake(events: dict[str, asyncio.Event], key: str) -> None:
-        event = events.get(key)
-        if event is not None:
-            event.set()
+        if key.kind is SampleKind.CAPACITY:
+            capacity = self.capacity.get(key.name)
+            return None if capacity is None else capacity.observed_at
+        return None
 
     # -- readers -------------------------------------------------------------------------
 
@@ -761,57 +627,15 @@ class SharedState:
             and kept.source == self.presence.source
         ):
             return kept
-        view = self._build_presence_view(obs)
-        self._presence_view, self._presence_view_of = view, obs
-        return view
-
-    def _build_presence_view(self, obs: Observation[PresenceReading]) -> PresenceView:
-        reading = obs.value
-        sampled = reading is not None
-        failed = obs.failed_at is not None and (
-            obs.observed_at is None or obs.failed_at >= obs.observed_at
-        )
-        detail = reading.detail if reading is not None else ""
-        if failed:
-            detail = f"presence unreadable: {obs.error}"
-        return PresenceView(
+        view = presence_view_of(
+            obs,
             source=self.presence.source,
-            sampled=sampled,
-            observed_at=obs.observed_at,
-            evidence_complete=bool(reading and reading.evidence_complete) and not failed,
             veto_active=self.veto.engaged,
             max_age_s=self.presence_max_age_s,
             refuses=self.presence.refuses,
-            detail=detail,
-            owner_process=reading is not None and _matched_owner_process(reading),
         )
-
-    def pressure_view(self, name: str, now: float) -> PressureView | None:
-        """The gate's view of GPU ``name``'s pressure, or None where pressure does not apply."""
-        ps = self.pressure.get(name)
-        if ps is None:
-            return None
-        quality = ps.reading.quality(now, ps.policy.stale_after_s)
-        threshold = ps.learner.current()
-        value = ps.reading.value
-        if quality is Quality.UNKNOWN and ps.reading.error:
-            detail = ps.reading.error
-        elif quality is Quality.STALE:
-            detail = f"newest reading is {ps.reading.age_s(now) or 0:.0f} s old"
-        elif not ps.learner.ready:
-            left = ps.learner.settings.calibration_s - ps.learner.observed_s
-            detail = f"calibrating, {left:.0f} s of observation left"
-        elif value is not None and threshold is not None:
-            detail = f"owner load {value.owner_load:.0%}, threshold {threshold:.0%}"
-        else:
-            detail = ""
-        return PressureView(
-            quality=quality,
-            calibrated=ps.learner.ready,
-            engaged=ps.tracker.engaged,
-            detail=detail,
-            above_threshold=ps.tracker.above_since is not None,
-        )
+        self._presence_view, self._presence_view_of = view, obs
+        return view
 
     def snapshot(self, now: float | None = None) -> Snapshot:
         """Freeze everything the gate reads at ``now`` (default: the loop clock)."""
@@ -826,7 +650,9 @@ class SharedState:
                     switch_on=self.switches[name],
                     capacity=self.capacity[name],
                     released_at=self.ledger.released_at(name),
-                    pressure=self.pressure_view(name, at),
+                    pressure=None
+                    if (ps := self.pressure.get(name)) is None
+                    else pressure_view(ps, at),
                     yielded_at=self.yielded_at.get(name),
                     state_error=self.state_errors.get(name),
                     charged_mib=self.ledger.charged_mib(name),

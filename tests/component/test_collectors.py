@@ -14,7 +14,7 @@ from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon
 from vacancyd.collectors import system
 from vacancyd.collectors.base import ProbeError, run_probe_loop
-from vacancyd.core.observations import CapacityReading, ProbeFailure, Quality
+from vacancyd.core.observations import CapacityReading, ProbeFailure, Quality, SampleKey
 from vacancyd.core.policy import ResourceKind, ResourcePolicy
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.state import SharedState
@@ -118,7 +118,7 @@ async def test_fresh_sample_on_demand() -> None:
             timeout_s=1,
             on_sample=lambda r, t: state.record_capacity("fast", r, t),
             on_error=lambda e, t: state.record_capacity_failure("fast", e, t),
-            wake=state.sample_wanted("fast"),
+            wake=state.samples.wanted(SampleKey.capacity("fast")),
         ),
         name="collector fast",
         essential=True,
@@ -128,10 +128,10 @@ async def test_fresh_sample_on_demand() -> None:
         first = state.capacity["fast"].observed_at
         assert first is not None
         asked = state.clock()
-        assert await state.fresh_sample("fast", 2.0)
+        assert await state.samples.fresh(SampleKey.capacity("fast"), 2.0)
         second = state.capacity["fast"].observed_at
         assert second is not None and second >= asked > first
-        assert not await state.fresh_sample("nobody-samples-this", 0.1)
+        assert not await state.samples.fresh(SampleKey.capacity("nobody-samples-this"), 0.1)
     finally:
         await sup.stop()
 

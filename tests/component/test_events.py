@@ -10,6 +10,7 @@ from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.k8s_lender import READ, lender_toml
 from tests.support.streams import read_event
 from vacancyd.api import events
+from vacancyd.core.events import LendabilityChanged
 from vacancyd.core.policy import ResourceKind, ResourcePolicy
 from vacancyd.state import SharedState
 
@@ -95,11 +96,11 @@ def test_recent_events_keep_the_last_hour_and_only_changed_verdicts() -> None:
     log = events.EventLog(state, clock=lambda: now[0])
     state.set_lending(False)
     verdict = {"up": {"lendable": True, "reason": None, "headroom_mib": 1024}}
-    state.note_lendability(verdict)
+    state.events.emit(LendabilityChanged(verdict))
     moved = {"up": {"lendable": True, "reason": None, "headroom_mib": 2048}}
-    state.note_lendability(moved)  # only the headroom moved: not kept
+    state.events.emit(LendabilityChanged(moved))  # only the headroom moved: not kept
     now[0] += 3000
-    state.note_lendability({"up": {"lendable": False, "reason": "owner_active"}})
+    state.events.emit(LendabilityChanged({"up": {"lendable": False, "reason": "owner_active"}}))
     assert [e["kind"] for e in log.recent()] == ["lending", "lendable", "lendable"]
     now[0] += 700  # the first two are now more than an hour old
     recent = log.recent()

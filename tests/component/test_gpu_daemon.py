@@ -21,6 +21,7 @@ from tests.support.gpu import Scenario
 from vacancyd.cli import format_status
 from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.core.pressure import Attribution, LearnerSettings, PressurePolicy
+from vacancyd.core.snapshot import pressure_view
 from vacancyd.core.status import StatusDocument
 from vacancyd.state import PressureSample, SharedState
 
@@ -197,10 +198,10 @@ def test_unknown_refuses_at_once_and_raises_the_edge_after_the_gap() -> None:
     events: list[tuple[str, dict[str, object]]] = []
     state.subscribe(lambda e: events.append((e.kind, e.payload())))
     state.record_pressure("gpu0", sample(), 0.0)
-    ready = state.pressure_view("gpu0", 0.5)
+    ready = pressure_view(state.pressure["gpu0"], 0.5)
     assert ready is not None and ready.quality.value == "ready"
     state.record_pressure_failure("gpu0", "NVML query failed: GPU is lost", 1.0)
-    view = state.pressure_view("gpu0", 1.0)
+    view = pressure_view(state.pressure["gpu0"], 1.0)
     assert view is not None and view.quality.value == "unknown" and "lost" in view.detail
     for t in range(2, 20):
         state.record_pressure_failure("gpu0", "NVML query failed: GPU is lost", float(t))

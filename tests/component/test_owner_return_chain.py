@@ -28,7 +28,7 @@ async def test_with_the_event_bus_silenced_the_owner_return_still_cuts_and_unloa
         await fake.streaming.wait()
         fake.loaded.setdefault("embedder:latest", Runner())
         heard: list[StateEvent] = []
-        monkeypatch.setattr(d.state, "_emit", heard.append)  # no subscriber hears anything
+        monkeypatch.setattr(d.state.events, "emit", heard.append)  # no subscriber hears anything
 
         reclaimed = d.daemon.owner.record_presence(OWNER, d.state.clock())
 

@@ -22,6 +22,7 @@ from tests.support.config import daemon_toml, resource, upstream
 from tests.support.daemon import RunningDaemon, openai_like_app, running_daemon, serve_app
 from tests.support.lender import owner_returns
 from vacancyd.core.ledger import Job
+from vacancyd.core.observations import SampleKey
 
 
 def toml(target: str, *, min_free_mib: int = 0, **upstream_keys: Any) -> str:
@@ -111,7 +112,7 @@ async def test_resource_busy_is_retried_by_the_sdk_and_then_served() -> None:
 
         def release() -> None:  # what the proxy does when a borrowed job ends
             state.ledger.release(held.id, state.clock())
-            state.request_sample("ram")
+            state.samples.request(SampleKey.capacity("ram"))
 
         loop.call_later(1.0, release)
         started = time.monotonic()

@@ -227,4 +227,4 @@ async def test_the_recorder_samples_at_start_each_interval_and_each_edge() -> No
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    assert not state._subscribers  # unsubscribed when it ends
+    assert not state.events  # unsubscribed when it ends

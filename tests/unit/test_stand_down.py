@@ -16,7 +16,7 @@ from vacancyd.core.reclaim import (
     open_reclaim,
     trigger_cleared,
 )
-from vacancyd.core.snapshot import PresenceView, PressureView, ResourceView, Snapshot
+from vacancyd.core.snapshot import PresenceView, PressureView, ResourceView, Snapshot, pressure_view
 from vacancyd.state import PresenceReading, PressureSample, SharedState
 
 DRAIN = ReclaimPolicy(OnOwnerReturn.DRAIN, drain_timeout_s=30)
@@ -98,7 +98,7 @@ def test_the_state_marks_a_reading_above_threshold_before_it_engages() -> None:
 
     def load(owner: float, at: float) -> PressureView:
         state.record_pressure("gpu0", PressureSample(Attribution(owner, 0.0, {}), "GPU-x"), at)
-        view = state.pressure_view("gpu0", at)
+        view = pressure_view(state.pressure["gpu0"], at)
         assert view is not None
         return view
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from vacancyd.core.observations import SampleKey
 from vacancyd.core.reasons import Admit, Decision, Reason, Refresh, Refuse
 from vacancyd.core.waiting import Waiter, WaitQueue, refresh_key, waits_on
 
@@ -67,8 +68,9 @@ def test_what_keeps_a_waiter_waiting() -> None:
 def test_the_sample_a_refresh_hint_names() -> None:
     server = Refuse.of(Reason.RESOURCE_UNMEASURED, "x", refresh=Refresh.SERVER)
     capacity = Refuse.of(Reason.RESOURCE_BUSY, "x", resource="gpu0", refresh=Refresh.CAPACITY)
-    assert refresh_key(server, "llm") == "server:llm"
-    assert refresh_key(capacity, "llm") == "gpu0"
+    assert refresh_key(server, "llm") == SampleKey.server("llm")
+    assert refresh_key(capacity, "llm") == SampleKey.capacity("gpu0")
+    assert str(SampleKey.server("llm")) == "server:llm"
     assert refresh_key(Refuse.of(Reason.RESOURCE_BUSY, "x", resource="gpu0"), "llm") is None
 
 

@@ -100,7 +100,7 @@ def sample_now(
 ) -> Callable[[], None]:
     """A call that samples ``probe`` at once, on the calling thread, and records the result
     (stamped with the :func:`time.monotonic` time it started). Only for a probe that cannot
-    block the event loop (see ``SharedState.sample_inline``)."""
+    block the event loop (see ``OnDemandSamples.inline`` (vacancyd.samples))."""
 
     def sample() -> None:
         started = time.monotonic()
@@ -121,7 +121,8 @@ def sample_now(
 
 async def run_inline_probe_loop(sample: Callable[[], None], *, interval_s: float) -> None:
     """Call ``sample`` (from :func:`sample_now`) every ``interval_s`` seconds on the loop;
-    the samples asked for in between are ``SharedState.sample_inline``'s. Never returns."""
+    the samples asked for in between are taken by ``OnDemandSamples.inline``
+    (vacancyd.samples). Never returns."""
     while True:
         sample()
         await asyncio.sleep(interval_s)

@@ -33,6 +33,7 @@ from vacancyd.control.job import JobHandle
 from vacancyd.control.work import REFRESH_WAIT_S, Work
 from vacancyd.core import gate, pool
 from vacancyd.core.lifecycle import JobState
+from vacancyd.core.observations import SampleKey
 from vacancyd.core.policy import UpstreamPolicy
 from vacancyd.core.reasons import Admit, Decision, Reason, Refresh, Refuse
 from vacancyd.core.snapshot import RequestFacts, Snapshot
@@ -207,7 +208,7 @@ class Admission:
         again when another job was released on the upstream's resources since that sample
         (concurrent jobs release often), within ``REFRESH_WAIT_S`` × 2 in all."""
         policy = self.state.upstreams[upstream]
-        refreshed: dict[str, float | None] = {}
+        refreshed: dict[SampleKey, float | None] = {}
         started = self.state.clock()
         while True:
             snap = self.state.snapshot()
@@ -227,9 +228,9 @@ class Admission:
             ):
                 return decision
             refreshed[key] = released
-            view = snap.resources.get(key) if decision.refresh is Refresh.CAPACITY else None
+            view = snap.resources.get(key.name) if decision.refresh is Refresh.CAPACITY else None
             after = view.released_at if view is not None else None
-            if not await self.state.fresh_sample(key, REFRESH_WAIT_S, after=after):
+            if not await self.state.samples.fresh(key, REFRESH_WAIT_S, after=after):
                 return decision
 
     def _attempt(
@@ -277,7 +278,7 @@ class Admission:
         try:
             refusal = await card.before_forward(job.upstream)
             if refusal is None:
-                await self.state.fresh_sample(policy.resource, REFRESH_WAIT_S)
+                await self.state.samples.fresh(SampleKey.capacity(policy.resource), REFRESH_WAIT_S)
                 decision = gate.decide(facts, self.state.snapshot(), policy)
                 if isinstance(decision, Refuse):
                     refusal = decision

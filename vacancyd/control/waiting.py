@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from vacancyd.core.observations import SampleKey
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.waiting import Waiter, WaitQueue, refresh_key, waits_on
 
@@ -61,7 +62,7 @@ class WaitRooms(Generic[J]):
         self,
         clock: Callable[[], float],
         *,
-        request_sample: Callable[[str], None] | None = None,
+        request_sample: Callable[[SampleKey], None] | None = None,
         observe: Observe | None = None,
         counts: dict[str, int] | None = None,
     ) -> None:

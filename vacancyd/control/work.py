@@ -63,6 +63,7 @@ from vacancyd.core.lifecycle import (
     Transition,
     WatchIdle,
 )
+from vacancyd.core.observations import SampleKey
 from vacancyd.core.reasons import Admit, Reason, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.reclaim import refusal as reclaim_refusal
@@ -166,7 +167,7 @@ class Work:
         #: Wait queues of upstreams with ``busy = "wait"`` (see :meth:`enable_wait`).
         self.rooms: WaitRooms[JobState] = WaitRooms(
             state.clock,
-            request_sample=state.request_sample,
+            request_sample=state.samples.request,
             counts=state.ledger.waiting,
             observe=lambda up, outcome, s: metrics.wait_seconds.labels(up, outcome).observe(s),
         )
@@ -619,7 +620,7 @@ class Work:
         released = self.state.ledger.release(job_id, now)
         if released is not None:
             for name in released.resources:
-                self.state.request_sample(name)
+                self.state.samples.request(SampleKey.capacity(name))
             if self._after_release is not None:
                 self._after_release(released, now)
             self._tell(released, started=False)
@@ -738,7 +739,7 @@ class Work:
         ``detached_until``. One task per job, for as long as either lasts."""
         name = job.upstream
         job_id = job.id
-        key = f"server:{name}"
+        key = SampleKey.server(name)
         self._watched.add(job_id)
 
         async def await_idle() -> None:
@@ -780,7 +781,7 @@ class Work:
                         await asyncio.sleep(min(wait, IDLE_POLL_S - (now - polled_at)))
                         continue
                     polled_at = now
-                    if not await self.state.fresh_sample(key, wait):
+                    if not await self.state.samples.fresh(key, wait):
                         await asyncio.sleep(wait)
             finally:
                 self._watched.discard(job_id)

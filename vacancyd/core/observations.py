@@ -95,3 +95,46 @@ class CapacityReading:
     used_mib: float | None = None
     temperature_c: float | None = None
     energy_j: float | None = None
+
+
+class SampleKind(StrEnum):
+    """What a collector samples: a resource's capacity, a GPU's pressure, an upstream's
+    server (its own state) or whether it accepts connections, the owner's presence."""
+
+    CAPACITY = "capacity"
+    PRESSURE = "pressure"
+    SERVER = "server"
+    REACH = "reach"
+    PRESENCE = "presence"
+
+
+@dataclass(frozen=True, slots=True)
+class SampleKey:
+    """Which sample is meant: ``kind`` of the resource or upstream ``name`` (empty for the
+    owner's presence). The key of on-demand samples (``SharedState.samples``)."""
+
+    kind: SampleKind
+    name: str = ""
+
+    @classmethod
+    def capacity(cls, resource: str) -> SampleKey:
+        return cls(SampleKind.CAPACITY, resource)
+
+    @classmethod
+    def pressure(cls, resource: str) -> SampleKey:
+        return cls(SampleKind.PRESSURE, resource)
+
+    @classmethod
+    def server(cls, upstream: str) -> SampleKey:
+        return cls(SampleKind.SERVER, upstream)
+
+    @classmethod
+    def reach(cls, upstream: str) -> SampleKey:
+        return cls(SampleKind.REACH, upstream)
+
+    @classmethod
+    def presence(cls) -> SampleKey:
+        return cls(SampleKind.PRESENCE)
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}:{self.name}" if self.name else self.kind.value

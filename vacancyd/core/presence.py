@@ -460,3 +460,24 @@ def headless_warning(sessions: Iterable[SessionFacts]) -> str | None:
         f'lists a local graphical session ({listed}); set [owner] presence = "auto" so '
         "lending stops while the owner is at the desk (docs/presence.md)"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceReading:
+    """One presence sample from a collector.
+
+    ``owner_signal``: this sample matches the owner policy (a local unlocked, non-idle
+    session or an owner process); it feeds the veto's hysteresis.
+    ``evidence_complete``: every session could be read clearly.
+    ``sessions``: a redacted description per session for /status.
+    """
+
+    owner_signal: bool
+    evidence_complete: bool
+    detail: str = ""
+    sessions: tuple[Mapping[str, object], ...] = ()
+
+
+def matched_owner_process(reading: PresenceReading) -> bool:
+    """True when one of ``reading``'s sessions ran an owner process."""
+    return any(s.get("owner_processes") for s in reading.sessions)

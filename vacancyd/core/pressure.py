@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from vacancyd.core.observations import Observation
+
 #: Histogram resolution: 100 bins of 0.01 load each.
 BINS = 100
 CACHE_VERSION = 1
@@ -454,3 +456,28 @@ class UnseenGpuWork:
                 self.flagged[upstream] = why
                 changes.append(UnseenChange(upstream, True, why))
         return changes
+
+
+@dataclass(frozen=True, slots=True)
+class PressureSample:
+    """One pressure poll as a collector hands it over: the attribution and the GPU's UUID."""
+
+    attribution: Attribution
+    gpu: str
+
+
+@dataclass
+class PressureState:
+    """One GPU's pressure guard (docs/architecture.md): reading, learner and hysteresis.
+
+    ``pending_cache``: a saved calibration read at start, applied once the first sample says
+    which GPU (UUID) this is. ``last_edge``: the newest rising edge, for /status.
+    """
+
+    policy: PressurePolicy
+    learner: ThresholdLearner
+    tracker: PressureTracker
+    reading: Observation[Attribution] = field(default_factory=Observation)
+    gpu: str | None = None
+    pending_cache: Mapping[str, object] | None = None
+    last_edge: PressureEdge | None = None

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from vacancyd.core.holds import Hold
 from vacancyd.core.observations import CapacityReading, Observation, Quality
 from vacancyd.core.policy import ResourcePolicy
+from vacancyd.core.presence import PresenceReading, matched_owner_process
+from vacancyd.core.pressure import PressureState
 from vacancyd.core.residency import ContextLearning, ResidentModel
 from vacancyd.core.thermal import ThermalView
 
@@ -171,3 +173,60 @@ class RequestFacts:
     num_ctx: int | None = None
     runner_options: tuple[str, ...] = ()
     dialect: str | None = None
+
+
+def presence_view_of(
+    obs: Observation[PresenceReading],
+    *,
+    source: str,
+    veto_active: bool,
+    max_age_s: float,
+    refuses: bool,
+) -> PresenceView:
+    """The gate's view of owner presence from its newest observation ``obs`` (``source``:
+    the configured source; ``veto_active``: the host policy veto is engaged;
+    ``max_age_s``: the freshness bound; ``refuses``: whether presence may refuse)."""
+    reading = obs.value
+    sampled = reading is not None
+    failed = obs.failed_at is not None and (
+        obs.observed_at is None or obs.failed_at >= obs.observed_at
+    )
+    detail = reading.detail if reading is not None else ""
+    if failed:
+        detail = f"presence unreadable: {obs.error}"
+    return PresenceView(
+        source=source,
+        sampled=sampled,
+        observed_at=obs.observed_at,
+        evidence_complete=bool(reading and reading.evidence_complete) and not failed,
+        veto_active=veto_active,
+        max_age_s=max_age_s,
+        refuses=refuses,
+        detail=detail,
+        owner_process=reading is not None and matched_owner_process(reading),
+    )
+
+
+def pressure_view(ps: PressureState, now: float) -> PressureView:
+    """The gate's view of one GPU's pressure guard ``ps`` at ``now`` (monotonic s)."""
+    quality = ps.reading.quality(now, ps.policy.stale_after_s)
+    threshold = ps.learner.current()
+    value = ps.reading.value
+    if quality is Quality.UNKNOWN and ps.reading.error:
+        detail = ps.reading.error
+    elif quality is Quality.STALE:
+        detail = f"newest reading is {ps.reading.age_s(now) or 0:.0f} s old"
+    elif not ps.learner.ready:
+        left = ps.learner.settings.calibration_s - ps.learner.observed_s
+        detail = f"calibrating, {left:.0f} s of observation left"
+    elif value is not None and threshold is not None:
+        detail = f"owner load {value.owner_load:.0%}, threshold {threshold:.0%}"
+    else:
+        detail = ""
+    return PressureView(
+        quality=quality,
+        calibrated=ps.learner.ready,
+        engaged=ps.tracker.engaged,
+        detail=detail,
+        above_threshold=ps.tracker.above_since is not None,
+    )

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from vacancyd.core.observations import SampleKey
 from vacancyd.core.reasons import Reason, Refresh, Refuse
 
 T = TypeVar("T")
@@ -49,15 +50,14 @@ def waits_on(refusal: Refuse) -> bool:
     return refusal.reason is Reason.RESOURCE_BUSY or refusal.refresh is not None
 
 
-def refresh_key(refusal: Refuse, upstream: str) -> str | None:
-    """The sample key whose fresh sample could change ``refusal`` on ``upstream``
-    (``server:NAME`` for a server observation, the refused resource for a capacity sample),
-    or None when no sample could."""
+def refresh_key(refusal: Refuse, upstream: str) -> SampleKey | None:
+    """The sample whose fresh reading could change ``refusal`` on ``upstream`` (its server's
+    observation, or the refused resource's capacity), or None when no sample could."""
     if refusal.refresh is Refresh.SERVER:
-        return f"server:{upstream}"
-    if refusal.refresh is None:
+        return SampleKey.server(upstream)
+    if refusal.refresh is None or refusal.resource is None:
         return None
-    return refusal.resource
+    return SampleKey.capacity(refusal.resource)
 
 
 @dataclass

@@ -1,46 +1,6 @@
 """The daemon: builds state, listeners and collectors from settings and runs until stopped.
 
-Task tree (names as they appear in logs):
-
-* ``api@ADDR`` — the API listener (essential)
-* ``listener NAME@ADDR`` — one proxy listener per upstream (essential)
-* ``collector RESOURCE`` — one capacity loop per enabled resource (essential)
-* ``pressure RESOURCE`` — one GPU pressure loop per enabled GPU with pressure (essential)
-* ``calibration saver`` — writes learned thresholds to the state directory (not essential)
-* ``state saver`` — writes learned contexts and footprint priors as they change (not
-  essential; see vacancyd.runtime.learned)
-* ``collector presence`` — the presence loop (headless or logind), when one is configured
-  (essential); logind's signals wake it through ``state.sample_wanted("presence")``
-* ``observer NAME`` — server observation for adapters that need it (essential)
-* ``owner controls`` — the lending schedule, pauses, the battery rule and exclusive apps
-  (essential; ``vacancyd.control.owner``)
-* ``reclaim NAME`` — one per reclaim of an upstream, started by an edge (not essential)
-* ``track NAME job N`` — follows a tracked borrowed job (ComfyUI prompt) to its end (not
-  essential)
-* ``hold NAME job N`` — watches a held job's server for idleness (not essential)
-* ``reclaim cancel NAME`` / ``warm NAME`` — a reclaim's server calls (not essential)
-* ``target listeners`` — which sockets serve each upstream's target, for /status (not
-  essential)
-* ``free NAME job N`` — an exclusive job's server frees its memory before the card is
-  released (not essential)
-* ``lendability watcher`` — announces each change of what a borrowed request would get on
-  ``/events`` (not essential)
-* ``save pause`` — writes a pause that ended by itself (not essential; awaited at shutdown)
-* ``presence bus watch`` — notices a dropped logind connection between polls (not essential)
-* ``trace post-release sample`` — the span of a post-release fresh sample, with
-  ``[telemetry]`` (not essential)
-* ``SIGHUP config check`` — re-reads the configuration on SIGHUP (not essential)
-* ``headless check`` — with ``presence = "headless"``, asks logind once whether someone sits
-  at a local desktop and warns if so (not essential)
-* ``service status`` — under systemd, keeps ``STATUS=`` current (not essential)
-* ``watchdog`` — ``WATCHDOG=1`` pings when the unit sets ``WatchdogSec=`` (not essential)
-* ``kubernetes feeder`` / ``kubernetes publisher`` / ``kubernetes uninstall watcher`` —
-  host-side publishing when ``[kubernetes]`` is configured (not essential: the API server
-  cannot stop the daemon)
-
-Every one goes through the supervisor (``vacancyd.runtime.tasks``), which holds its
-reference and its essential flag; ``tests/component/test_supervision.py`` checks that no
-daemon task runs outside it.
+Its tasks, all under the supervisor, are listed in :mod:`vacancyd.runtime`.
 
 Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1), after a drain
 (:meth:`Daemon.shutdown`): listeners keep answering, with refusals for new work, while
@@ -86,6 +46,7 @@ from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
 from vacancyd.control.work import Work
+from vacancyd.core.events import Shutdown
 from vacancyd.core.lifecycle import JobPhase, JobRules, JobState, ReleaseBy
 from vacancyd.core.status import service_status_line
 from vacancyd.k8s.host import HostPublisher
@@ -438,38 +399,10 @@ class Daemon:
 
     def _restore_holds(self) -> None:
         """Hold again what was held when vacancyd last stopped, before any proxy listens."""
-        for saved in self._saved_holds:
-            resources = tuple(r for r in saved.resources if r in self.state.resources)
-            if not resources:
-                log.warning(
-                    "a hold saved for job %d on %s names no resource declared now; dropped",
-                    saved.job,
-                    ", ".join(saved.resources),
-                )
-                continue
-            job = self.work.restore_hold(
-                saved.upstream,
-                resources,
-                model=saved.model,
-                charged_mib=saved.charged_mib,
-                reason=saved.reason,
-                release_by=saved.release_by,
-                detail=saved.detail,
-            )
-            log.warning(
-                "%s: job %d was held (%s) when vacancyd stopped; it is job %d now and holds %s "
-                "until %s",
-                saved.upstream,
-                saved.job,
-                saved.reason.value,
-                job.id,
-                ", ".join(resources),
-                "an observation shows the server idle"
-                if saved.release_by is ReleaseBy.SERVER_IDLE
-                else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
-            )
+        learned.restore_holds(self.work, self._saved_holds, self.state.resources)
         if self._saved_holds and not self.saver.holds_frozen:
-            self.saver.write_holds(self.work)  # the restored jobs have new ids
+            # the restored jobs have new ids, and a dropped hold leaves the file
+            self.saver.write_holds(self.work)
         self._saved_holds = []
 
     @property
@@ -570,7 +503,8 @@ class Daemon:
             await self.kubernetes.announce_terminating()
         await self._drain(began, grace_s, delay_s)
         cut = await self._cut_what_is_left()
-        self.state.announce_shutdown(cut, hurried=self._hurry.is_set())
+        # /events followers get `shutdown` as the last event of their stream
+        self.state.events.emit(Shutdown(cut, self._hurry.is_set()))
         log.info(
             "drain over after %.1f s%s; closing the listeners",
             loop.time() - began,

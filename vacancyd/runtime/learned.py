@@ -35,16 +35,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vacancyd.control.work import HeldJobs
+from vacancyd.control.work import HeldJobs, Work
 from vacancyd.core import footprint, residency
 from vacancyd.core.ledger import Job
 from vacancyd.core.lifecycle import HoldReason, JobState, ReleaseBy
-from vacancyd.core.observations import CapacityReading
+from vacancyd.core.observations import CapacityReading, SampleKey
 from vacancyd.core.policy import ResourceKind
 from vacancyd.core.residency import ContextKey, ContextLearning
 from vacancyd.core.snapshot import ServerState
@@ -195,6 +195,45 @@ def load_holds(state: SharedState, state_dir: Path) -> list[SavedHold]:
     for name in state.resources:
         state.state_errors[name] = f"{path} {why}"
     return []
+
+
+def restore_holds(work: Work, saved: list[SavedHold], declared: Collection[str]) -> list[JobState]:
+    """Hold again in ``work`` each hold ``saved`` when vacancyd last stopped, on its
+    resources still ``declared`` (a hold that names none of them is dropped, logged).
+    Returns the restored jobs (they have new ids). Call before any proxy listens."""
+    restored = []
+    for hold in saved:
+        resources = tuple(r for r in hold.resources if r in declared)
+        if not resources:
+            log.warning(
+                "a hold saved for job %d on %s names no resource declared now; dropped",
+                hold.job,
+                ", ".join(hold.resources),
+            )
+            continue
+        job = work.restore_hold(
+            hold.upstream,
+            resources,
+            model=hold.model,
+            charged_mib=hold.charged_mib,
+            reason=hold.reason,
+            release_by=hold.release_by,
+            detail=hold.detail,
+        )
+        log.warning(
+            "%s: job %d was held (%s) when vacancyd stopped; it is job %d now and holds %s "
+            "until %s",
+            hold.upstream,
+            hold.job,
+            hold.reason.value,
+            job.id,
+            ", ".join(resources),
+            "an observation shows the server idle"
+            if hold.release_by is ReleaseBy.SERVER_IDLE
+            else f"an administrator releases it (POST /admin/jobs/{job.id}/release)",
+        )
+        restored.append(job)
+    return restored
 
 
 def learning_to_json(upstream: str, learning: ContextLearning) -> dict[str, Any]:
@@ -472,7 +511,7 @@ class Learner:
             self._to_measure[job.resources[0]] = (job, now)
         if job.facts is not None and job.facts.dialect is not None:
             self._to_learn[job.upstream] = (job, now, self.state.unloads.get(job.upstream, 0))
-            self.state.request_sample(f"server:{job.upstream}")
+            self.state.samples.request(SampleKey.server(job.upstream))
 
     def capacity_sampled(self, name: str, reading: CapacityReading, now: float) -> None:
         """A capacity sample of resource ``name`` taken at ``now`` (monotonic s)."""

@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from vacancyd.core import gate
+from vacancyd.core.events import LendabilityChanged
 from vacancyd.core.lender import quantize_mib
 from vacancyd.core.reasons import Refuse
 from vacancyd.core.snapshot import RequestFacts
@@ -48,4 +49,5 @@ async def watch(state: SharedState, period_s: float = PERIOD_S) -> None:
         now = summary(state)
         if now != last:
             last = now
-            state.note_lendability(now)
+            # not every such change is another transition: the summary moved
+            state.events.emit(LendabilityChanged(dict(now)))

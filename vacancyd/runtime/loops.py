@@ -32,7 +32,7 @@ from vacancyd.control.reclaim import Reclaimer
 from vacancyd.core import presence as presence_rules
 from vacancyd.core.exposure import Exposure, ListenerExposure
 from vacancyd.core.gpu import GpuSelector
-from vacancyd.core.observations import CapacityReading
+from vacancyd.core.observations import CapacityReading, SampleKey
 from vacancyd.core.snapshot import ServerState
 from vacancyd.proxy.app import Upstream
 from vacancyd.runtime import calibration
@@ -113,7 +113,7 @@ class Loops:
                 interval_s=interval,
                 timeout_s=cfg.probe_timeout_s,
                 wanted=wanted,
-                wake=state.sample_wanted(f"reach:{name}"),
+                wake=state.samples.wanted(SampleKey.reach(name)),
                 on_result=lambda ok, t, error: state.record_reach(name, ok, t, error),
             ),
             name=f"connection check {name}",
@@ -148,7 +148,7 @@ class Loops:
                 timeout_s=self.settings.collectors.probe_timeout_s,
                 on_sample=lambda s, t: self.server_sampled(name, s, t),
                 on_error=lambda e, t: state.record_server_failure(name, e, t),
-                wake=state.sample_wanted(f"server:{name}"),
+                wake=state.samples.wanted(SampleKey.server(name)),
                 count=self.metrics.collector_failures(f"server:{name}"),
             ),
             name=f"observer {name}",
@@ -174,7 +174,7 @@ class Loops:
                 sample = sample_now(
                     name, probe, on_sample=on_sample, on_error=on_error, count=count
                 )
-                state.sample_inline(name, sample)
+                state.samples.inline(SampleKey.capacity(name), sample)
                 self.supervisor.spawn(
                     run_inline_probe_loop(sample, interval_s=cfg.poll_s),
                     name=f"collector {name}",
@@ -189,7 +189,7 @@ class Loops:
                     timeout_s=cfg.probe_timeout_s,
                     on_sample=on_sample,
                     on_error=on_error,
-                    wake=state.sample_wanted(name),
+                    wake=state.samples.wanted(SampleKey.capacity(name)),
                     count=count,
                 ),
                 name=f"collector {name}",
@@ -234,7 +234,7 @@ class Loops:
     def _start_logind(self) -> None:
         owner = self.settings.owner
         cfg = self.settings.collectors
-        wake = self.state.sample_wanted("presence")
+        wake = self.state.samples.wanted(SampleKey.presence())
         client = logind.LogindClient(
             owner.bus_address,
             signals=owner.signals,
@@ -285,7 +285,7 @@ class Loops:
                         n, PressureSample(r.attribution, r.gpu), t
                     ),
                     on_error=lambda e, t, n=name: self.reclaimer.record_pressure_failure(n, e, t),  # type: ignore[misc]
-                    wake=state.sample_wanted(f"pressure:{name}"),
+                    wake=state.samples.wanted(SampleKey.pressure(name)),
                     count=self.metrics.collector_failures(f"pressure:{name}"),
                 ),
                 name=f"pressure {name}",

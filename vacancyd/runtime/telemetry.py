@@ -32,6 +32,7 @@ from aiohttp import web
 from vacancyd import __version__
 from vacancyd.config.model import TelemetrySettings
 from vacancyd.core.events import ReclaimChanged, StateEvent
+from vacancyd.core.observations import SampleKey
 from vacancyd.core.usage import borrower_label
 from vacancyd.proxy import observe
 from vacancyd.runtime.tasks import Supervisor
@@ -126,7 +127,8 @@ class Tracing:
         ) as span:
             sampled = True
             for name in resources:
-                sampled = await self.state.fresh_sample(name, POST_RELEASE_WAIT_S) and sampled
+                key = SampleKey.capacity(name)
+                sampled = await self.state.samples.fresh(key, POST_RELEASE_WAIT_S) and sampled
             span.set_attribute("vacancyd.sampled", sampled)
 
     def _spawn(self, coro: Any) -> None:
