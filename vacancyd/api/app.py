@@ -175,7 +175,7 @@ def make_api(
     _add_owner_routes(app, guards, controls)
     _add_probe_routes(app, state, auth, probes)
     _add_admin_routes(app, guards, state, release=release, reclaim=reclaim, switched=switched)
-    _add_read_routes(app, guards, state, metrics, started_at, sleep_views, usage)
+    _add_read_routes(app, guards, state, metrics, started_at, views, usage)
     _add_event_routes(
         app,
         guards,
@@ -253,7 +253,7 @@ def _add_read_routes(
     state: SharedState,
     metrics: Metrics,
     started_at: float,
-    sleep_views: SleepViews | None,
+    views: StatusViews | None,
     usage: UsageReport | None,
 ) -> None:
     """The status page, the probes of liveness and readiness, ``/status``, ``/metrics`` and
