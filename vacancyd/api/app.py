@@ -33,7 +33,7 @@ from aiohttp import HttpVersion11, hdrs, web
 from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
-from vacancyd.api.status import SleepViews, render_status
+from vacancyd.api.status import StatusViews, render_status
 from vacancyd.api.usage import UsageReport, usage_handler
 from vacancyd.core.ledger import Job
 from vacancyd.core.numbers import parse_int
@@ -150,7 +150,7 @@ def make_api(
     max_event_subscribers: int = 32,
     controls: PauseControl | None = None,
     probes: Mapping[str, probe.ProbeEndpoint] | None = None,
-    sleep_views: SleepViews | None = None,
+    views: StatusViews | None = None,
     usage: UsageReport | None = None,
     extra_routes: Callable[
         [web.Application, Callable[[str, Handler], Handler], Callable[[Handler], Handler]], None
@@ -163,22 +163,50 @@ def make_api(
     and returns the upstreams it reclaims; ``switched()`` is called after an operator turned
     lending or a resource on or off (the reclaimer warms what may now be lent). ``probes`` maps an
     upstream name to its lendability probe (which checks its own token rule); it may be
-    filled after this call. ``sleep_views``: each controller's own view for ``/status``.
+    filled after this call. ``views``: what their owners render for ``/status``.
     ``usage``: what ``GET /usage`` reads (:mod:`vacancyd.api.usage`; None: it answers 404).
     ``extra_routes(app, scoped, mutation)`` adds further routes (the debug window and
     diagnostics, vacancyd.api.ops)."""
     app = web.Application(client_max_size=64 * 1024, middlewares=[json_errors])
     events.install(app)
+    guards = _Guards(auth)
+    app[EXPECT_ADMIN] = guards.expect_admin
+    _add_login_routes(app, guards)
+    _add_owner_routes(app, guards, controls)
+    _add_probe_routes(app, state, auth, probes)
+    _add_admin_routes(app, guards, state, release=release, reclaim=reclaim, switched=switched)
+    _add_read_routes(app, guards, state, metrics, started_at, views, usage)
+    _add_event_routes(
+        app,
+        guards,
+        state,
+        keepalive_s=events_keepalive_s,
+        max_subscribers=max_event_subscribers,
+    )
+    if extra_routes is not None:
+        extra_routes(app, guards.scoped, guards.mutation)
+    return app
 
-    def scoped(scope: str, handler: Handler) -> Handler:
+
+class _Guards:
+    """The scope and browser guards the routes are wrapped in, over one :class:`Authenticator`."""
+
+    def __init__(self, auth: Authenticator) -> None:
+        self.auth = auth
+
+    def scoped(self, scope: str, handler: Handler) -> Handler:
+        """``handler`` behind the token check of ``scope`` ("read", "admin", ...)."""
+        auth = self.auth
+
         async def wrapped(request: web.Request) -> web.StreamResponse:
             denied = auth.check(request, scope)
             return denied if denied is not None else await handler(request)
 
         return wrapped
 
-    def guarded(handler: Handler) -> Handler:
+    def guarded(self, handler: Handler) -> Handler:
         """The browser guards of a mutation (Origin, Sec-Fetch-Site, Content-Type) alone."""
+        auth = self.auth
 
         async def wrapped(request: web.Request) -> web.StreamResponse:
             denied = auth.check_mutation(request)
@@ -186,8 +214,9 @@ def make_api(
 
         return wrapped
 
-    def mutation(handler: Handler) -> Handler:
+    def mutation(self, handler: Handler) -> Handler:
         """Admin scope plus the browser guards (Origin, Sec-Fetch-Site, Content-Type)."""
+        auth = self.auth
 
         async def wrapped(request: web.Request) -> web.StreamResponse:
             denied = auth.check(request, "admin") or auth.check_mutation(request)
@@ -195,10 +224,11 @@ def make_api(
 
         return wrapped
 
-    async def expect_admin(request: web.Request) -> web.StreamResponse | None:
+    async def expect_admin(self, request: web.Request) -> web.StreamResponse | None:
         """``Expect: 100-continue`` on an admin mutation: a request that would be refused
         whatever its body (no admin scope, a browser guard) is refused before the client
         sends the body, never after a ``100 Continue``."""
+        auth = self.auth
         if request.version != HttpVersion11:
             return None
         expect = request.headers.get(hdrs.EXPECT, "")
@@ -212,10 +242,22 @@ def make_api(
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         return None
 
-    app[EXPECT_ADMIN] = expect_admin
+    def add_mutation(self, app: web.Application, method: str, path: str, handler: Handler) -> None:
+        """Route ``method path`` to ``handler`` as an admin mutation, with its Expect check."""
+        app.router.add_route(method, path, self.mutation(handler), expect_handler=self.expect_admin)
 
-    def add_mutation(method: str, path: str, handler: Handler) -> None:
-        app.router.add_route(method, path, mutation(handler), expect_handler=expect_admin)
+
+def _add_read_routes(
+    app: web.Application,
+    guards: _Guards,
+    state: SharedState,
+    metrics: Metrics,
+    started_at: float,
+    views: StatusViews | None,
+    usage: UsageReport | None,
+) -> None:
+    """The status page, the probes of liveness and readiness, ``/status``, ``/metrics`` and
+    ``/usage``."""
 
     async def healthz(request: web.Request) -> web.Response:
         answer = health_probe(state, request.path)
@@ -226,7 +268,7 @@ def make_api(
     readyz = healthz
 
     async def status(_: web.Request) -> web.Response:
-        return web.json_response(render_status(state, started_at, sleep_views))
+        return web.json_response(render_status(state, started_at, views))
 
     async def metrics_view(request: web.Request) -> web.Response:
         body, content_type = exposition(metrics.registry, request.headers.get("Accept"))
@@ -234,36 +276,51 @@ def make_api(
         resp.headers["Content-Type"] = content_type
         return resp
 
-    async def put_lending(request: web.Request) -> web.Response:
-        enabled = await _read_enabled(request)
-        if isinstance(enabled, web.Response):
-            return enabled
-        changed = state.set_lending(enabled)
-        if changed and switched is not None:
-            switched()
-        log.info("admin set lending %s (from %s)", enabled, request.remote)
-        return web.json_response({"lending_enabled": enabled, "changed": changed})
+    app.router.add_get("/", page.status_page)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/status", guards.scoped("read", status))
+    app.router.add_get("/metrics", guards.scoped("read", metrics_view))
+    app.router.add_get("/usage", guards.scoped("read", usage_handler(usage)))
 
-    async def put_resource(request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        enabled = await _read_enabled(request)
-        if isinstance(enabled, web.Response):
-            return enabled
-        try:
-            changed = state.set_resource_switch(name, enabled)
-        except KeyError:
-            return web.json_response(
-                error_body(
-                    f"no resource named {name!r} (declared: {', '.join(sorted(state.switches))})",
-                    ErrorType.NOT_FOUND,
-                    ErrorCode.UNKNOWN_RESOURCE,
-                ),
-                status=404,
-            )
-        if changed and switched is not None:
-            switched()
-        log.info("admin set resource %s enabled=%s (from %s)", name, enabled, request.remote)
-        return web.json_response({"resource": name, "enabled": enabled, "changed": changed})
+
+def _add_event_routes(
+    app: web.Application,
+    guards: _Guards,
+    state: SharedState,
+    *,
+    keepalive_s: float,
+    max_subscribers: int,
+) -> None:
+    """``/events/recent`` (the last hour, kept by an :class:`events.EventLog` that stops at
+    the app's cleanup) and the server-sent ``/events``."""
+    history = events.EventLog(state)
+
+    async def stop_history(_: web.Application) -> None:
+        history.unsubscribe()
+
+    app.on_cleanup.append(stop_history)
+    app.router.add_get("/events/recent", guards.scoped("read", events.recent_handler(history)))
+    app.router.add_get(
+        "/events",
+        guards.scoped(
+            "read",
+            events.make_handler(state, keepalive_s=keepalive_s, max_subscribers=max_subscribers),
+        ),
+    )
+
+
+def _add_admin_routes(
+    app: web.Application,
+    guards: _Guards,
+    state: SharedState,
+    *,
+    release: Callable[[int], Job | None],
+    reclaim: Callable[[str | None, str], list[str]],
+    switched: Callable[[], object] | None,
+) -> None:
+    """The admin mutations on the shared store: raise a reclaim edge, release a job, and
+    the lending and resource switches (``switched()`` after a switch that changed)."""
 
     async def post_reclaim(request: web.Request) -> web.Response:
         payload = await _read_json(request, b"{}")
@@ -303,16 +360,67 @@ def make_api(
         release(job_id)
         return web.json_response({"released": job_id, "phase": job.phase.value})
 
-    async def post_pause(request: web.Request) -> web.Response:
-        if controls is None:
+    async def put_lending(request: web.Request) -> web.Response:
+        enabled = await _read_enabled(request)
+        if isinstance(enabled, web.Response):
+            return enabled
+        changed = state.set_lending(enabled)
+        if changed and switched is not None:
+            switched()
+        log.info("admin set lending %s (from %s)", enabled, request.remote)
+        return web.json_response({"lending_enabled": enabled, "changed": changed})
+
+    async def put_resource(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        enabled = await _read_enabled(request)
+        if isinstance(enabled, web.Response):
+            return enabled
+        try:
+            changed = state.set_resource_switch(name, enabled)
+        except KeyError:
             return web.json_response(
                 error_body(
-                    "this daemon has no owner controls",
+                    f"no resource named {name!r} (declared: {', '.join(sorted(state.switches))})",
                     ErrorType.NOT_FOUND,
-                    ErrorCode.NO_CONTROLS,
+                    ErrorCode.UNKNOWN_RESOURCE,
                 ),
                 status=404,
             )
+        if changed and switched is not None:
+            switched()
+        log.info("admin set resource %s enabled=%s (from %s)", name, enabled, request.remote)
+        return web.json_response({"resource": name, "enabled": enabled, "changed": changed})
+
+    guards.add_mutation(app, "POST", "/admin/reclaim", post_reclaim)
+    guards.add_mutation(app, "POST", "/admin/jobs/{id}/release", release_job)
+    guards.add_mutation(app, "PUT", "/admin/lending", put_lending)
+    guards.add_mutation(app, "PUT", "/admin/resources/{name}", put_resource)
+
+
+def _no_controls() -> web.Response:
+    return web.json_response(
+        error_body(
+            "this daemon has no owner controls",
+            ErrorType.NOT_FOUND,
+            ErrorCode.NO_CONTROLS,
+        ),
+        status=404,
+    )
+
+
+def _add_owner_routes(app: web.Application, guards: _Guards, controls: PauseControl | None) -> None:
+    """``POST /admin/pause`` and ``POST /admin/resume`` (404 ``no_controls`` without
+    ``controls``)."""
+    guards.add_mutation(app, "POST", "/admin/pause", _pause_handler(controls))
+    guards.add_mutation(app, "POST", "/admin/resume", _resume_handler(controls))
+
+
+def _pause_handler(controls: PauseControl | None) -> Handler:
+    """``POST /admin/pause``: its body checked field by field, then ``controls.set_pause``."""
+
+    async def post_pause(request: web.Request) -> web.Response:
+        if controls is None:
+            return _no_controls()
         payload = await _read_json(request, b"{}")
         if isinstance(payload, web.Response):
             return payload
@@ -365,16 +473,15 @@ def make_api(
             }
         )
 
+    return post_pause
+
+
+def _resume_handler(controls: PauseControl | None) -> Handler:
+    """``POST /admin/resume`` with an empty body or ``{}``."""
+
     async def post_resume(request: web.Request) -> web.Response:
         if controls is None:
-            return web.json_response(
-                error_body(
-                    "this daemon has no owner controls",
-                    ErrorType.NOT_FOUND,
-                    ErrorCode.NO_CONTROLS,
-                ),
-                status=404,
-            )
+            return _no_controls()
         payload = await _read_json(request, b"{}")
         if isinstance(payload, web.Response):
             return payload
@@ -384,6 +491,43 @@ def make_api(
         log.info("admin resumed lending (was paused: %s; from %s)", resumed, request.remote)
         view = controls.view()
         return web.json_response({"resumed": resumed, "persist_error": view["pause_persist_error"]})
+
+    return post_resume
+
+
+def _add_probe_routes(
+    app: web.Application,
+    state: SharedState,
+    auth: Authenticator,
+    probes: Mapping[str, probe.ProbeEndpoint] | None,
+) -> None:
+    """``/lendable/{upstream}``, any method: each upstream's probe checks its own token rule;
+    an unknown name is answered without the names to a caller that may not see them."""
+
+    async def lendable(request: web.Request) -> web.Response:
+        name = request.match_info["upstream"]
+        endpoint = (probes or {}).get(name)
+        if endpoint is not None:
+            return endpoint.answer(request)
+        if any(p.public for p in (probes or {}).values()):
+            return probe.unknown_upstream(name, None)  # no names to an anonymous caller
+        denied = auth.check(request, probe.SCOPE)
+        return denied or probe.unknown_upstream(name, sorted(state.upstreams))
+
+    app.router.add_route("*", "/lendable/{upstream}", lendable)
+
+
+def _add_login_routes(app: web.Application, guards: _Guards) -> None:
+    """``POST /login/ticket`` (read scope and the browser guards) and ``POST /login`` (no
+    token: the ticket is the credential), both 404 without login links."""
+    app.router.add_post(
+        "/login/ticket", guards.scoped("read", guards.guarded(_login_ticket_handler(guards.auth)))
+    )
+    app.router.add_post("/login", _login_handler(guards.auth))
+
+
+def _login_ticket_handler(auth: Authenticator) -> Handler:
+    """``POST /login/ticket``: mint a single-use login link (vacancyd.web.logins)."""
 
     async def login_ticket(request: web.Request) -> web.Response:
         """A single-use login link for the status page (vacancyd.web.logins)."""
@@ -422,6 +566,12 @@ def make_api(
             headers={"Cache-Control": "no-store"},
         )
 
+    return login_ticket
+
+
+def _login_handler(auth: Authenticator) -> Handler:
+    """``POST /login``: trade a login ticket for a read-only session token."""
+
     async def login(request: web.Request) -> web.Response:
         """Trade a login ticket for a read-only session token (the status page)."""
         if auth.logins is None:
@@ -456,48 +606,4 @@ def make_api(
             headers={"Cache-Control": "no-store"},
         )
 
-    app.router.add_post("/login/ticket", scoped("read", guarded(login_ticket)))
-    app.router.add_post("/login", login)
-    add_mutation("POST", "/admin/pause", post_pause)
-    add_mutation("POST", "/admin/resume", post_resume)
-
-    async def lendable(request: web.Request) -> web.Response:
-        name = request.match_info["upstream"]
-        endpoint = (probes or {}).get(name)
-        if endpoint is not None:
-            return endpoint.answer(request)
-        if any(p.public for p in (probes or {}).values()):
-            return probe.unknown_upstream(name, None)  # no names to an anonymous caller
-        denied = auth.check(request, probe.SCOPE)
-        return denied or probe.unknown_upstream(name, sorted(state.upstreams))
-
-    app.router.add_route("*", "/lendable/{upstream}", lendable)
-    add_mutation("POST", "/admin/reclaim", post_reclaim)
-    add_mutation("POST", "/admin/jobs/{id}/release", release_job)
-    app.router.add_get("/", page.status_page)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/status", scoped("read", status))
-    app.router.add_get("/metrics", scoped("read", metrics_view))
-    app.router.add_get("/usage", scoped("read", usage_handler(usage)))
-    history = events.EventLog(state)
-
-    async def stop_history(_: web.Application) -> None:
-        history.unsubscribe()
-
-    app.on_cleanup.append(stop_history)
-    app.router.add_get("/events/recent", scoped("read", events.recent_handler(history)))
-    app.router.add_get(
-        "/events",
-        scoped(
-            "read",
-            events.make_handler(
-                state, keepalive_s=events_keepalive_s, max_subscribers=max_event_subscribers
-            ),
-        ),
-    )
-    add_mutation("PUT", "/admin/lending", put_lending)
-    add_mutation("PUT", "/admin/resources/{name}", put_resource)
-    if extra_routes is not None:
-        extra_routes(app, scoped, mutation)
-    return app
+    return login
