@@ -299,3 +299,88 @@ async def test_an_early_reply_to_a_large_upload_is_delivered() -> None:
         response = await upstream.request("POST", "/v1/upload", HOST, b"x" * (32 * 1024 * 1024))
         assert response.status == 413
         assert await body_of(response) == b"big"
+
+
+async def test_an_aborted_call_ends_the_wait_for_the_reply_at_once() -> None:
+    """A cut (:meth:`client.Call.abort`) while the reply's headers are awaited raises Cut in
+    the waiting caller at once, without cancelling its task, and closes the connection."""
+    closed = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await reader.read()  # never answers; returns when the client closes
+        closed.set()
+
+    async with raw_server(handle) as upstream:
+        call = client.Call()
+        pending = asyncio.get_running_loop().create_task(
+            upstream.request("GET", "/slow", HOST, None, call=call)
+        )
+        await asyncio.sleep(0.1)
+        call.abort()
+        with pytest.raises(client.Cut):
+            await asyncio.wait_for(pending, 1)
+        assert not pending.cancelled()
+        await asyncio.wait_for(closed.wait(), 2)
+
+
+async def test_an_aborted_call_ends_a_body_read_and_drops_what_was_buffered() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async with raw_server(handle) as upstream:
+        call = client.Call()
+        response = await upstream.request("GET", "/stream", HOST, None, call=call)
+        chunks = response.iter_chunks()
+        assert await anext(chunks) == b"first"
+
+        async def next_chunk() -> bytes:
+            return await anext(chunks)
+
+        reading = asyncio.get_running_loop().create_task(next_chunk())
+        await asyncio.sleep(0.05)
+        call.abort()
+        with pytest.raises(client.Cut):
+            await asyncio.wait_for(reading, 1)
+        response.release()
+
+
+async def test_a_call_aborted_before_it_starts_sends_nothing() -> None:
+    asked: list[str] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        asked.append(await read_request(reader))
+
+    async with raw_server(handle) as upstream:
+        call = client.Call()
+        call.abort()
+        call.abort()  # idempotent
+        with pytest.raises(client.Cut):
+            await upstream.request("GET", "/never", HOST, None, call=call)
+        await asyncio.sleep(0.05)
+        assert asked == []
+
+
+async def test_an_aborted_call_ends_a_connect_under_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connect that hangs (a black-holed address) is stopped by the cut at once, well
+    before the connect deadline, and the caller's task is not cancelled."""
+    loop = asyncio.get_running_loop()
+
+    async def hanging(*_args: object, **_kw: object) -> tuple[asyncio.BaseTransport, object]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(loop, "create_connection", hanging)
+    upstream = client.UpstreamClient("127.0.0.1", 9, connect_timeout_s=30)
+    call = client.Call()
+    pending = loop.create_task(upstream.request("GET", "/", HOST, None, call=call))
+    await asyncio.sleep(0.05)
+    started = loop.time()
+    call.abort()
+    with pytest.raises(client.Cut):
+        await asyncio.wait_for(pending, 1)
+    assert loop.time() - started < 1 and not pending.cancelled()
+    await upstream.close()

@@ -239,6 +239,42 @@ async def test_a_stalled_borrower_does_not_delay_closing_the_upstream_connection
             sock.close()
 
 
+def outcomes(d: RunningDaemon) -> list[str | None]:
+    """How each job's exchange ended (an OpenAI-compatible job cut is held, not ended)."""
+    return [None if j.outcome is None else j.outcome.value for j in d.daemon.work]
+
+
+async def test_a_cut_resets_a_stalled_borrower_and_counts_as_cut() -> None:
+    """The cut reaches a borrower that stopped reading mid-stream by resetting its
+    connection (the forwarding is stuck writing to it, not reading the upstream): the
+    borrower sees its stream end at once, and the job ends as cut, not as a disconnect."""
+    fake = SlowOpenAI(chunks=100_000, interval_s=0, chunk_bytes=16_384)
+    async with lender(fake, policy="cancel") as (d, _client):
+        host, port = d.daemon.bound["llm"].rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port), limit=4096)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        body = json.dumps({"model": "tiny", "stream": True, "messages": []}).encode()
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
+            + b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        try:
+            await fake.started.wait()
+            await asyncio.sleep(0.3)  # the borrower reads nothing; buffers fill up
+            owner_returns(d)
+            await d.wait_until(lambda: outcomes(d) != [None], 3)
+            assert outcomes(d) == ["cut"]
+            with pytest.raises(ConnectionError):  # reset, never a clean end
+                async with asyncio.timeout(3):
+                    while await reader.read(1 << 20):
+                        pass
+        finally:
+            writer.close()
+
+
 @pytest.mark.parametrize("policy", ["drain", "cancel", "finish"])
 async def test_config_rejects_yield_on_veto_for_servers_without_unload(policy: str) -> None:
     from vacancyd.config import ConfigError, parse_config

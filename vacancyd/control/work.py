@@ -266,10 +266,13 @@ class Work:
 
     def forwarding(self, job_id: int, key: str | None, exchange: Cuttable) -> None:
         """The exchange of job ``job_id`` starts; a reclaim cuts ``exchange``, ``key`` is the
-        job key the upstream's controller tracks (None when untracked)."""
+        job key the upstream's controller tracks (None when untracked). A job a reclaim cut
+        before its exchange started has it cut at once (nothing had it to cut before)."""
         job = self._jobs[job_id]
         self._upstreams[job.upstream].exchanges[job_id] = exchange
-        self._apply(job.forwarding(key))
+        started = self._apply(job.forwarding(key))
+        if started.cut_by is not None and started.key is None:
+            self._cancel_exchange(started)
         self._changed(job.upstream)
 
     def reply_arrived(self, job_id: int, status: int) -> Edge | None:

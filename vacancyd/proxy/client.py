@@ -13,7 +13,9 @@ by httptools (llhttp, the C parser Node.js uses). What it keeps from a general c
   consumed, the socket stops being read until the consumer catches up;
 * cancellation: cancelling a caller that waits for a reply or reads a body, or
   :meth:`Response.close`, aborts the connection at once, which is what tells the upstream
-  to stop;
+  to stop; so does :meth:`Call.abort` (a reclaim's cut) for the request it was passed to,
+  and whatever that request waits for (its connect, its reply's headers, a read of its
+  body) raises :class:`Cut` at once, without the caller's task being cancelled;
 * a connect deadline, and for borrowed jobs a silence limit: no byte from the upstream
   for that long (counted once the request has gone out, and not while the reply waits for
   a slow consumer) ends the exchange with :class:`UpstreamSilent`;
@@ -33,8 +35,8 @@ import asyncio
 import collections
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Iterable
-from typing import cast
+from collections.abc import AsyncIterator, Coroutine, Iterable
+from typing import Any, cast
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -77,6 +79,11 @@ class BrokenBody(ForwardError):
 class UpstreamSilent(ForwardError):
     """The upstream sent nothing for the exchange's silence limit (before its reply or
     between two pieces of it); the connection is aborted."""
+
+
+class Cut(ForwardError):
+    """The request's owner ended the exchange (:meth:`Call.abort`, a reclaim's cut); the
+    connection is aborted."""
 
 
 class _ClosedBeforeReply(BadResponse):
@@ -132,6 +139,16 @@ class Response:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def abort(self, error: ForwardError) -> None:
+        """End the reply now with ``error``: bytes not yet read are dropped, a read waiting
+        or to come raises ``error``, and the connection is aborted."""
+        self._chunks.clear()
+        self.buffered = 0
+        self._done = False
+        self._error = error
+        self._wake()
+        self.close()
 
     # -- read by the proxy -------------------------------------------------------------
 
@@ -502,6 +519,43 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+class Call:
+    """One forwarded request that its owner may end at any moment (a reclaim's cut).
+
+    Pass it to :meth:`UpstreamClient.request`; :meth:`abort` then makes whatever that
+    request waits for raise :class:`Cut` at once: a connect (it runs in a task of its own,
+    which the abort cancels: a connect is a coroutine of the event loop's, with no
+    connection to close yet), the reply's headers, a read of the reply's body. The
+    connection is aborted, which is what tells the upstream to stop. A request started after
+    the abort raises :class:`Cut` without sending anything.
+    """
+
+    __slots__ = ("_conn", "_connecting", "_response", "aborted")
+
+    def __init__(self) -> None:
+        self.aborted = False
+        self._conn: _Connection | None = None
+        self._connecting: asyncio.Task[tuple[asyncio.BaseTransport, _Connection]] | None = None
+        self._response: Response | None = None
+
+    def abort(self) -> None:
+        """End the request now (idempotent; never raises, never blocks)."""
+        if self.aborted:
+            return
+        self.aborted = True
+        error = Cut("the exchange was cut")
+        if self._response is not None:
+            self._response.abort(error)
+        elif self._conn is not None:
+            self._conn._fail(error)  # the wait for the reply's headers raises it
+        if self._connecting is not None:
+            self._connecting.cancel()
+
+
+def _cut() -> Cut:
+    return Cut("the exchange was cut")
+
+
 class UpstreamClient:
     """Pooled connections to one upstream (``host``, ``port``), plain HTTP/1.1.
 
@@ -535,28 +589,33 @@ class UpstreamClient:
         body: bytes | None,
         *,
         silence_s: float | None = None,
+        call: Call | None = None,
     ) -> Response:
         """Send ``method target`` (origin form: path and query, as sent by the borrower)
         with ``headers`` (``Host`` included; ``Content-Length`` is set here) and ``body``
         (None: no body). Returns once the reply's headers are in. ``silence_s``: the most
-        seconds the upstream may send nothing (None: no limit).
+        seconds the upstream may send nothing (None: no limit). ``call``: lets its owner end
+        the request at any moment (:meth:`Call.abort`).
 
-        Raises :class:`ConnectFailed`, :class:`BadResponse`, :class:`UpstreamSilent` or
-        ValueError (a header value that would break the request's framing). A request that
+        Raises :class:`ConnectFailed`, :class:`BadResponse`, :class:`UpstreamSilent`,
+        :class:`Cut` (``call`` was aborted) or ValueError (a header value that would break
+        the request's framing). A request that
         fails on a reused connection before any reply byte is sent again once on a fresh
         connection.
         """
         head = _request_head(method, target, headers, body)
         no_body = method in _NO_BODY_METHODS
+        if call is not None and call.aborted:
+            raise _cut()
         conn = self._take_idle()
         if conn is not None:
             try:
-                return await self._exchange(conn, head, body, no_body, silence_s)
+                return await self._exchange(conn, head, body, no_body, silence_s, call)
             except _ClosedBeforeReply:
                 pass  # the server closed the kept-alive connection as we sent: once more
-        conn = await self._connect()
+        conn = await self._connect(call)
         try:
-            return await self._exchange(conn, head, body, no_body, silence_s)
+            return await self._exchange(conn, head, body, no_body, silence_s, call)
         except _ClosedBeforeReply as exc:
             raise BadResponse(str(exc)) from None
 
@@ -567,13 +626,25 @@ class UpstreamClient:
         body: bytes | None,
         no_body: bool,
         silence_s: float | None,
+        call: Call | None = None,
     ) -> Response:
         self._busy.add(conn)
+        if call is not None:
+            if call.aborted:
+                conn.abort()
+                raise _cut()
+            call._conn = conn
         try:
-            return await conn.start(head, body, no_body, silence_s)
+            response = await conn.start(head, body, no_body, silence_s)
         except BaseException:
             conn.abort()
             raise
+        if call is not None:
+            if call.aborted:  # cut as the reply's headers arrived
+                response.close()
+                raise _cut()
+            call._response = response
+        return response
 
     def _take_idle(self) -> _Connection | None:
         while self._idle:
@@ -583,15 +654,19 @@ class UpstreamClient:
             conn.abort()
         return None
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, call: Call | None = None) -> _Connection:
         if self._closed:
             raise ConnectFailed("the proxy is shutting down")
+        if call is not None and call.aborted:
+            raise _cut()
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, protocol = await loop.create_connection(
-                    lambda: _Connection(self), self.host, self.port
-                )
+                opening = loop.create_connection(lambda: _Connection(self), self.host, self.port)
+                if call is None:
+                    _, protocol = await opening
+                else:
+                    _, protocol = await _interruptible(opening, call)
         except TimeoutError:
             raise ConnectFailed(
                 f"no connection to {self.host}:{self.port} within {self.connect_timeout_s:g} s"
@@ -630,6 +705,24 @@ class UpstreamClient:
         lost = [conn.lost for conn in conns if not conn.lost.done()]
         if lost:
             await asyncio.wait(lost, timeout=timeout_s)
+
+
+async def _interruptible(
+    opening: Coroutine[Any, Any, tuple[asyncio.BaseTransport, _Connection]], call: Call
+) -> tuple[asyncio.BaseTransport, _Connection]:
+    """Run the connect ``opening`` in a task of its own, which :meth:`Call.abort` cancels;
+    raises :class:`Cut` when it did (the caller's own cancellation passes as it is)."""
+    task = asyncio.get_running_loop().create_task(opening)
+    call._connecting = task
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if call.aborted and task.cancelled() and (current is None or not current.cancelling()):
+            raise _cut() from None
+        raise
+    finally:
+        call._connecting = None
 
 
 def _request_head(

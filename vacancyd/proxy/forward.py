@@ -20,39 +20,73 @@ from vacancyd.core.reclaim import Edge
 from vacancyd.core.refusal import render_refusal_bytes
 from vacancyd.proxy import client, headers, observe
 from vacancyd.proxy.base import NO_BODY_STATUSES, ProxyBase
+from vacancyd.web.site import reset_connection
 
 #: The whole proxy logs as ``vacancyd.proxy.app`` (docs/observability.md names it).
 log = logging.getLogger("vacancyd.proxy.app")
 
 
 class Exchange:
-    """The proxy's own view of one job's exchange: the response the borrower already has,
-    whether the job's handle has been told it ended, and whether a reclaim's cut is what
-    cancelled the handler. A reclaim cuts it through :meth:`cut`
-    (:class:`~vacancyd.core.lifecycle.Cuttable`).
+    """The proxy's own view of one job's exchange: the borrower's request, the response it
+    already has, the upstream request (a :class:`~vacancyd.proxy.client.Call`), whether the
+    job's handle has been told it ended, and the edge that cut it.
 
-    Written only by the forwarding code; the job's life is in :class:`Work`.
+    A reclaim cuts it through :meth:`cut` (it is the job's
+    :class:`~vacancyd.core.lifecycle.Cuttable`); the forwarding code sees ``cut_edge`` set
+    where the cut interrupted it and answers as for a cut. Written only by the forwarding
+    code and :meth:`cut`; the job's life is in :class:`Work`.
     """
 
-    __slots__ = ("cutting", "ended", "failed", "job", "response", "task")
+    __slots__ = (
+        "call",
+        "cut_edge",
+        "ended",
+        "failed",
+        "job",
+        "request",
+        "reset_borrower",
+        "response",
+        "waking",
+    )
 
-    def __init__(self, job: JobHandle, task: asyncio.Task[Any]) -> None:
+    def __init__(self, job: JobHandle, request: web.BaseRequest) -> None:
         self.job = job
-        self.task = task
+        self.request = request
+        #: The upstream request, which a cut ends (vacancyd.proxy.client).
+        self.call = client.Call()
         self.response: web.StreamResponse | None = None
         self.ended = False
-        self.cutting = False
+        #: The reclaim edge that cut the exchange; None while it was not cut.
+        self.cut_edge: Edge | None = None
+        #: The cut reset the connection of a borrower that had stopped reading.
+        self.reset_borrower = False
+        #: The wake of a sleeping server before the request goes out, while it runs.
+        self.waking: asyncio.Future[Any] | None = None
         #: How the exchange ended when the handler still returns a response although it did
-        #: not end well: the upstream failed, or the borrower stopped reading and was cut off.
+        #: not end well: the upstream failed, the borrower stopped reading and was cut off,
+        #: or a reclaim cut it.
         self.failed: Ending | None = None
 
     def cut(self, edge: Edge) -> bool:
-        """A reclaim cuts the job (``edge``): cancel the handler's task, whose cancellation
-        closes the upstream connection at once even while the borrower is stalled."""
-        if self.ended or self.cutting:
+        """A reclaim cuts the job (``edge``): end the upstream request at once (a pending
+        connect, wait for the reply or read of its body raises
+        :class:`~vacancyd.proxy.client.Cut`, the connection is aborted), stop a wake under
+        way, and reset the borrower's connection if the borrower has stopped reading
+        mid-stream (the forwarding is then stuck writing to it, not reading the upstream).
+        False when the exchange had already ended or been cut."""
+        if self.ended or self.cut_edge is not None:
             return False
-        self.cutting = True
-        self.task.cancel()
+        self.cut_edge = edge
+        self.call.abort()
+        if self.waking is not None:
+            # A wake is the controller's call, not a connection this exchange owns: it runs
+            # in a task of its own (Forwarding._wake), which the cut cancels, as before.
+            self.waking.cancel()
+        if self.response is not None:
+            protocol = self.request.protocol
+            if protocol is not None and protocol.writing_paused:
+                self.reset_borrower = True
+                reset_connection(self.request.transport)
         return True
 
 
@@ -70,6 +104,8 @@ class Forwarding(ProxyBase):
         self, request: web.BaseRequest, exchange: Exchange, edge: Edge
     ) -> web.StreamResponse:
         """503 with the edge's reason before headers; an aborted stream after them."""
+        if exchange.cut_edge is not None:
+            exchange.failed = Ending.CUT  # (a tracked job cut before its reply ends as it did)
         name = self.upstream.name
         job_id = exchange.job.id
         if exchange.response is not None:
@@ -91,11 +127,26 @@ class Forwarding(ProxyBase):
         return web.Response(status=rendered.status, headers=rendered.headers, body=rendered.body)
 
     # -- forwarding ----------------------------------------------------------------------
-    async def _wake(self, request: web.BaseRequest, calls: UpstreamCalls) -> web.Response | None:
+    async def _wake(
+        self, request: web.BaseRequest, calls: UpstreamCalls, exchange: Exchange
+    ) -> web.Response | None:
         """Wake a server a reclaim put to sleep before forwarding borrowed work to it (the
-        call is bounded, counted and logged by ``calls``); a 502 when it cannot be woken."""
+        call is bounded, counted and logged by ``calls``); a 502 when it cannot be woken.
+        The wake runs in a task of its own, which a cut of ``exchange`` cancels; None then
+        too, with ``exchange.cut_edge`` set."""
         name = self.upstream.name
-        woken = await calls.wake(name, why="borrowed request")
+        # Awaited right here, never left behind (the handler's own cancellation reaches it).
+        waking = asyncio.get_running_loop().create_task(calls.wake(name, why="borrowed request"))
+        exchange.waking = waking
+        try:
+            woken = await waking
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if exchange.cut_edge is None or (current is not None and current.cancelling()):
+                raise  # the borrower went away (its handler was cancelled): not a cut
+            return None
+        finally:
+            exchange.waking = None
         if woken.done:
             return None
         return self._json_error(
@@ -119,11 +170,13 @@ class Forwarding(ProxyBase):
         tracked: str | None = None,
     ) -> web.StreamResponse:
         up = self.upstream
-        if exchange is not None and self._waker is not None:
-            failed = await self._wake(request, self._waker)
+        if exchange is not None and self._waker is not None and exchange.cut_edge is None:
+            failed = await self._wake(request, self._waker, exchange)
             if failed is not None:
                 exchange.failed = Ending.UPSTREAM_FAILED
                 return failed
+        if exchange is not None and exchange.cut_edge is not None:
+            return self._after_cut(request, exchange, exchange.cut_edge)  # cut before it left
         out_headers = self._request_headers(request)
         observe.inject_trace_context(out_headers)
         try:
@@ -133,7 +186,11 @@ class Forwarding(ProxyBase):
                 out_headers.items(),
                 body,
                 silence_s=self.silence_s,
+                call=None if exchange is None else exchange.call,
             )
+        except client.Cut:
+            assert exchange is not None and exchange.cut_edge is not None
+            return self._after_cut(request, exchange, exchange.cut_edge)
         except client.UpstreamSilent:
             if exchange is None:
                 return self._silent_passthrough(request, c, None)
@@ -182,6 +239,15 @@ class Forwarding(ProxyBase):
                             await response.write(chunk)
                 async with asyncio.timeout(stalled):
                     await response.write_eof()
+            except client.Cut:
+                assert exchange is not None and exchange.cut_edge is not None
+                return self._after_cut(request, exchange, exchange.cut_edge)
+            except ConnectionError:
+                # Writing to a borrower whose connection the cut reset (where the listener
+                # does not cancel the handler of a lost connection, aiohttp's default).
+                if exchange is None or exchange.cut_edge is None:
+                    raise
+                return self._after_cut(request, exchange, exchange.cut_edge)
             except client.UpstreamSilent:
                 if exchange is None:
                     return self._silent_passthrough(request, c, response)

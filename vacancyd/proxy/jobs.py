@@ -146,14 +146,15 @@ class Working(Refusing, Forwarding):
     ) -> web.StreamResponse:
         """Forward an admitted job; reports the exchange through its handle.
 
-        A reclaim's cut cancels the handler's own task (no task per request), which closes
-        the upstream connection at once even while the borrower is stalled; that one
-        cancellation is then taken back and the borrower told (503, or an aborted stream).
+        The handle gets the :class:`Exchange`, which a reclaim's cut calls: it closes the
+        upstream connection at once (whatever the forwarding waits for from the upstream
+        raises) and resets a stalled borrower's connection; the forwarding sees the cut and
+        tells the borrower (503, or an aborted stream). The handler's task is never
+        cancelled for it; only where the cut reset the borrower's connection does the
+        listener cancel the handler, as for any lost connection, and that cancellation is
+        taken back here and the end counted as the cut it is.
         """
-        task = asyncio.current_task()
-        assert task is not None
-        exchange = Exchange(job, task)
-
+        exchange = Exchange(job, request)
         job.forwarding(key, exchange)
         ending = Ending.ABORTED
         try:
@@ -162,10 +163,12 @@ class Working(Refusing, Forwarding):
                     request, c, query, body=body, on_sent=on_sent, exchange=exchange, tracked=key
                 )
             except asyncio.CancelledError:
-                edge = job.cut_by
-                if edge is None or not exchange.cutting:
+                edge = exchange.cut_edge
+                if edge is None or not exchange.reset_borrower:
                     raise
-                task.uncancel()  # the cut's own cancellation, delivered: the request goes on
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()  # the lost connection's cancellation: the cut's doing
                 ending = Ending.CUT
                 return self._after_cut(request, exchange, edge)
             ending = exchange.failed or Ending.COMPLETED
