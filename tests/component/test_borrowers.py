@@ -239,6 +239,17 @@ async def test_off_its_upstreams_a_borrower_gets_403_and_never_reaches_the_serve
             s.get(d.proxy_url("other") + "/v1/models", headers=bearer(FRIEND)) as r,
         ):
             assert r.status == 403
+        async with (  # answered before the body is sent
+            aiohttp.ClientSession() as s,
+            s.post(
+                d.proxy_url("other") + "/v1/chat/completions",
+                json=CHAT,
+                headers=bearer(FRIEND),
+                expect100=True,
+            ) as r,
+        ):
+            assert r.status == 403
+            assert (await r.json())["error"]["code"] == "upstream_not_allowed"
         status, _, _ = await chat(d, OTHER, "other")  # another borrower may
         assert status == 200
         metrics = await api_get(d, "/metrics")
