@@ -74,7 +74,7 @@ from vacancyd.core.snapshot import (
     presence_view_of,
     pressure_view,
 )
-from vacancyd.core.status import PowerLimitStatus, PublisherStatus
+from vacancyd.core.status import PowerLimitStatus
 from vacancyd.core.thermal import ThermalChange, ThermalPolicy, ThermalTracker
 from vacancyd.core.veto import VetoTracker
 from vacancyd.samples import OnDemandSamples
@@ -219,17 +219,9 @@ class SharedState:
         self.unsaved_holds: dict[str, str | None] = {}
         #: The owner's holds in force (vacancyd.control.owner writes them; core/holds.py).
         self.holds: tuple[Hold, ...] = ()
-        #: Renders the owner's controls for /status (set by vacancyd.control.owner).
-        self.owner_view: Callable[[], Mapping[str, object]] | None = None
         #: Per GPU with a lending power limit, what the power limiter last did (written by
         #: vacancyd.runtime.powerlimit, shown in /status).
         self.power_limits: dict[str, PowerLimitStatus] = {}
-        #: Host-side Kubernetes publishing's own state for /status and /metrics (set by
-        #: vacancyd.k8s.host when ``[kubernetes]`` is configured).
-        self.publisher_status: Callable[[], PublisherStatus] | None = None
-        #: Why the usage ledger is not as it should be (``vacancyd.runtime.usage``), read
-        #: for /status; None when no ledger is kept.
-        self.usage_error: Callable[[], str | None] | None = None
 
     # -- change notification -------------------------------------------------------------
 

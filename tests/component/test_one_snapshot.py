@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -27,7 +28,7 @@ from tests.support.config import RAM, companion_toml, daemon_toml, lender, resou
 from tests.support.daemon import serve_app
 from vacancyd.api.app import make_api
 from vacancyd.api.metrics import render_gauges
-from vacancyd.api.status import read_status
+from vacancyd.api.status import StatusViews, read_status
 from vacancyd.config import parse_config
 from vacancyd.config.load import parse_companion_config
 from vacancyd.core import conditions
@@ -86,7 +87,7 @@ async def never_connects() -> KubeApi:
     raise K8sApiError("connect", 403, "forbidden: the service account cannot get nodes")
 
 
-async def companion_view(daemon: Daemon) -> conditions.LenderState:
+async def companion_view(daemon: Daemon, views: StatusViews) -> conditions.LenderState:
     """What an in-cluster companion follower reads from this daemon's ``GET /status``,
     served by the daemon's own API application on a real socket."""
     state = daemon.state
@@ -98,6 +99,7 @@ async def companion_view(daemon: Daemon) -> conditions.LenderState:
         started_at=T0,
         release=daemon.work.admin_release,
         reclaim=daemon.reclaimer.reclaim,
+        views=views,
     )
     async with serve_app(api) as url, aiohttp.ClientSession() as session:
         toml = companion_toml(
@@ -120,8 +122,10 @@ async def test_status_metrics_and_the_publisher_agree_for_one_document(tmp_path:
     state.clock = lambda: now
     assert settings.kubernetes is not None
     host = HostPublisher(
-        settings.kubernetes, state, lambda: read_status(state, T0), connect=never_connects
+        settings.kubernetes, state, lambda: read_status(state, T0, views), connect=never_connects
     )
+    # what the daemon hands every status reader, with this publisher's health
+    views = replace(daemon.views, kubernetes=host.status)
     # The publisher's client fails: its health must show on all three renderings.
     task = asyncio.get_running_loop().create_task(host.publisher.run(), name="publisher")
     try:
@@ -144,7 +148,7 @@ async def test_status_metrics_and_the_publisher_agree_for_one_document(tmp_path:
         Hold(HoldKind.EXCLUSIVE_APP, "the owner's game runs", frozenset({"vram"}), None, None),
     )
 
-    doc = read_status(state, T0)
+    doc = read_status(state, T0, views)
     status = doc.to_json()
     metrics = scrape(doc)
     lender = conditions.lender_from_status(status)
@@ -163,7 +167,7 @@ async def test_status_metrics_and_the_publisher_agree_for_one_document(tmp_path:
 
     # The host-side publisher reads this state exactly as the companion does over HTTP.
     assert host.lender() == lender
-    companion = await companion_view(daemon)
+    companion = await companion_view(daemon, views)
     assert companion == lender
 
     # Upstreams: lendable, bound, headroom, jobs and waiters.
@@ -244,7 +248,7 @@ async def test_the_scraped_registry_renders_the_same_document(tmp_path: Path) ->
         if s.name.startswith("vacancyd_")
         and not s.name.startswith(("vacancyd_build", "vacancyd_state_write_failures"))
     }
-    gauges = scrape(read_status(state, T0))
+    gauges = scrape(read_status(state, T0, daemon.views))
     assert {k: v for k, v in live.items() if k[0] in {g[0] for g in gauges}} == gauges
     assert gauges[("vacancyd_owner_hold", (("kind", "pause"),))] == 1.0
     assert gauges[("vacancyd_waiting", (("upstream", "c"),))] == 2.0

@@ -33,7 +33,7 @@ from aiohttp import HttpVersion11, hdrs, web
 from vacancyd.api import events, page
 from vacancyd.api.auth import Authenticator
 from vacancyd.api.metrics import Metrics
-from vacancyd.api.status import SleepViews, render_status
+from vacancyd.api.status import StatusViews, render_status
 from vacancyd.api.usage import UsageReport, usage_handler
 from vacancyd.core.ledger import Job
 from vacancyd.core.numbers import parse_int
@@ -150,7 +150,7 @@ def make_api(
     max_event_subscribers: int = 32,
     controls: PauseControl | None = None,
     probes: Mapping[str, probe.ProbeEndpoint] | None = None,
-    sleep_views: SleepViews | None = None,
+    views: StatusViews | None = None,
     usage: UsageReport | None = None,
     extra_routes: Callable[
         [web.Application, Callable[[str, Handler], Handler], Callable[[Handler], Handler]], None
@@ -163,7 +163,7 @@ def make_api(
     and returns the upstreams it reclaims; ``switched()`` is called after an operator turned
     lending or a resource on or off (the reclaimer warms what may now be lent). ``probes`` maps an
     upstream name to its lendability probe (which checks its own token rule); it may be
-    filled after this call. ``sleep_views``: each controller's own view for ``/status``.
+    filled after this call. ``views``: what their owners render for ``/status``.
     ``usage``: what ``GET /usage`` reads (:mod:`vacancyd.api.usage`; None: it answers 404).
     ``extra_routes(app, scoped, mutation)`` adds further routes (the debug window and
     diagnostics, vacancyd.api.ops)."""
@@ -175,7 +175,7 @@ def make_api(
     _add_owner_routes(app, guards, controls)
     _add_probe_routes(app, state, auth, probes)
     _add_admin_routes(app, guards, state, release=release, reclaim=reclaim, switched=switched)
-    _add_read_routes(app, guards, state, metrics, started_at, sleep_views, usage)
+    _add_read_routes(app, guards, state, metrics, started_at, views, usage)
     _add_event_routes(
         app,
         guards,
@@ -253,7 +253,7 @@ def _add_read_routes(
     state: SharedState,
     metrics: Metrics,
     started_at: float,
-    sleep_views: SleepViews | None,
+    views: StatusViews | None,
     usage: UsageReport | None,
 ) -> None:
     """The status page, the probes of liveness and readiness, ``/status``, ``/metrics`` and
@@ -268,7 +268,7 @@ def _add_read_routes(
     readyz = healthz
 
     async def status(_: web.Request) -> web.Response:
-        return web.json_response(render_status(state, started_at, sleep_views))
+        return web.json_response(render_status(state, started_at, views))
 
     async def metrics_view(request: web.Request) -> web.Response:
         body, content_type = exposition(metrics.registry, request.headers.get("Accept"))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vacancyd.api.status import read_status
+from vacancyd.api.status import StatusViews, read_status
 from vacancyd.core.holds import HoldKind
 from vacancyd.core.ledger import Phase
 from vacancyd.core.observations import Quality
@@ -35,11 +35,12 @@ class StateCollector(Collector):
     """Renders every gauge of the lender from one status document per scrape (the same
     picture ``/status`` and the Kubernetes publisher render): :func:`render_gauges`."""
 
-    def __init__(self, state: SharedState) -> None:
+    def __init__(self, state: SharedState, views: StatusViews | None = None) -> None:
         self._state = state
+        self._views = views
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        yield from render_gauges(read_status(self._state))
+        yield from render_gauges(read_status(self._state, views=self._views))
 
 
 def render_gauges(doc: StatusDocument) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -271,9 +272,10 @@ class SaverCollector(Collector):
         yield failures
 
 
-def attach_state(metrics: Metrics, state: SharedState) -> None:
-    """Render the state's gauges on ``metrics``' registry at every scrape."""
-    metrics.registry.register(StateCollector(state))
+def attach_state(metrics: Metrics, state: SharedState, views: StatusViews | None = None) -> None:
+    """Render the state's gauges on ``metrics``' registry at every scrape (``views``: see
+    :class:`vacancyd.api.status.StatusViews`)."""
+    metrics.registry.register(StateCollector(state, views))
 
 
 def attach_saver(metrics: Metrics, saver: SaverHealth) -> None:

@@ -34,7 +34,7 @@ from aiohttp import web
 
 from vacancyd import __version__
 from vacancyd.api.app import EXPECT_ADMIN
-from vacancyd.api.status import SleepViews, render_status
+from vacancyd.api.status import StatusViews, render_status
 from vacancyd.config.model import Settings
 from vacancyd.core.events import StateEvent
 from vacancyd.core.reasons import ErrorCode, ErrorType
@@ -136,10 +136,10 @@ class Diagnostics:
         started_at: float,
         secrets: Callable[[], Iterable[str]],
         users: Callable[[], Iterable[str]],
-        sleep_views: SleepViews | None = None,
+        views: StatusViews | None = None,
     ) -> None:
         self.state = state
-        self.sleep_views = sleep_views
+        self.views = views
         self.settings = settings
         self.started_at = started_at
         self.secrets = secrets
@@ -178,7 +178,7 @@ class Diagnostics:
             "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "versions": _versions(),
             "config": redacted_config(self.settings),
-            "status": render_status(self.state, self.started_at, self.sleep_views),
+            "status": render_status(self.state, self.started_at, self.views),
             "collector_errors": self.collector_errors(),
             "recent_events": list(self.events),
             "debug": self.debug.view(),

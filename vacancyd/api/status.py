@@ -90,10 +90,11 @@ proceeding or done; ``edges_at`` are the ages (s) of the edges it answers, first
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from vacancyd import __version__
-from vacancyd.core.status import ListenerStatus, StatusDocument
+from vacancyd.core.status import ListenerStatus, PublisherStatus, StatusDocument
 from vacancyd.core.statusbuild import PressureReadout, StatusInputs, build_status
 from vacancyd.state import SharedState
 
@@ -101,14 +102,26 @@ from vacancyd.state import SharedState
 SleepViews = Mapping[str, Callable[[], Mapping[str, object]]]
 
 
+@dataclass(frozen=True)
+class StatusViews:
+    """What their owners render for the status document, read at each status read (each
+    optional): ``sleep``, each controller's view per upstream; ``owner``, the owner
+    controls; ``kubernetes``, the host-side publisher's state (None when there is none);
+    ``usage_error``, why the usage ledger cannot be used (None: it can)."""
+
+    sleep: SleepViews = field(default_factory=dict)
+    owner: Callable[[], Mapping[str, object]] | None = None
+    kubernetes: Callable[[], PublisherStatus | None] | None = None
+    usage_error: Callable[[], str | None] | None = None
+
+
 def gather_status_inputs(
-    state: SharedState, started_at: float | None = None, sleep_views: SleepViews | None = None
+    state: SharedState, started_at: float | None = None, views: StatusViews | None = None
 ) -> StatusInputs:
     """Read everything :func:`~vacancyd.core.statusbuild.build_status` needs from ``state``
     at its clock, in one synchronous step (nothing can change in between); the owners'
-    views (``sleep_views``: a controller's sleep mode per upstream; the owner controls, the
-    Kubernetes publisher) are rendered here. ``started_at``: monotonic start time (for
-    uptime)."""
+    ``views`` are rendered here. ``started_at``: monotonic start time (for uptime)."""
+    views = views or StatusViews()
     now = state.clock()
     snap = state.snapshot(now)
     _ready, not_ready = state.ready(now)
@@ -159,30 +172,28 @@ def gather_status_inputs(
         reclaims=dict(state.reclaims),
         reach=dict(state.reach),
         reach_max_age_s=state.reach_max_age_s,
-        sleep={
-            name: view() for name, view in (sleep_views or {}).items() if name in state.upstreams
-        },
+        sleep={name: view() for name, view in views.sleep.items() if name in state.upstreams},
         pools=dict(state.pools),
         write_errors=dict(state.write_errors),
         power_limits=dict(state.power_limits),
-        usage_error=None if state.usage_error is None else state.usage_error(),
-        owner_controls=None if state.owner_view is None else state.owner_view(),
-        kubernetes=None if state.publisher_status is None else state.publisher_status(),
+        usage_error=None if views.usage_error is None else views.usage_error(),
+        owner_controls=None if views.owner is None else views.owner(),
+        kubernetes=None if views.kubernetes is None else views.kubernetes(),
     )
 
 
 def read_status(
-    state: SharedState, started_at: float | None = None, sleep_views: SleepViews | None = None
+    state: SharedState, started_at: float | None = None, views: StatusViews | None = None
 ) -> StatusDocument:
     """Everything ``/status``, ``/metrics`` and the Kubernetes publisher show, from one
     snapshot at the state's clock. ``started_at``: monotonic start time (for uptime);
-    ``sleep_views``: see :func:`gather_status_inputs`."""
-    return build_status(gather_status_inputs(state, started_at, sleep_views))
+    ``views``: see :func:`gather_status_inputs`."""
+    return build_status(gather_status_inputs(state, started_at, views))
 
 
 def render_status(
-    state: SharedState, started_at: float, sleep_views: SleepViews | None = None
+    state: SharedState, started_at: float, views: StatusViews | None = None
 ) -> dict[str, Any]:
     """The ``/status`` JSON object (see the module docstring for its shape): one
     :func:`read_status` document as JSON."""
-    return read_status(state, started_at, sleep_views).to_json()
+    return read_status(state, started_at, views).to_json()

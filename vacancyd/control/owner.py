@@ -122,7 +122,6 @@ class OwnerControls:
         self.supervisor = supervisor
         self._saves: set[asyncio.Task[None]] = set()
         self._load_pause()
-        state.owner_view = self.view
 
     @property
     def pause_path(self) -> Path:

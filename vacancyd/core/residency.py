@@ -206,6 +206,27 @@ def prove_ollama(
             "the server does not report the loaded context_length",
             code=CreditCode.CONTEXT_UNKNOWN,
         )
+    return _prove_context(
+        model,
+        requested=requested,
+        loaded=loaded,
+        num_ctx=num_ctx,
+        dialect=dialect,
+        learning=learning,
+    )
+
+
+def _prove_context(
+    model: ResidentModel,
+    *,
+    requested: str,
+    loaded: int,
+    num_ctx: int | None,
+    dialect: str | None,
+    learning: ContextLearning,
+) -> Credit:
+    """The context rule of :func:`prove_ollama` (module doc): whether a request with
+    ``num_ctx`` (None: unset) reuses ``model``'s ``loaded`` context (tokens) as it is."""
     if num_ctx is not None and num_ctx == loaded:
         return Credit(
             True,

@@ -77,7 +77,6 @@ class HostPublisher:
         )
         self._unsubscribe: Callable[[], None] | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        state.publisher_status = self.status
 
     def status(self) -> PublisherStatus:
         """This publisher on the status document: where it publishes, whether writes work."""

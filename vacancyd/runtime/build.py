@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vacancyd.adapters import ADAPTERS
-from vacancyd.api.metrics import attach_saver, attach_state
+from vacancyd.api.metrics import attach_saver
 from vacancyd.collectors import system
 from vacancyd.collectors.nvidia import GpuCapacityProbe, NvmlGpu, NvmlPowerControl, SmiProbe
 from vacancyd.config.load import ConfigError
@@ -309,7 +309,6 @@ def build(settings: Settings) -> Collaborators:
     state = build_state(settings)
     saved_holds = learned.load_holds(state, settings.state_dir)
     metrics = Metrics()
-    attach_state(metrics, state)
     supervisor = Supervisor()
     saver = learned.LearnedSaver(state, settings.state_dir)
     attach_saver(metrics, saver)

@@ -1,5 +1,4 @@
 """The daemon: builds state, listeners and collectors from settings and runs until stopped.
-
 Its tasks, all under the supervisor, are listed in :mod:`vacancyd.runtime`.
 
 Stops on SIGTERM/SIGINT (exit 0) or when an essential task ends (exit 1), after a drain
@@ -10,9 +9,8 @@ configuration file and logs the verdict; it never stops the daemon.
 
 This module is the lifecycle (start, wait, drain, shutdown, SIGHUP); what the daemon is made
 of is built in :mod:`vacancyd.runtime.build`, its listeners bound and closed by
-:mod:`vacancyd.runtime.listeners`, its sampling loops started by
-:mod:`vacancyd.runtime.loops`. The names tests and the command line import from here are
-re-exported.
+:mod:`vacancyd.runtime.listeners`, its loops started by :mod:`vacancyd.runtime.loops`.
+The names tests and the command line import from here are re-exported.
 """
 
 from __future__ import annotations
@@ -32,9 +30,10 @@ from yarl import URL
 from vacancyd.adapters import ADAPTERS
 from vacancyd.api.app import Handler as ApiHandler
 from vacancyd.api.app import health_probe, make_api
+from vacancyd.api.metrics import attach_state
 from vacancyd.api.ops import Diagnostics
 from vacancyd.api.overview import Overview
-from vacancyd.api.status import read_status
+from vacancyd.api.status import StatusViews, read_status
 from vacancyd.api.usage import UsageReport
 from vacancyd.collectors import logind
 from vacancyd.config.load import ConfigError, load_config
@@ -162,6 +161,8 @@ class Daemon:
     #: The usage ledger: built here so what records into it can be handed ``usage.record``
     #: before the start; opened by :meth:`start`, closed at the end of :meth:`shutdown`.
     usage: UsageStore = field(init=False)
+    #: what their owners render for /status and /metrics (controllers, owner, publisher)
+    views: StatusViews = field(init=False)
 
     def __post_init__(self) -> None:
         parts = build(self.settings)
@@ -192,6 +193,14 @@ class Daemon:
             self.settings.state_dir / USAGE_FILE,
             retention_days=self.settings.usage_retention_days,
         )
+        usage = self.usage
+        self.views = StatusViews(
+            sleep=ControllerViews(self.calls, [u.name for u in self.settings.upstream]),
+            owner=self.owner.view,
+            kubernetes=lambda: None if self.kubernetes is None else self.kubernetes.status(),
+            usage_error=lambda: usage.error,
+        )
+        attach_state(self.metrics, self.state, self.views)
 
     @property
     def bound(self) -> dict[str, str]:
@@ -293,7 +302,6 @@ class Daemon:
         fatal), show its error in /status and run its hourly upkeep."""
         store = self.usage
         await store.open()
-        self.state.usage_error = lambda: store.error
         self.supervisor.spawn(store.upkeep(), name="usage ledger upkeep", essential=False)
 
     def _extra_routes(
@@ -318,14 +326,13 @@ class Daemon:
     ) -> None:
         """Bind the API listener (``probes``: filled in as the proxies are built)."""
         settings = self.settings
-        sleep_views = ControllerViews(self.calls, [u.name for u in settings.upstream])
         self.diagnostics = Diagnostics(
             self.state,
             settings,
             started_at=started_at,
             secrets=secrets.all_secrets,
             users=lambda: self.presence.seen_users if self.presence is not None else (),
-            sleep_views=sleep_views,
+            views=self.views,
         )
         api = make_api(
             self.state,
@@ -338,7 +345,7 @@ class Daemon:
             max_event_subscribers=settings.server.limits.max_event_subscribers,
             controls=self.owner,
             probes=probes,
-            sleep_views=sleep_views,
+            views=self.views,
             usage=UsageReport(self.usage, settings.energy_price_per_kwh, settings.energy_currency),
             extra_routes=self._extra_routes,
         )
@@ -426,15 +433,11 @@ class Daemon:
         if missing is not None:
             log.error("[kubernetes] is configured but cannot be used: %s", missing)
             return
-        state = self.state
-        self.kubernetes = HostPublisher(settings, state, lambda: read_status(state, started_at))
+        state, views, at = self.state, self.views, started_at
+        self.kubernetes = HostPublisher(settings, state, lambda: read_status(state, at, views))
         self.kubernetes.start(
             lambda coro, name: self.supervisor.spawn(coro, name=name, essential=False)
         )
-
-    async def save_calibrations(self) -> None:
-        """Write every identified GPU's calibration to the state directory; logs failures."""
-        await self.loops.save_calibrations()
 
     async def wait(self) -> int:
         """Wait for a stop request (returns 0) or an essential task's failure (returns 1)."""
@@ -525,7 +528,7 @@ class Daemon:
         await self.power.restore_at_stop()
         if self.tracing is not None:
             await self.tracing.shutdown()
-        await self.save_calibrations()
+        await self.loops.save_calibrations()
         await self._save_at_stop()
         await self.usage.close()  # after the listeners: every finished job is written
         await self.listeners.close_sessions()

@@ -210,6 +210,28 @@ def render_config(
     when: dt.datetime,
 ) -> str:
     """The commented starting config for what ``found`` lists (pure: no I/O)."""
+    lines = _found_lines(found, host=host, when=when)
+    lines += _server_lines(token_dir=token_dir, state_dir=state_dir)
+    resources, primary, whole_card = _resource_lines(found.gpus)
+    lines += resources
+    names: dict[str, int] = {}
+    for i, s in enumerate(found.servers):
+        n = names[s.adapter] = names.get(s.adapter, 0) + 1
+        name = s.adapter if n == 1 else f"{s.adapter}-{n}"
+        lines += _upstream_lines(
+            s, name=name, port=FIRST_PROXY_PORT + i, primary=primary, whole_card=whole_card
+        )
+    if not found.servers:
+        lines += [
+            "# No inference server was found. Start one and run `vacancyd init --force`, or",
+            "# add an [[upstream]] by hand (docs/configuration.md).",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _found_lines(found: Discovery, *, host: str, when: dt.datetime) -> list[str]:
+    """The config's opening comment: who wrote it, what to do next, and what init found."""
     lines = [
         f"# vacancyd configuration written by `vacancyd init` on {host} at "
         f"{when.strftime('%Y-%m-%d %H:%M %Z')}.",
@@ -237,7 +259,12 @@ def render_config(
             )
     else:
         lines.append(f"#   no GPU ({found.gpu_error}); upstreams are gated on system memory")
-    lines += [
+    return lines
+
+
+def _server_lines(*, token_dir: Path, state_dir: Path) -> list[str]:
+    """``state_dir``, ``[server]`` with its two token files, and ``[owner]``."""
+    return [
         "",
         f"state_dir = {_toml_str(str(state_dir))}",
         "",
@@ -266,90 +293,89 @@ def render_config(
         '# exclusive_apps = [{ name = "steam", scope = "gpu" }]',
         "",
     ]
-    #: MiB charged for a model of unknown size: the primary GPU's whole lendable memory,
-    #: so such a model is lent only while that card is otherwise free (0 without a GPU).
-    whole_card = 0
-    if found.gpus:
-        primary = "gpu0"
-        for g in found.gpus:
-            keep = _keep_free_mib(g.total_mib)
-            lines += [
-                "[[resource]]",
-                f'name = "gpu{g.index}"',
-                'kind = "gpu"',
-                f"device = {_toml_str(g.uuid)}   # stable across reboots and driver updates",
-                f"min_free_mib = {keep}             # always left free for the owner",
-                "# GPU pressure is on: the owner's GPU load is learned for 30 minutes",
-                "# (docs/calibration.md) before this GPU is lent.",
-                "",
-            ]
-        primary = f"gpu{found.gpus[0].index}"
-        total = found.gpus[0].total_mib
-        whole_card = int((total - _keep_free_mib(total)) // 256 * 256)
-    else:
-        primary = "ram"
-        lines += ["[[resource]]", 'name = "ram"', 'kind = "memory"', "min_free_mib = 2048", ""]
-    names: dict[str, int] = {}
-    for i, s in enumerate(found.servers):
-        n = names[s.adapter] = names.get(s.adapter, 0) + 1
-        name = s.adapter if n == 1 else f"{s.adapter}-{n}"
+
+
+def _resource_lines(gpus: list[GpuInfo]) -> tuple[list[str], str, int]:
+    """(the ``[[resource]]`` tables, the primary resource's name, the MiB charged for a model
+    of unknown size). That charge is the primary GPU's whole lendable memory, so such a model
+    is lent only while that card is otherwise free; 0 without a GPU (then one ``ram``
+    resource)."""
+    if not gpus:
+        return (
+            ["[[resource]]", 'name = "ram"', 'kind = "memory"', "min_free_mib = 2048", ""],
+            "ram",
+            0,
+        )
+    lines: list[str] = []
+    for g in gpus:
+        keep = _keep_free_mib(g.total_mib)
         lines += [
-            "[[upstream]]",
-            f'name = "{name}"',
-            f'adapter = "{s.adapter}"',
-            f'listen = "0.0.0.0:{FIRST_PROXY_PORT + i}"   # borrowers connect here, with the '
-            "borrow token",
-            f'target = "http://{s.address}"',
-            f'resource = "{primary}"',
-            'on_owner_return = "drain"     # or "cancel", "finish" (docs/reclaim.md)',
-        ]
-        if s.adapter in ("ollama", "comfyui"):
-            lines.append("yield_on_veto = true          # unload its models on reclaim")
-        elif s.adapter == "vllm":
-            if s.sleep_mode:
-                lines.append("yield_on_veto = true          # sleep mode: sleep on reclaim")
-            else:
-                lines += [
-                    "# yield_on_veto = true        # needs the server started with",
-                    "#                             # VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode",
-                ]
-        sized = {m: mib for m, mib in s.models.items() if mib is not None}
-        if sized:
-            lines += [
-                "",
-                f"[upstream.models]   # size on disk + {FOOTPRINT_FACTOR - 1:.0%}: measure them",
-                f"default_mib = {max(_footprint(v) for v in sized.values())}",
-                "",
-                "# `vacancyd measure` prints a table with this header: it replaces this one",
-                "[upstream.models.footprint_mib]",
-                *(f"{_toml_str(m)} = {_footprint(v)}" for m, v in sized.items()),
-            ]
-        elif s.models and whole_card:
-            lines += [
-                "",
-                "[upstream.models]",
-                f"# footprints of {', '.join(s.models)} are unknown: until you measure them",
-                "# (vacancyd measure), each is charged the whole lendable card, so it is lent",
-                "# only while the card is otherwise free.",
-                f"default_mib = {whole_card}",
-            ]
-        elif s.models:
-            lines += [
-                "",
-                "[upstream.models]",
-                f"# WARNING: footprints of {', '.join(s.models)} are unknown. With 0, a model",
-                "# is charged nothing and only the resource's min_free_mib protects the owner:",
-                "# measure them (vacancyd measure) and set default_mib before lending.",
-                "default_mib = 0",
-            ]
-        lines.append("")
-    if not found.servers:
-        lines += [
-            "# No inference server was found. Start one and run `vacancyd init --force`, or",
-            "# add an [[upstream]] by hand (docs/configuration.md).",
+            "[[resource]]",
+            f'name = "gpu{g.index}"',
+            'kind = "gpu"',
+            f"device = {_toml_str(g.uuid)}   # stable across reboots and driver updates",
+            f"min_free_mib = {keep}             # always left free for the owner",
+            "# GPU pressure is on: the owner's GPU load is learned for 30 minutes",
+            "# (docs/calibration.md) before this GPU is lent.",
             "",
         ]
-    return "\n".join(lines)
+    total = gpus[0].total_mib
+    whole_card = int((total - _keep_free_mib(total)) // 256 * 256)
+    return lines, f"gpu{gpus[0].index}", whole_card
+
+
+def _upstream_lines(s: Found, *, name: str, port: int, primary: str, whole_card: int) -> list[str]:
+    """One found server's ``[[upstream]]`` table and its ``[upstream.models]``."""
+    lines = [
+        "[[upstream]]",
+        f'name = "{name}"',
+        f'adapter = "{s.adapter}"',
+        f'listen = "0.0.0.0:{port}"   # borrowers connect here, with the borrow token',
+        f'target = "http://{s.address}"',
+        f'resource = "{primary}"',
+        'on_owner_return = "drain"     # or "cancel", "finish" (docs/reclaim.md)',
+    ]
+    if s.adapter in ("ollama", "comfyui"):
+        lines.append("yield_on_veto = true          # unload its models on reclaim")
+    elif s.adapter == "vllm":
+        if s.sleep_mode:
+            lines.append("yield_on_veto = true          # sleep mode: sleep on reclaim")
+        else:
+            lines += [
+                "# yield_on_veto = true        # needs the server started with",
+                "#                             # VLLM_SERVER_DEV_MODE=1 --enable-sleep-mode",
+            ]
+    sized = {m: mib for m, mib in s.models.items() if mib is not None}
+    if sized:
+        lines += [
+            "",
+            f"[upstream.models]   # size on disk + {FOOTPRINT_FACTOR - 1:.0%}: measure them",
+            f"default_mib = {max(_footprint(v) for v in sized.values())}",
+            "",
+            "# `vacancyd measure` prints a table with this header: it replaces this one",
+            "[upstream.models.footprint_mib]",
+            *(f"{_toml_str(m)} = {_footprint(v)}" for m, v in sized.items()),
+        ]
+    elif s.models and whole_card:
+        lines += [
+            "",
+            "[upstream.models]",
+            f"# footprints of {', '.join(s.models)} are unknown: until you measure them",
+            "# (vacancyd measure), each is charged the whole lendable card, so it is lent",
+            "# only while the card is otherwise free.",
+            f"default_mib = {whole_card}",
+        ]
+    elif s.models:
+        lines += [
+            "",
+            "[upstream.models]",
+            f"# WARNING: footprints of {', '.join(s.models)} are unknown. With 0, a model",
+            "# is charged nothing and only the resource's min_free_mib protects the owner:",
+            "# measure them (vacancyd measure) and set default_mib before lending.",
+            "default_mib = 0",
+        ]
+    lines.append("")
+    return lines
 
 
 def _keep_free_mib(total_mib: float) -> int:
