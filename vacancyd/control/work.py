@@ -39,6 +39,7 @@ from typing import Protocol
 
 from vacancyd.adapters.base import Controller
 from vacancyd.control import jobwatch
+from vacancyd.control.accounting import Accounting
 from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
@@ -134,6 +135,7 @@ class Work:
         holds_writer: HoldsWriter | None = None,
         after_release: Callable[[Job, float], None] | None = None,
         observers: Sequence[JobObserver] = (),
+        accounting: Accounting | None = None,
     ) -> None:
         self.state = state
         #: Told when each job starts and stops holding its resources (the power limiter).
@@ -142,6 +144,9 @@ class Work:
         self.calls = calls
         self.supervisor = supervisor
         self.metrics = metrics
+        #: What each job used (busy time, tokens, energy; the borrowers' quota counts and the
+        #: usage ledger), told of every job's start and end; None: nothing is counted.
+        self.accounting = accounting
         self._holds_writer = holds_writer
         self._after_release = after_release
         self._held_ids: set[int] = set()
@@ -232,7 +237,66 @@ class Work:
         )
         self._jobs[job.id] = job
         self._tell(reserved, started=True)
+        self._account(job, None, now)
         return job
+
+    def _account(self, job: JobState, outcome: str | None, now: float) -> None:
+        """Tell /status, /events and the accounting that ``job`` started (``outcome``
+        None) or ended with ``outcome``; a failure there is logged, never raised into the
+        job's life."""
+        try:
+            self.state.note_job(job.id, job.upstream, job.borrower, job.model, outcome=outcome)
+            accounting = self.accounting
+            if accounting is None:
+                return
+            if outcome is None:
+                accounting.started(
+                    job.id, job.borrower, job.upstream, job.model, job.resources, now
+                )
+            else:
+                accounting.ended(job.id, outcome)
+        except Exception:
+            log.exception("accounting failed on job %d", job.id)
+
+    # -- a borrower's own limits (docs/borrowers.md) --------------------------------------
+
+    def forbidden(self, borrower: str, upstream: str) -> str | None:
+        """Why ``borrower`` may not use ``upstream`` (an upstream's or a pool's name) at all:
+        the 403's sentence; None when it may (or nothing is counted)."""
+        if self.accounting is None:
+            return None
+        return self.accounting.borrowers.forbidden(borrower, (upstream,))
+
+    def borrower_refusal(self, borrower: str) -> Refuse | None:
+        """``quota_exhausted`` or ``borrower_busy`` when ``borrower`` may not start another
+        job now, else None."""
+        if self.accounting is None:
+            return None
+        return self.accounting.borrowers.refusal(borrower)
+
+    def exchanged(
+        self,
+        job_id: int,
+        *,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        bytes_in: int,
+        bytes_out: int,
+    ) -> None:
+        """What job ``job_id``'s exchange carried (told before its end is reported): the
+        tokens the server reported (None: not reported) and the body bytes in and out."""
+        if self.accounting is None:
+            return
+        try:
+            self.accounting.exchanged(
+                job_id,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                bytes_in=bytes_in,
+                bytes_out=bytes_out,
+            )
+        except Exception:  # counting never breaks the job's life
+            log.exception("accounting failed on job %d", job_id)
 
     def charge(self, job_id: int, charged_mib: int | None) -> None:
         """Charge job ``job_id`` ``charged_mib`` MiB again (an exclusive job, on the fresh
@@ -622,6 +686,7 @@ class Work:
         """Count and log ``job``'s end (it has left ``_jobs``)."""
         outcome = job.outcome or job.final_outcome
         self.metrics.job_ended(job.upstream, outcome)
+        self._account(job, outcome.value, self.state.clock())
         log.info(
             "%s: job %d ended: %s after %.3f s",
             job.upstream,
