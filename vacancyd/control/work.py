@@ -35,10 +35,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Protocol
 
-from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.adapters.base import Controller
+from vacancyd.control import jobwatch
 from vacancyd.control.accounting import Accounting
 from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
@@ -74,12 +74,6 @@ from vacancyd.state import SharedState
 from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-#: How long a refusal that a fresh observation could change waits for one (seconds).
-REFRESH_WAIT_S = 2.0
-#: While a held or detached job waits for its server to be seen idle, the server is asked
-#: at most this often (seconds): quick enough to release soon after it stops, gentle on it.
-IDLE_POLL_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,11 +341,6 @@ class Work:
             return None
         return self._apply(job.reply_arrived(status)).cut_by
 
-    def cut_by(self, job_id: int) -> Edge | None:
-        """The reclaim edge that cut job ``job_id``, or None."""
-        job = self._jobs.get(job_id)
-        return None if job is None else job.cut_by
-
     def exchange_ended(self, job_id: int, ending: Ending) -> None:
         """The proxy is done with job ``job_id``'s exchange; ``ending`` says how."""
         job = self._jobs.get(job_id)
@@ -557,7 +546,7 @@ class Work:
             job = self._jobs.get(job_id)
             if job is not None and job.phase is JobPhase.HELD:
                 self.state.ledger.set_phase(job_id, Phase.HELD)
-                self._log_hold(job)
+                log.warning("%s", jobwatch.hold_line(job))
         self._show_holds()
 
     def holds_unsaved(self, error: str) -> None:
@@ -628,7 +617,7 @@ class Work:
                     continue
                 self.state.ledger.set_phase(job.id, effect.phase)
                 if job.hold is not None:
-                    self._log_hold(job)
+                    log.warning("%s", jobwatch.hold_line(job))
                 elif job.detached_until is not None and job.detached_since is not None:
                     log.info(
                         "%s: the borrower of job %d disconnected; the server may go on "
@@ -737,124 +726,26 @@ class Work:
             return None
         return await self.calls.cancel(upstream, keys, why=f"reclaim on {upstream}")
 
-    def _log_hold(self, job: JobState) -> None:
-        hold = job.hold
-        assert hold is not None
-        until = (
-            "an observation shows the server idle"
-            if hold.release_by is ReleaseBy.SERVER_IDLE
-            else f"an administrator releases it (POST /admin/jobs/{job.id}/release)"
-        )
-        if hold.reason is HoldReason.TRACKING_LOST:
-            log.warning(
-                "%s: lost track of borrowed job %s (%s); holding its reservation until an "
-                "administrator releases job %d",
-                job.upstream,
-                job.key,
-                hold.detail,
-                job.id,
-            )
-        elif hold.reason is HoldReason.DETACHED_WORK:
-            log.warning(
-                "%s: job %d: %s; holding its reservation until %s",
-                job.upstream,
-                job.id,
-                hold.detail,
-                until,
-            )
-        elif hold.reason is HoldReason.UPSTREAM_SILENT:
-            log.warning(
-                "%s: job %d: %s; gave up on the exchange, but the server may still be "
-                "working on it: holding its reservation until %s",
-                job.upstream,
-                job.id,
-                hold.detail,
-                until,
-            )
-        else:
-            log.warning(
-                "%s: job %d was cut by a reclaim but the server may still be working on it; "
-                "holding its reservation until %s",
-                job.upstream,
-                job.id,
-                until,
-            )
-
     def _follow(self, job: JobState, key: str) -> None:
         """Keep a landed, tracked job reserved until the server finishes it."""
         controller = self._upstreams[job.upstream].controller
         assert controller is not None
-        job_id = job.id
-
-        async def follow() -> None:
-            try:
-                await controller.wait_done(key)
-            except UpstreamError as exc:
-                detail = str(exc)
-                self._step(job_id, lambda j: j.tracking_lost(detail, self.state.clock()))
-                return
-            except BaseException:
-                self._step(job_id, JobState.tracking_done)
-                raise
-            self._step(job_id, JobState.tracking_done)
-
-        self.supervisor.spawn(follow(), name=f"track {job.upstream} job {job_id}", essential=False)
+        self.supervisor.spawn(
+            jobwatch.follow(controller, key, job.id, self._step, self.state.clock),
+            name=f"track {job.upstream} job {job.id}",
+            essential=False,
+        )
 
     def _watch_idle(self, job: JobState) -> None:
         """Release a held job, or end the tracking of a disconnected borrower's request, once
         a server observation taken after the hold or the disconnect shows the server idle
-        (llama-server's slots); hold detached work that still looks busy at its
-        ``detached_until``. One task per job, for as long as either lasts."""
-        name = job.upstream
-        job_id = job.id
-        key = SampleKey.server(name)
-        self._watched.add(job_id)
-
-        async def await_idle() -> None:
-            polled_at: float | None = None
-            try:
-                while (watched := self._jobs.get(job_id)) is not None and (
-                    since := _idle_since(watched)
-                ) is not None:
-                    obs = self.state.servers.get(name)
-                    if (
-                        obs is not None
-                        and obs.value is not None
-                        and obs.observed_at is not None
-                        and obs.observed_at > since
-                        and obs.value.idle
-                    ):
-                        log.info(
-                            "%s: server idle %s; releasing job %d",
-                            name,
-                            "after the cut"
-                            if watched.phase is JobPhase.HELD
-                            else "after the borrower disconnected",
-                            job_id,
-                        )
-                        self._step(
-                            job_id, partial(JobState.server_seen_idle, observed_at=obs.observed_at)
-                        )
-                        continue
-                    wait = REFRESH_WAIT_S
-                    until = watched.detached_until if watched.phase is JobPhase.TRACKING else None
-                    if until is not None:
-                        now = self.state.clock()
-                        if now >= until:
-                            self._step(job_id, partial(JobState.detached_timed_out, now=now))
-                            continue
-                        wait = min(wait, until - now)
-                    now = self.state.clock()
-                    if polled_at is not None and now - polled_at < IDLE_POLL_S:
-                        await asyncio.sleep(min(wait, IDLE_POLL_S - (now - polled_at)))
-                        continue
-                    polled_at = now
-                    if not await self.state.samples.fresh(key, wait):
-                        await asyncio.sleep(wait)
-            finally:
-                self._watched.discard(job_id)
-
-        self.supervisor.spawn(await_idle(), name=f"hold {name} job {job_id}", essential=False)
+        (:func:`vacancyd.control.jobwatch.await_idle`). One task per job."""
+        self._watched.add(job.id)
+        self.supervisor.spawn(
+            jobwatch.await_idle(job, self._jobs.get, self._step, self.state, self._watched),
+            name=f"hold {job.upstream} job {job.id}",
+            essential=False,
+        )
 
     def _step(self, job_id: int, step: Callable[[JobState], Transition]) -> None:
         job = self._jobs.get(job_id)
@@ -862,14 +753,3 @@ class Work:
             return
         self._apply(step(job))
         self._changed(job.upstream)
-
-
-def _idle_since(job: JobState) -> float | None:
-    """Monotonic s after which a server observation showing the server idle ends ``job``'s
-    hold or tracking; None when no observation can (the job is not watched)."""
-    hold = job.hold
-    if job.phase is JobPhase.HELD and hold is not None and hold.release_by is ReleaseBy.SERVER_IDLE:
-        return hold.since
-    if job.phase is JobPhase.TRACKING and job.detached_since is not None:
-        return job.detached_since
-    return None
