@@ -89,6 +89,8 @@ class Since:
 _DURATION = re.compile(r"([0-9]{1,6})([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+#: A duration with more digits than :data:`_DURATION` takes: said to be too long.
+_LONG_DURATION = re.compile(r"[0-9]{7,}[smhdw]")
 
 
 def parse_since(text: str) -> Since:
@@ -102,6 +104,11 @@ def parse_since(text: str) -> Since:
         if seconds <= 0:
             raise ValueError(f"since {text!r} is no time at all: give more than 0")
         return Since(text, seconds=float(seconds))
+    if _LONG_DURATION.fullmatch(spec):
+        raise ValueError(
+            f"since {text!r} is too far back: give at most 6 digits (999999w), or a date "
+            "(YYYY-MM-DD)"
+        )
     if _DATE.fullmatch(spec):
         try:
             return Since(text, day=dt.date.fromisoformat(spec))
