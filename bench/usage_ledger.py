@@ -15,7 +15,14 @@ synchronous=NORMAL, one commit per row, on the store's own thread):
 * the CPU time per committed row (process user + system time, every thread);
 * ``vacancyd usage`` queries over a ledger of ``--history`` rows (default 100,000: about 90
   days of a busy lender): by borrower, by day, by model, offline (read-only) and through the
-  store.
+  store;
+* ``--proxy N``: the ledger's cost per job side by side with the proxy without it. One real
+  daemon (in this process, the test suite's ``running_daemon``) in front of a canned
+  OpenAI-shaped upstream that reports ``usage``, N back-to-back chat completions over one
+  kept-alive connection, in blocks that alternate between the job accounting on (tokens read
+  from the reply, the quota counts, the metrics, one ledger row committed per job) and off
+  (``Work.accounting`` None: what the proxy did before). Prints per mode the p50/p99
+  request latency and the process CPU per request, and the ratios on/off.
 """
 
 from __future__ import annotations
@@ -156,10 +163,84 @@ async def main(rows: int, history: int) -> None:
         print(f"ledger size: {path.stat().st_size / 1e6:.1f} MB")
 
 
+async def proxy_side_by_side(requests: int, block: int = 50) -> None:
+    """The proxy with and without the job accounting, interleaved in blocks (module doc)."""
+    import json
+
+    import aiohttp
+    from aiohttp import web
+
+    from tests.support.config import daemon_toml, upstream
+    from tests.support.daemon import running_daemon, serve_app
+
+    usage = {"prompt_tokens": 12, "completion_tokens": 34, "total_tokens": 46}
+    reply = json.dumps(
+        {"id": "c", "object": "chat.completion", "choices": [], "usage": usage}
+    ).encode()
+
+    async def chat(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=reply, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    with tempfile.TemporaryDirectory(prefix="vacancyd-bench-ledger-proxy-") as scratch:
+        async with serve_app(app) as url:
+            toml = daemon_toml(upstream("llm", url), state_dir=scratch)
+            async with running_daemon(toml) as d:
+                await d.wait_ready()
+                work = d.daemon.work
+                accounting = work.accounting
+                modes = {"ledger on": accounting, "ledger off": None}
+                lat: dict[str, list[float]] = {m: [] for m in modes}
+                cpu: dict[str, float] = dict.fromkeys(modes, 0.0)
+                target = d.proxy_url("llm") + "/v1/chat/completions"
+                headers = {"Content-Type": "application/json"}
+                async with aiohttp.ClientSession() as http:
+                    for _ in range(20):  # warm up
+                        async with http.post(target, data=body, headers=headers) as r:
+                            await r.read()
+                    done = 0
+                    turn = 0
+                    while done < requests:
+                        order = list(modes) if turn % 2 == 0 else list(reversed(modes))
+                        turn += 1
+                        for mode in order:
+                            work.accounting = modes[mode]
+                            c0 = cpu_s()
+                            for _ in range(block):
+                                t0 = time.perf_counter()
+                                async with http.post(target, data=body, headers=headers) as r:
+                                    await r.read()
+                                    assert r.status == 200, r.status
+                                lat[mode].append(time.perf_counter() - t0)
+                            cpu[mode] += cpu_s() - c0
+                        done += block
+                work.accounting = accounting
+    for mode in modes:
+        n = len(lat[mode])
+        print(
+            f"{mode}: {n} requests, p50 {pct(lat[mode], 0.5) * 1e6:.0f} us, "
+            f"p99 {pct(lat[mode], 0.99) * 1e6:.0f} us, {cpu[mode] / n * 1e6:.0f} us CPU/request"
+        )
+    on, off = lat["ledger on"], lat["ledger off"]
+    print(
+        f"ratio on/off: p50 {pct(on, 0.5) / pct(off, 0.5):.3f}, "
+        f"p99 {pct(on, 0.99) / pct(off, 0.99):.3f}, "
+        f"CPU/request {cpu['ledger on'] / cpu['ledger off']:.3f} "
+        "(client, proxy, upstream and the ledger's thread share this process)"
+    )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rows", type=int, default=5000)
     parser.add_argument("--history", type=int, default=100_000)
+    parser.add_argument("--proxy", type=int, default=0, metavar="N", help="proxy side by side")
     args = parser.parse_args()
     random.seed(23)
-    asyncio.run(main(args.rows, args.history))
+    if args.proxy:
+        asyncio.run(proxy_side_by_side(args.proxy))
+    else:
+        asyncio.run(main(args.rows, args.history))

@@ -29,6 +29,7 @@ from vacancyd.core.events import (
     CapacityChanged,
     EdgeRaised,
     HoldChanged,
+    JobChanged,
     JobHoldChanged,
     LendingSwitched,
     ListenerChanged,
@@ -76,6 +77,7 @@ from vacancyd.core.snapshot import (
 )
 from vacancyd.core.status import PowerLimitStatus
 from vacancyd.core.thermal import ThermalChange, ThermalPolicy, ThermalTracker
+from vacancyd.core.usage import UNNAMED, borrower_label
 from vacancyd.core.veto import VetoTracker
 from vacancyd.samples import OnDemandSamples
 
@@ -214,6 +216,8 @@ class SharedState:
         #: Held jobs (id -> their hold), kept current by vacancyd.control.work for /status;
         #: only holds already written to the state directory are here.
         self.job_holds: Mapping[int, JobHold] = {}
+        #: Each running borrowed job's borrower by job id ("": unnamed), for /status.
+        self.job_borrowers: dict[int, str] = {}
         #: Resources with a held job not yet on disk -> why its write failed (None: under
         #: way). Kept by vacancyd.control.work; such a resource lends nothing.
         self.unsaved_holds: dict[str, str | None] = {}
@@ -581,8 +585,28 @@ class SharedState:
                 hold.release_by.value,
                 hold.detail,
                 self.clock(),
+                borrower_label(self.job_borrowers.get(job, UNNAMED)),
             )
         )
+
+    def note_job(
+        self,
+        job: int,
+        upstream: str,
+        borrower: str,
+        model: str | None,
+        *,
+        outcome: str | None = None,
+    ) -> None:
+        """Borrowed job ``job`` of ``borrower`` ("": unnamed) started (``outcome`` None) or
+        ended with ``outcome``: kept for /status while it runs, and sent as a ``job`` event."""
+        if outcome is None:
+            self.job_borrowers[job] = borrower
+        else:
+            self.job_borrowers.pop(job, None)
+        change = "started" if outcome is None else "ended"
+        label = borrower_label(borrower)
+        self.events.emit(JobChanged(job, upstream, label, change, model, outcome, self.clock()))
 
     def publish_reclaim(self, reclaim: Reclaim) -> None:
         """Record an upstream's reclaim for /status and tell subscribers."""

@@ -73,6 +73,7 @@ async def test_admitted_request_span_continues_the_borrowers_trace_upstream() ->
         assert attrs["vacancyd.upstream"] == "up" and attrs["vacancyd.route_class"] == "work"
         assert attrs["http.response.status_code"] == 200
         assert tuple(attrs["vacancyd.resources"]) == ("ram",)
+        assert attrs["vacancyd.borrower"] == "default"  # trusted loopback, no borrower's token
         # the upstream got our span as its parent, in the borrower's trace
         sent = seen[-1]["headers"]
         assert isinstance(sent, dict)

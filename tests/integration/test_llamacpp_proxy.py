@@ -15,6 +15,7 @@ import aiohttp
 import openai
 import pytest
 
+from tests.component.test_borrowers import ledger_rows
 from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon
 from tests.support.llamacpp import LlamaServer, require_llama_server, running_llama_server
@@ -122,3 +123,31 @@ async def test_slots_is_management_and_disconnect_releases(lender: RunningDaemon
         )
         assert reply.choices
     await asyncio.sleep(0)
+
+
+async def test_the_ledger_records_the_tokens_the_real_server_reported(
+    lender: RunningDaemon,
+) -> None:
+    """Issue 23: one usage-ledger row per job, with the usage llama-server reported (the
+    last streamed chunk with ``include_usage``, and the JSON reply)."""
+    async with client(lender) as c:
+        reply = await c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8
+        )
+        stream = await c.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    streamed = chunks[-1].usage
+    assert reply.usage is not None and streamed is not None
+    rows = await ledger_rows(lender, 2)
+    got = [(r["prompt_tokens"], r["completion_tokens"]) for r in rows]
+    assert got == [
+        (reply.usage.prompt_tokens, reply.usage.completion_tokens),
+        (streamed.prompt_tokens, streamed.completion_tokens),
+    ]
+    assert all(r["borrower"] == "" and r["outcome"] == "completed" for r in rows)

@@ -32,6 +32,7 @@ import openai
 import pytest
 from aiohttp import web
 
+from tests.component.test_borrowers import ledger_rows
 from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import RunningDaemon, running_daemon, serve_app
 from tests.support.fake_comfyui import FakeComfy
@@ -534,3 +535,28 @@ async def test_measure_interrupted_leaves_nothing_loaded(
         assert await proc.wait() == 130, err
     assert not (tmp_path / "out.toml").exists()
     await wait_for(lambda: _empty(real), 10, "/api/ps empty after Ctrl-C")
+
+
+async def test_the_ledger_records_the_counts_the_real_server_reported(real: OllamaServer) -> None:
+    """Issue 23: one usage-ledger row per job, with the ``prompt_eval_count`` and
+    ``eval_count`` the real Ollama reported (streamed and not)."""
+    async with lender(real) as d, client(d) as c:
+        reply = await c.chat(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 4}
+        )
+        chunks = [
+            chunk
+            async for chunk in await c.chat(
+                model="tiny",
+                messages=[{"role": "user", "content": "hi"}],
+                options={"num_predict": 6},
+                stream=True,
+            )
+        ]
+        rows = await ledger_rows(d, 2)
+    last = chunks[-1]
+    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [
+        (reply.prompt_eval_count, reply.eval_count),
+        (last.prompt_eval_count, last.eval_count),
+    ]
+    assert rows[0]["completion_tokens"] and rows[0]["borrower"] == ""

@@ -167,6 +167,7 @@ jobs = st.builds(
         st.builds(CreditStatus, applied=st.booleans(), why=text, code=text, added_mib=opt(tenths))
     ),
     hold=opt(st.builds(HoldStatus, reason=text, release_by=text, for_s=tenths, detail=text)),
+    borrower=text,
 )
 
 reclaims = st.builds(

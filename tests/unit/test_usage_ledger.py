@@ -284,3 +284,23 @@ async def test_a_row_recorded_before_open_opens_the_ledger(tmp_path: Path) -> No
     assert [r[0] for r in rows_on_disk(s.path)] == [1, 2]
     fut = s.record(row(3))  # after close: dropped, never raised
     assert fut.done() and fut.exception() is None and s.dropped == 1
+
+
+async def test_busy_between_counts_each_borrowers_part_of_a_day(tmp_path: Path) -> None:
+    """What a restart reads back for the daily quotas (docs/borrowers.md): per borrower, the
+    busy seconds of the jobs that ended in the day, clipped to it."""
+    s = store(tmp_path)
+    await s.open()
+    start, end = NOW - 1000, NOW + 1000
+    for r in (
+        row(1, borrower="friend", started_at=start + 10, ended_at=start + 40),
+        row(2, borrower="friend", started_at=start - 50, ended_at=start + 20),  # from yesterday
+        row(3, borrower="", started_at=start + 100, ended_at=start + 105),
+        row(4, borrower="friend", started_at=start - 500, ended_at=start - 10),  # yesterday's
+        row(5, borrower="", started_at=start + 5, ended_at=start + 1),  # clock stepped back
+    ):
+        s.record(r)
+    assert await s.busy_between(start, end) == {"friend": 50.0, "": 5.0}
+    await s.close()
+    with pytest.raises(LedgerUnreadable):
+        await s.busy_between(start, end)

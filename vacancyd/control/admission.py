@@ -106,6 +106,12 @@ class Admission:
             return Refused(refusals[0])
         return Refused(min(refusals, key=lambda r: r.retry_after_s))
 
+    def forbidden(self, borrower: str, upstream: str) -> str | None:
+        """Why ``borrower`` may not use ``upstream`` (an upstream's or a pool's listener) at
+        all, a sentence naming both for the 403; None when it may. Decides nothing else and
+        counts nothing: the request never reaches admission."""
+        return self.work.forbidden(borrower, upstream)
+
     def would_admit(self, upstream: str, facts: RequestFacts) -> Refused | None:
         """None when a request with ``facts`` would be admitted on ``upstream`` now, else
         the refusal it would get (``resource_busy`` while others wait for it). Reserves,
@@ -179,7 +185,14 @@ class Admission:
         request arriving while others wait) joins the upstream's FIFO instead; only
         ``resource_busy`` ever waits. Raises CancelledError when the client goes away
         (nothing stays reserved for it).
+
+        A named borrower's own limits come first, and again right before the reservation
+        (:mod:`vacancyd.core.quota`): ``quota_exhausted`` when its ``daily_busy_s`` is used
+        up, ``borrower_busy`` when its ``max_concurrent`` jobs run; neither waits.
         """
+        own = self.work.borrower_refusal(borrower)
+        if own is not None:
+            return Refused(own)
         rooms = self.work.rooms
         waits = rooms.has_queue(upstream)
         if waits and rooms.waiting(upstream):
@@ -249,10 +262,11 @@ class Admission:
     def _reserve(
         self, upstream: str, admit: Admit, now: float, facts: RequestFacts, borrower: str
     ) -> JobState | Refuse:
-        """The reclaim check, then the ledger's reservation (:meth:`Work.reserve`)."""
-        reclaiming = self.work.refusal(upstream)
-        if reclaiming is not None:
-            return reclaiming
+        """The borrower's own limits, the reclaim check, then the ledger's reservation
+        (:meth:`Work.reserve`)."""
+        refusal = self.work.borrower_refusal(borrower) or self.work.refusal(upstream)
+        if refusal is not None:
+            return refusal
         return self.work.reserve(upstream, admit, now, facts, borrower)
 
     def _decide(self, facts: RequestFacts, snap: Snapshot, policy: UpstreamPolicy) -> Decision:

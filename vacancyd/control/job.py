@@ -8,7 +8,9 @@ it, in this order:
    controller tracks (None when untracked) and the exchange itself, a
    :class:`~vacancyd.core.lifecycle.Cuttable` that a reclaim cuts by calling its ``cut(edge)``;
 2. :meth:`JobHandle.reply_arrived`: the reply's headers arrived (tracked work);
-3. once, :meth:`JobHandle.ended` with the exchange's
+3. once, :meth:`JobHandle.used`: the tokens and bytes the exchange carried, for the usage
+   ledger (docs/borrowers.md);
+4. once, :meth:`JobHandle.ended` with the exchange's
    :class:`~vacancyd.core.lifecycle.Ending`, or :meth:`JobHandle.silent` when the upstream
    sent nothing for its silence limit.
 
@@ -70,6 +72,31 @@ class JobHandle:
         """The upstream's reply headers arrived with HTTP ``status``; returns the edge that
         cut the job if a reclaim already did (the proxy then answers as for a cut)."""
         return self._work.reply_arrived(self.admitted.id, status)
+
+    @property
+    def accounted(self) -> bool:
+        """True when what the exchange carries is counted (:meth:`used`): the proxy reads
+        the reply's tokens only then."""
+        return self._work.accounting is not None
+
+    def used(
+        self,
+        *,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        bytes_in: int,
+        bytes_out: int,
+    ) -> None:
+        """What the exchange carried, told once before :meth:`ended` or :meth:`silent`: the
+        tokens the server reported (None: not reported or not read) and the body bytes read
+        from the borrower and sent to it."""
+        self._work.exchanged(
+            self.admitted.id,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            bytes_in=bytes_in,
+            bytes_out=bytes_out,
+        )
 
     def ended(self, ending: Ending) -> None:
         """The exchange is over; ``ending`` says how (releasing or tracking the job)."""

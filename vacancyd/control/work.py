@@ -35,10 +35,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 
 from vacancyd.adapters.base import Controller, UpstreamError
-from vacancyd.control.holds import HoldBook, HoldsWriter, log_hold
+from vacancyd.control.accounting import Accounting
+from vacancyd.control.holds import HoldBook, HoldsWriter, log_hold, watch_idle
 from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
@@ -76,9 +76,6 @@ log = logging.getLogger(__name__)
 
 #: How long a refusal that a fresh observation could change waits for one (seconds).
 REFRESH_WAIT_S = 2.0
-#: While a held or detached job waits for its server to be seen idle, the server is asked
-#: at most this often (seconds): quick enough to release soon after it stops, gentle on it.
-IDLE_POLL_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +118,7 @@ class Work:
         holds_writer: HoldsWriter | None = None,
         after_release: Callable[[Job, float], None] | None = None,
         observers: Sequence[JobObserver] = (),
+        accounting: Accounting | None = None,
     ) -> None:
         self.state = state
         #: Told when each job starts and stops holding its resources (the power limiter).
@@ -129,6 +127,9 @@ class Work:
         self.calls = calls
         self.supervisor = supervisor
         self.metrics = metrics
+        #: What each job used (busy time, tokens, energy; the borrowers' quota counts and the
+        #: usage ledger), told of every job's start and end; None: nothing is counted.
+        self.accounting = accounting
         self._after_release = after_release
         self._watched: set[int] = set()
         self._upstreams: dict[str, _Upstream] = {}
@@ -211,7 +212,66 @@ class Work:
         )
         self._jobs[job.id] = job
         self._tell(reserved, started=True)
+        self._account(job, None, now)
         return job
+
+    def _account(self, job: JobState, outcome: str | None, now: float) -> None:
+        """Tell /status, /events and the accounting that ``job`` started (``outcome``
+        None) or ended with ``outcome``; a failure there is logged, never raised into the
+        job's life."""
+        try:
+            self.state.note_job(job.id, job.upstream, job.borrower, job.model, outcome=outcome)
+            accounting = self.accounting
+            if accounting is None:
+                return
+            if outcome is None:
+                accounting.started(
+                    job.id, job.borrower, job.upstream, job.model, job.resources, now
+                )
+            else:
+                accounting.ended(job.id, outcome)
+        except Exception:
+            log.exception("accounting failed on job %d", job.id)
+
+    # -- a borrower's own limits (docs/borrowers.md) --------------------------------------
+
+    def forbidden(self, borrower: str, upstream: str) -> str | None:
+        """Why ``borrower`` may not use ``upstream`` (an upstream's or a pool's name) at all:
+        the 403's sentence; None when it may (or nothing is counted)."""
+        if self.accounting is None:
+            return None
+        return self.accounting.borrowers.forbidden(borrower, (upstream,))
+
+    def borrower_refusal(self, borrower: str) -> Refuse | None:
+        """``quota_exhausted`` or ``borrower_busy`` when ``borrower`` may not start another
+        job now, else None."""
+        if self.accounting is None:
+            return None
+        return self.accounting.borrowers.refusal(borrower)
+
+    def exchanged(
+        self,
+        job_id: int,
+        *,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        bytes_in: int,
+        bytes_out: int,
+    ) -> None:
+        """What job ``job_id``'s exchange carried (told before its end is reported): the
+        tokens the server reported (None: not reported) and the body bytes in and out."""
+        if self.accounting is None:
+            return
+        try:
+            self.accounting.exchanged(
+                job_id,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                bytes_in=bytes_in,
+                bytes_out=bytes_out,
+            )
+        except Exception:  # counting never breaks the job's life
+            log.exception("accounting failed on job %d", job_id)
 
     def charge(self, job_id: int, charged_mib: int | None) -> None:
         """Charge job ``job_id`` ``charged_mib`` MiB again (an exclusive job, on the fresh
@@ -519,6 +579,7 @@ class Work:
         """Count and log ``job``'s end (it has left ``_jobs``)."""
         outcome = job.outcome or job.final_outcome
         self.metrics.job_ended(job.upstream, outcome)
+        self._account(job, outcome.value, self.state.clock())
         log.info(
             "%s: job %d ended: %s after %.3f s",
             job.upstream,
@@ -585,50 +646,11 @@ class Work:
         ``detached_until``. One task per job, for as long as either lasts."""
         name = job.upstream
         job_id = job.id
-        key = SampleKey.server(name)
         self._watched.add(job_id)
 
         async def await_idle() -> None:
-            polled_at: float | None = None
             try:
-                while (watched := self._jobs.get(job_id)) is not None and (
-                    since := _idle_since(watched)
-                ) is not None:
-                    obs = self.state.servers.get(name)
-                    if (
-                        obs is not None
-                        and obs.value is not None
-                        and obs.observed_at is not None
-                        and obs.observed_at > since
-                        and obs.value.idle
-                    ):
-                        log.info(
-                            "%s: server idle %s; releasing job %d",
-                            name,
-                            "after the cut"
-                            if watched.phase is JobPhase.HELD
-                            else "after the borrower disconnected",
-                            job_id,
-                        )
-                        self._step(
-                            job_id, partial(JobState.server_seen_idle, observed_at=obs.observed_at)
-                        )
-                        continue
-                    wait = REFRESH_WAIT_S
-                    until = watched.detached_until if watched.phase is JobPhase.TRACKING else None
-                    if until is not None:
-                        now = self.state.clock()
-                        if now >= until:
-                            self._step(job_id, partial(JobState.detached_timed_out, now=now))
-                            continue
-                        wait = min(wait, until - now)
-                    now = self.state.clock()
-                    if polled_at is not None and now - polled_at < IDLE_POLL_S:
-                        await asyncio.sleep(min(wait, IDLE_POLL_S - (now - polled_at)))
-                        continue
-                    polled_at = now
-                    if not await self.state.samples.fresh(key, wait):
-                        await asyncio.sleep(wait)
+                await watch_idle(self.state, self._jobs, job_id, self._step, REFRESH_WAIT_S)
             finally:
                 self._watched.discard(job_id)
 
@@ -640,14 +662,3 @@ class Work:
             return
         self._apply(step(job))
         self._changed(job.upstream)
-
-
-def _idle_since(job: JobState) -> float | None:
-    """Monotonic s after which a server observation showing the server idle ends ``job``'s
-    hold or tracking; None when no observation can (the job is not watched)."""
-    hold = job.hold
-    if job.phase is JobPhase.HELD and hold is not None and hold.release_by is ReleaseBy.SERVER_IDLE:
-        return hold.since
-    if job.phase is JobPhase.TRACKING and job.detached_since is not None:
-        return job.detached_since
-    return None

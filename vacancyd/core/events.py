@@ -178,7 +178,8 @@ class JobHoldChanged:
     """A borrowed job was held (``held`` true) or its hold ended (false), at monotonic
     ``at``. ``reason`` (``cut_uncertain``, ``tracking_lost``, ``upstream_silent``),
     ``release_by`` (``server_idle``, ``admin``) and ``detail`` describe the hold; they are
-    repeated when it ends."""
+    repeated when it ends. ``borrower``: whose job it is, as shown (a ``[[borrower]]`` name
+    or ``default``)."""
 
     kind: ClassVar[str] = "job_hold"
     job: int
@@ -188,15 +189,45 @@ class JobHoldChanged:
     release_by: str
     detail: str
     at: float
+    borrower: str = "default"
 
     def payload(self) -> dict[str, object]:
         return {
             "job": self.job,
             "upstream": self.upstream,
+            "borrower": self.borrower,
             "held": self.held,
             "reason": self.reason,
             "release_by": self.release_by,
             "detail": self.detail,
+            "at": self.at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class JobChanged:
+    """A borrowed job started (``change`` ``started``: admitted, its resources reserved) or
+    ended (``ended``, with its ``outcome``: a ``vacancyd_jobs_total`` outcome), at monotonic
+    ``at``. ``borrower``: whose job it is, as shown (a ``[[borrower]]`` name or
+    ``default``); ``model``: as the request named it."""
+
+    kind: ClassVar[str] = "job"
+    job: int
+    upstream: str
+    borrower: str
+    change: str
+    model: str | None
+    outcome: str | None
+    at: float
+
+    def payload(self) -> dict[str, object]:
+        return {
+            "job": self.job,
+            "upstream": self.upstream,
+            "borrower": self.borrower,
+            "change": self.change,
+            "model": self.model,
+            "outcome": self.outcome,
             "at": self.at,
         }
 
@@ -308,6 +339,7 @@ StateEvent = (
     | EdgeRaised
     | HoldChanged
     | JobHoldChanged
+    | JobChanged
     | ReclaimChanged
     | ListenerChanged
 )

@@ -31,11 +31,14 @@ SOURCE = "vacancyd"
 SDK_MAX_RETRY_AFTER_S = 60
 
 #: Refusals worth retrying within an SDK's own retry loop: the lender is busy with other
-#: borrowed work or its body buffer is full, which clears in a couple of seconds. Every other
+#: borrowed work (or the borrower with its own ``max_concurrent`` jobs) or its body buffer
+#: is full, which clears in a couple of seconds. Every other
 #: reason (the owner, the switches, capacity, pressure, a reclaim) lasts far longer than an
 #: SDK's retries, so those refusals carry ``x-should-retry: false`` and the caller gets the
 #: refusal at once instead of blocking on retries that cannot succeed.
-SDK_RETRYABLE: frozenset[Reason] = frozenset({Reason.RESOURCE_BUSY, Reason.BODY_BUDGET_EXHAUSTED})
+SDK_RETRYABLE: frozenset[Reason] = frozenset(
+    {Reason.RESOURCE_BUSY, Reason.BODY_BUDGET_EXHAUSTED, Reason.BORROWER_BUSY}
+)
 
 
 def error_body(

@@ -268,6 +268,8 @@ class JobStatus:
     residency: CreditStatus | None = None
     #: Why a held job is held and what releases it (``held`` phase only).
     hold: HoldStatus | None = None
+    #: Whose job it is: its ``[[borrower]]`` name, or ``default`` (docs/borrowers.md).
+    borrower: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,7 @@ from vacancyd.core.status import (
     VetoStatus,
 )
 from vacancyd.core.thermal import ThermalView
+from vacancyd.core.usage import UNNAMED, borrower_label
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,8 @@ class StatusInputs:
     exposure: Mapping[str, Exposure] = field(default_factory=dict)
     unseen_gpu_work: Mapping[str, str] = field(default_factory=dict)
     job_holds: Mapping[int, JobHold] = field(default_factory=dict)
+    #: Each running job's borrower by job id (``""``: the unnamed borrower).
+    job_borrowers: Mapping[int, str] = field(default_factory=dict)
     reclaims: Mapping[str, Reclaim] = field(default_factory=dict)
     reach: Mapping[str, Reach] = field(default_factory=dict)
     #: Reach evidence older than this (seconds) is not shown (it no longer counts).
@@ -381,6 +384,7 @@ def _upstream(inputs: StatusInputs, name: str, policy: UpstreamPolicy) -> Upstre
                 else HoldStatus(
                     held.reason.value, held.release_by.value, now - held.since, held.detail
                 ),
+                borrower=borrower_label(inputs.job_borrowers.get(job.id, UNNAMED)),
             )
             for job in inputs.jobs
             if job.upstream == name

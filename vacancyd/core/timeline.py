@@ -293,9 +293,40 @@ def render_timeline(
     # what is drawn: at most one shape per two pixels, however many samples
     columns = frame.plot_w // 2
     drawn = segments if len(segments) <= columns else _coarsen(segments, start, now_wall, columns)
-    parts: list[str] = []
+    borrowers = _Borrowers.rank(segments)
+    gauges = _Gauges.of(segments)
+    parts = _draw_rows(frame)
+    parts += _draw_owner_and_lending(frame, drawn, tz)
+    parts += _draw_work(frame, segments, drawn, borrowers, tz)
+    parts += _draw_gauges(frame, segments, drawn, gauges)
+    parts += _draw_gaps(frame, segments, tz)
+    parts += _draw_axis(frame, now_wall, span_s, tz, zone_name)
+    legend, height = _draw_legend(frame, borrowers, gauges)
+    owner_s = sum(seg.end - seg.start for seg in segments if seg.sample.owner_present)
+    lending_s = sum(seg.end - seg.start for seg in segments if seg.sample.lending)
+    desc = _describe(
+        segments,
+        owner_s,
+        lending_s,
+        borrowers.job_s,
+        gauges.peaks,
+        gauges.hottest,
+        borrowers.ranked,
+    )
+    head = (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="vacancyd-timeline" '
+        f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
+        f'aria-labelledby="tl-title tl-desc" font-family="system-ui, sans-serif" '
+        f'font-size="12">'
+        f'<title id="tl-title">Lending over the last {_num(span_s / 3600)} hours</title>'
+        f'<desc id="tl-desc">{_text(desc)}</desc>'
+    )
+    return head + "".join(parts) + "".join(legend) + "</svg>"
 
-    # -- row labels and frames ---------------------------------------------------------
+
+def _draw_rows(frame: _Frame) -> list[str]:
+    """Each row's label and its empty frame."""
+    parts: list[str] = []
     for (y, h), name in (
         (frame.owner, "Owner"),
         (frame.lending, "Lending"),
@@ -308,10 +339,12 @@ def render_timeline(
             f'<rect x="{frame.left}" y="{y}" width="{frame.plot_w}" height="{h}" '
             f'fill="none" stroke="{_GRID}"/>'
         )
+    return parts
 
-    # -- owner and lending -------------------------------------------------------------
-    owner_s = sum(seg.end - seg.start for seg in segments if seg.sample.owner_present)
-    lending_s = sum(seg.end - seg.start for seg in segments if seg.sample.lending)
+
+def _draw_owner_and_lending(frame: _Frame, drawn: Sequence[_Segment], tz: dt.tzinfo) -> list[str]:
+    """The owner row (present or away) and the lending row (on or off), one box per run."""
+    parts: list[str] = []
     owner_key = {i: seg.sample.owner_present for i, seg in enumerate(drawn)}
     lending_key = {i: seg.sample.lending for i, seg in enumerate(drawn)}
     for a, b, present in _runs(drawn, owner_key):
@@ -338,29 +371,55 @@ def render_timeline(
                 f"{what} {_clock(a, tz)}–{_clock(b, tz)}",
             )
         )
+    return parts
 
-    # -- borrowed work, stacked by borrower ----------------------------------------------
-    job_s: dict[str, float] = {}
-    for seg in segments:
-        for name, n in seg.sample.borrowers.items():
-            job_s[name] = job_s.get(name, 0.0) + n * (seg.end - seg.start)
-    ranked = sorted(job_s, key=lambda n: (-job_s[n], n))
-    named = (
-        ranked[: len(_BORROWER_COLOURS)]
-        if len(ranked) <= len(_BORROWER_COLOURS)
-        else (ranked[: len(_BORROWER_COLOURS) - 1])
-    )
-    others = [n for n in ranked if n not in named]
-    colour = {n: _BORROWER_COLOURS[i] for i, n in enumerate(named)}
 
-    def grouped(counts: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
-        out = [(n, counts.get(n, 0)) for n in named if counts.get(n, 0)]
-        rest = sum(counts.get(n, 0) for n in others)
+@dataclass(frozen=True, slots=True)
+class _Borrowers:
+    """Who borrowed: job-seconds per borrower, ranked most first; the first few ``named``
+    with a colour each, the ``others`` sharing one."""
+
+    job_s: dict[str, float]
+    ranked: list[str]
+    named: list[str]
+    others: list[str]
+    colour: dict[str, str]
+
+    @classmethod
+    def rank(cls, segments: Sequence[_Segment]) -> _Borrowers:
+        job_s: dict[str, float] = {}
+        for seg in segments:
+            for name, n in seg.sample.borrowers.items():
+                job_s[name] = job_s.get(name, 0.0) + n * (seg.end - seg.start)
+        ranked = sorted(job_s, key=lambda n: (-job_s[n], n))
+        named = (
+            ranked[: len(_BORROWER_COLOURS)]
+            if len(ranked) <= len(_BORROWER_COLOURS)
+            else (ranked[: len(_BORROWER_COLOURS) - 1])
+        )
+        others = [n for n in ranked if n not in named]
+        colour = {n: _BORROWER_COLOURS[i] for i, n in enumerate(named)}
+        return cls(job_s, ranked, named, others, colour)
+
+    def grouped(self, counts: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+        """(borrower, jobs) of the named ones, then ("", -jobs) of the others together."""
+        out = [(n, counts.get(n, 0)) for n in self.named if counts.get(n, 0)]
+        rest = sum(counts.get(n, 0) for n in self.others)
         if rest:
             out.append(("", -rest))  # negative: the others' share, drawn last
         return tuple(out)
 
-    work_key = {i: grouped(seg.sample.borrowers) for i, seg in enumerate(drawn)}
+
+def _draw_work(
+    frame: _Frame,
+    segments: Sequence[_Segment],
+    drawn: Sequence[_Segment],
+    borrowers: _Borrowers,
+    tz: dt.tzinfo,
+) -> list[str]:
+    """The borrowed-work row: bands stacked by borrower, and the peak number of jobs."""
+    parts: list[str] = []
+    work_key = {i: borrowers.grouped(seg.sample.borrowers) for i, seg in enumerate(drawn)}
     peak = max((seg.sample.jobs for seg in segments), default=0)
     scale_jobs = max((seg.sample.jobs for seg in drawn), default=0)
     wy, wh = frame.work
@@ -370,41 +429,64 @@ def render_timeline(
         for name, n in key:
             h = abs(n) / max(scale_jobs, 1) * (wh - 2)
             y -= h
-            who = f"{len(others)} other borrowers" if n < 0 else borrower_label(name)
+            who = f"{len(borrowers.others)} other borrowers" if n < 0 else borrower_label(name)
             tip = (
                 f"{who}: {abs(n)} job{'s' if abs(n) != 1 else ''}, {_clock(a, tz)}–{_clock(b, tz)}"
             )
-            parts.append(
-                _rect(frame.x(a), frame.x(b), y, h, _OTHERS_COLOUR if n < 0 else colour[name], tip)
-            )
+            fill = _OTHERS_COLOUR if n < 0 else borrowers.colour[name]
+            parts.append(_rect(frame.x(a), frame.x(b), y, h, fill, tip))
     if segments and peak:
         parts.append(
             _label(8, wy + wh - 2, f"peak {peak} job{'s' if peak != 1 else ''}", fill=_MUTE)
         )
+    return parts
 
-    # -- memory and temperature lines ----------------------------------------------------
-    names = sorted({n for seg in segments for n in seg.sample.resources})
-    res_colour = {n: _RESOURCE_COLOURS[i % len(_RESOURCE_COLOURS)] for i, n in enumerate(names)}
-    totals = [
-        r.total_mib if r.total_mib is not None else r.used_mib
-        for seg in segments
-        for r in seg.sample.resources.values()
-        if (r.total_mib if r.total_mib is not None else r.used_mib) is not None
-    ]
-    mem_top = max((t for t in totals if t is not None), default=0.0)
-    temps = [
-        r.temperature_c
-        for seg in segments
-        for r in seg.sample.resources.values()
-        if r.temperature_c is not None
-    ]
-    temp_lo = min(30.0, math.floor((min(temps) - 5) / 10) * 10) if temps else 30.0
-    temp_hi = max(90.0, math.ceil((max(temps) + 5) / 10) * 10) if temps else 90.0
-    peaks: dict[str, float] = {}
-    hottest: dict[str, float] = {}
+
+@dataclass(slots=True)
+class _Gauges:
+    """The GPU resources' lines: their names (sorted) and colours, the memory scale's top
+    (MiB) and the temperature scale (°C); ``peaks`` (MiB) and ``hottest`` (°C) per resource
+    with a reading, filled while drawing."""
+
+    names: list[str]
+    colour: dict[str, str]
+    mem_top: float
+    temp_lo: float
+    temp_hi: float
+    peaks: dict[str, float]
+    hottest: dict[str, float]
+
+    @classmethod
+    def of(cls, segments: Sequence[_Segment]) -> _Gauges:
+        names = sorted({n for seg in segments for n in seg.sample.resources})
+        colour = {n: _RESOURCE_COLOURS[i % len(_RESOURCE_COLOURS)] for i, n in enumerate(names)}
+        totals = [
+            r.total_mib if r.total_mib is not None else r.used_mib
+            for seg in segments
+            for r in seg.sample.resources.values()
+            if (r.total_mib if r.total_mib is not None else r.used_mib) is not None
+        ]
+        mem_top = max((t for t in totals if t is not None), default=0.0)
+        temps = [
+            r.temperature_c
+            for seg in segments
+            for r in seg.sample.resources.values()
+            if r.temperature_c is not None
+        ]
+        temp_lo = min(30.0, math.floor((min(temps) - 5) / 10) * 10) if temps else 30.0
+        temp_hi = max(90.0, math.ceil((max(temps) + 5) / 10) * 10) if temps else 90.0
+        return cls(names, colour, mem_top, temp_lo, temp_hi, {}, {})
+
+
+def _draw_gauges(
+    frame: _Frame, segments: Sequence[_Segment], drawn: Sequence[_Segment], gauges: _Gauges
+) -> list[str]:
+    """Memory used and temperature per GPU resource as lines, with their scales' labels
+    (or a word saying there is no reading). Fills ``gauges.peaks`` and ``gauges.hottest``."""
+    parts: list[str] = []
     my, mh = frame.memory
     ty, th = frame.temperature
-    for name in names:
+    for name in gauges.names:
         used = {
             i: seg.sample.resources[name].used_mib
             for i, seg in enumerate(drawn)
@@ -417,92 +499,96 @@ def render_timeline(
         }
         seen_used = [v for v in used.values() if v is not None]
         seen_temp = [v for v in temp.values() if v is not None]
-        if seen_used and mem_top > 0:
-            peaks[name] = max(seen_used)
-            scale = {"lo": 0.0, "hi": mem_top, "top": my + 2, "height": mh - 4}
+        if seen_used and gauges.mem_top > 0:
+            gauges.peaks[name] = max(seen_used)
+            scale = {"lo": 0.0, "hi": gauges.mem_top, "top": my + 2, "height": mh - 4}
+            tip = f"{name}: memory used, peak {_mib_words(gauges.peaks[name])}"
             for line in _lines(frame, drawn, used, scale):
-                parts.append(
-                    _polyline(
-                        line,
-                        res_colour[name],
-                        f"{name}: memory used, peak {_mib_words(peaks[name])}",
-                    )
-                )
+                parts.append(_polyline(line, gauges.colour[name], tip))
         if seen_temp:
-            hottest[name] = max(seen_temp)
-            scale = {"lo": temp_lo, "hi": temp_hi, "top": ty + 2, "height": th - 4}
+            gauges.hottest[name] = max(seen_temp)
+            scale = {"lo": gauges.temp_lo, "hi": gauges.temp_hi, "top": ty + 2, "height": th - 4}
+            tip = f"{name}: temperature, highest {gauges.hottest[name]:.0f} °C"
             for line in _lines(frame, drawn, temp, scale):
-                parts.append(
-                    _polyline(
-                        line,
-                        res_colour[name],
-                        f"{name}: temperature, highest {hottest[name]:.0f} °C",
-                    )
-                )
-    right = frame.left + frame.plot_w
-    if peaks:
-        parts.append(_label(frame.left - 4, my + 10, _mib_words(mem_top), anchor="end", fill=_MUTE))
+                parts.append(_polyline(line, gauges.colour[name], tip))
+    if gauges.peaks:
+        top = _mib_words(gauges.mem_top)
+        parts.append(_label(frame.left - 4, my + 10, top, anchor="end", fill=_MUTE))
         parts.append(_label(frame.left - 4, my + mh, "0", anchor="end", fill=_MUTE))
     elif segments:
-        what = "no GPU memory reading" if names else "no GPU resource declared"
+        what = "no GPU memory reading" if gauges.names else "no GPU resource declared"
         parts.append(_label(frame.left + 8, my + mh / 2 + 4, what, fill=_MUTE))
-    if hottest:
-        parts.append(_label(frame.left - 4, ty + 10, f"{temp_hi:.0f} °C", anchor="end", fill=_MUTE))
-        parts.append(_label(frame.left - 4, ty + th, f"{temp_lo:.0f} °C", anchor="end", fill=_MUTE))
+    if gauges.hottest:
+        hi, lo = f"{gauges.temp_hi:.0f} °C", f"{gauges.temp_lo:.0f} °C"
+        parts.append(_label(frame.left - 4, ty + 10, hi, anchor="end", fill=_MUTE))
+        parts.append(_label(frame.left - 4, ty + th, lo, anchor="end", fill=_MUTE))
     elif segments:
-        what = "no GPU temperature reading" if names else "no GPU resource declared"
+        what = "no GPU temperature reading" if gauges.names else "no GPU resource declared"
         parts.append(_label(frame.left + 8, ty + th / 2 + 4, what, fill=_MUTE))
+    return parts
 
-    # -- what has no data ----------------------------------------------------------------
+
+def _draw_gaps(frame: _Frame, segments: Sequence[_Segment], tz: dt.tzinfo) -> list[str]:
+    """What has no data, in words: no history at all, or none before the first sample."""
+    wy, wh = frame.work
     if not segments:
-        parts.append(
+        return [
             _label(
                 frame.left + frame.plot_w / 2,
                 wy + wh / 2 + 4,
                 "No history recorded yet: vacancyd records the lender's state every minute.",
                 anchor="middle",
             )
-        )
-    else:
-        first = segments[0].start
-        if frame.x(first) - frame.left > 170:
-            parts.append(
-                _label(
-                    (frame.left + frame.x(first)) / 2,
-                    wy + wh / 2 + 4,
-                    f"no history before {_clock(first, tz)}",
-                    anchor="middle",
-                    fill=_MUTE,
-                )
+        ]
+    first = segments[0].start
+    if frame.x(first) - frame.left > 170:
+        return [
+            _label(
+                (frame.left + frame.x(first)) / 2,
+                wy + wh / 2 + 4,
+                f"no history before {_clock(first, tz)}",
+                anchor="middle",
+                fill=_MUTE,
             )
+        ]
+    return []
 
-    # -- time axis -------------------------------------------------------------------------
+
+def _draw_axis(
+    frame: _Frame, now_wall: float, span_s: float, tz: dt.tzinfo, zone_name: str
+) -> list[str]:
+    """The time axis: whole local hours as dashed lines with labels, and the caption."""
+    right = frame.left + frame.plot_w
     ay = frame.axis_y
-    parts.append(f'<line x1="{frame.left}" y1="{ay}" x2="{right}" y2="{ay}" stroke="{_MUTE}"/>')
-    for t, text in _ticks(start, now_wall, tz):
+    parts = [f'<line x1="{frame.left}" y1="{ay}" x2="{right}" y2="{ay}" stroke="{_MUTE}"/>']
+    for t, text in _ticks(now_wall - span_s, now_wall, tz):
         x = frame.x(t)
         parts.append(
             f'<line x1="{_num(x)}" y1="{frame.owner[0]}" x2="{_num(x)}" y2="{ay + 4}" '
             f'stroke="{_GRID}" stroke-dasharray="2 3"/>'
         )
         parts.append(_label(x, ay + 16, text, anchor="middle", fill=_MUTE))
-    hours = span_s / 3600
-    caption = f"last {_num(hours)} h until {_clock(now_wall, tz)}"
+    caption = f"last {_num(span_s / 3600)} h until {_clock(now_wall, tz)}"
     if zone_name:
         caption += f", times in {zone_name}"
     parts.append(_label(right, ay + 32, caption, anchor="end", fill=_MUTE))
+    return parts
 
-    # -- legend ----------------------------------------------------------------------------
+
+def _draw_legend(frame: _Frame, borrowers: _Borrowers, gauges: _Gauges) -> tuple[list[str], int]:
+    """(the legend's shapes, the document's height in px): its entries wrap to the plot's
+    width."""
+    right = frame.left + frame.plot_w
     entries: list[tuple[str, str, str]] = [  # (kind, colour, text)
         ("box", _PRESENT, "owner present"),
         ("box", _AWAY, "owner away"),
         ("box", _LENDING_ON, "lending on"),
         ("box", _LENDING_OFF, "lending off"),
     ]
-    entries += [("box", colour[n], borrower_label(n)) for n in named]
-    if others:
-        entries.append(("box", _OTHERS_COLOUR, f"{len(others)} other borrowers"))
-    entries += [("line", res_colour[n], n) for n in names]
+    entries += [("box", borrowers.colour[n], borrower_label(n)) for n in borrowers.named]
+    if borrowers.others:
+        entries.append(("box", _OTHERS_COLOUR, f"{len(borrowers.others)} other borrowers"))
+    entries += [("line", gauges.colour[n], n) for n in gauges.names]
     lx, ly = float(frame.left), frame.bottom + 8.0
     legend: list[str] = []
     for kind, fill, text in entries:
@@ -518,19 +604,7 @@ def render_timeline(
             )
         legend.append(_label(lx + 16, ly, text, fill=_TEXT))
         lx += w
-    height = int(ly + 10)
-
-    # -- title and description ---------------------------------------------------------------
-    desc = _describe(segments, owner_s, lending_s, job_s, peaks, hottest, ranked)
-    head = (
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="vacancyd-timeline" '
-        f'viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img" '
-        f'aria-labelledby="tl-title tl-desc" font-family="system-ui, sans-serif" '
-        f'font-size="12">'
-        f'<title id="tl-title">Lending over the last {_num(hours)} hours</title>'
-        f'<desc id="tl-desc">{_text(desc)}</desc>'
-    )
-    return head + "".join(parts) + "".join(legend) + "</svg>"
+    return legend, int(ly + 10)
 
 
 def _describe(

@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from vacancyd.adapters.usage import TAIL_BYTES, TokenUsage, UsageTap, read_usage
 from vacancyd.control.job import JobHandle
 from vacancyd.control.upstreamcalls import UpstreamCalls
 from vacancyd.core.classify import Classification
@@ -38,6 +39,8 @@ class Exchange:
     """
 
     __slots__ = (
+        "bytes_in",
+        "bytes_out",
         "call",
         "cut_edge",
         "ended",
@@ -46,10 +49,12 @@ class Exchange:
         "request",
         "reset_borrower",
         "response",
+        "tap",
+        "tokens",
         "waking",
     )
 
-    def __init__(self, job: JobHandle, request: web.BaseRequest) -> None:
+    def __init__(self, job: JobHandle, request: web.BaseRequest, bytes_in: int = 0) -> None:
         self.job = job
         self.request = request
         #: The upstream request, which a cut ends (vacancyd.proxy.client).
@@ -66,6 +71,27 @@ class Exchange:
         #: not end well: the upstream failed, the borrower stopped reading and was cut off,
         #: or a reclaim cut it.
         self.failed: Ending | None = None
+        #: Body bytes read from the borrower / sent to it (the usage ledger).
+        self.bytes_in = bytes_in
+        self.bytes_out = 0
+        #: The end of a streamed reply, for its token counts (None: not read: the job is not
+        #: accounted, the reply is compressed or arrived whole).
+        self.tap: UsageTap | None = None
+        #: The tokens of a reply that arrived whole (None: none reported or not read).
+        self.tokens: TokenUsage | None = None
+
+    def report_usage(self) -> None:
+        """Tell the job's handle what the exchange carried (once, before its end)."""
+        job = self.job
+        if not job.accounted:
+            return
+        tokens = self.tokens if self.tap is None else self.tap.usage()
+        job.used(
+            prompt_tokens=None if tokens is None else tokens.prompt,
+            completion_tokens=None if tokens is None else tokens.completion,
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+        )
 
     def cut(self, edge: Edge) -> bool:
         """A reclaim cuts the job (``edge``): end the upstream request at once (a pending
@@ -98,6 +124,7 @@ class Forwarding(ProxyBase):
         """Tell the job's handle once that ``exchange`` ended (releasing or tracking its job)."""
         if not exchange.ended:
             exchange.ended = True
+            exchange.report_usage()
             exchange.job.ended(ending)
 
     def _after_cut(
@@ -224,7 +251,15 @@ class Forwarding(ProxyBase):
                 )
             if exchange is not None:
                 exchange.response = response
+                if exchange.job.accounted and "Content-Encoding" not in upstream_resp.headers:
+                    # Tokens are read from the end of the reply (usage, eval_count, timings),
+                    # never from a compressed one; a streamed reply keeps only its tail.
+                    if complete is None:
+                        exchange.tap = UsageTap()
+                    else:
+                        exchange.tokens = read_usage(complete[-TAIL_BYTES:])
                 if complete is not None:
+                    exchange.bytes_out = len(complete)
                     # The upstream has finished: end the job now rather than after the
                     # borrower has the reply, so the fresh capacity sample its release asks
                     # for is under way while the reply travels (the next back-to-back
@@ -233,10 +268,19 @@ class Forwarding(ProxyBase):
             await response.prepare(request)
             stalled = self.limits.write_stall_timeout_s
             try:
-                if complete is None:
+                if complete is None and exchange is None:
                     async for chunk in upstream_resp.iter_chunks():
                         async with asyncio.timeout(stalled):
                             await response.write(chunk)
+                elif complete is None:
+                    assert exchange is not None
+                    tap = exchange.tap
+                    async for chunk in upstream_resp.iter_chunks():
+                        async with asyncio.timeout(stalled):
+                            await response.write(chunk)
+                        exchange.bytes_out += len(chunk)
+                        if tap is not None:
+                            tap.feed(chunk)
                 async with asyncio.timeout(stalled):
                     await response.write_eof()
             except client.Cut:
@@ -376,6 +420,7 @@ class Forwarding(ProxyBase):
         self.metrics.upstream_error(name, "silent")
         if not exchange.ended:
             exchange.ended = True
+            exchange.report_usage()
             exchange.job.silent()
         log.warning(
             "%s: upstream sent nothing for %g s on job %d (%s %s)%s",

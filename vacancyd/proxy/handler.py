@@ -34,6 +34,10 @@ class Proxy(Working, Routing):
             c = self.classify(request.method, path, query)
             klass = c.klass.value
             request[observe.ROUTE_CLASS] = klass
+            why = self.admission.forbidden(self.auth.borrower(request), self.upstream.name)
+            if why is not None:  # a named borrower off its upstreams: never forwarded
+                response = await self._answer_and_drain(request, self._not_allowed(request, why))
+                return response
             response = await self._dispatch(request, c, query)
             return response
         finally:
@@ -76,6 +80,11 @@ class Proxy(Working, Routing):
         path, _, query = origin_form(request.raw_path).partition("?")
         c = self.classify(request.method, path, query)
         answer: web.StreamResponse | None = None
+        why = self.admission.forbidden(self.auth.borrower(request), self.upstream.name)
+        if why is not None:
+            answer = self._not_allowed(request, why)
+            self.metrics.request(self.upstream.name, c.klass.value, str(answer.status))
+            return answer
         if c.klass is not RouteClass.WORK:
             answer = self._route_refusal(request, c)
             if answer is not None:

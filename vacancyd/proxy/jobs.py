@@ -101,12 +101,14 @@ class Working(Refusing, Forwarding):
                     return await self._refuse(request, chosen.refusal)
                 runs = self.members[chosen]
                 name = chosen
-            decision = await self.admission.admit(name, facts)
+            borrower = self.auth.borrower(request)
+            decision = await self.admission.admit(name, facts, borrower=borrower)
             if isinstance(decision, Refused):
                 return await self._refuse(request, decision.refusal)
             job = decision.job
             request[observe.JOB] = job.admitted
             self.metrics.decision(name, "admitted")
+            self.metrics.borrower_request(borrower, name, True)
             log.debug("admitted %s %s on %s as job %d", request.method, c.path, name, job.id)
             cap = runs.upstream.adapter.cap_keep_alive
             if cap is not None:
@@ -154,7 +156,7 @@ class Working(Refusing, Forwarding):
         listener cancel the handler, as for any lost connection, and that cancellation is
         taken back here and the end counted as the cut it is.
         """
-        exchange = Exchange(job, request)
+        exchange = Exchange(job, request, len(body))
         job.forwarding(key, exchange)
         ending = Ending.ABORTED
         try:

@@ -8,7 +8,7 @@ import logging
 
 from aiohttp import web
 
-from vacancyd.core.reasons import Refuse
+from vacancyd.core.reasons import ErrorCode, ErrorType, Refuse
 from vacancyd.core.refusal import render_refusal_bytes
 from vacancyd.proxy import bodies, observe, reply
 from vacancyd.proxy.base import TEMPLATE_CACHE_SIZE, ProxyBase
@@ -33,6 +33,7 @@ class Refusing(ProxyBase):
             self._last_refusal = (refusal, flat, template, reason)
         request[observe.REFUSAL] = refusal
         self.metrics.decision(name, "refused", reason)
+        self.metrics.borrower_request(self.auth.borrower(request), name, False)
         if refusal.credit is not None:
             self.metrics.residency(name, refusal.credit)
         if log.isEnabledFor(logging.DEBUG):
@@ -62,6 +63,14 @@ class Refusing(ProxyBase):
             self._templates.clear()
         self._templates[id(rendered)] = (rendered, template)
         return template
+
+    def _not_allowed(self, request: web.BaseRequest, why: str) -> web.StreamResponse:
+        """403 for a named borrower off its ``upstreams`` (``why`` names both): counted as
+        its refusal, never an admission decision."""
+        self.metrics.borrower_request(self.auth.borrower(request), self.upstream.name, False)
+        return self._json_error(
+            request, 403, why, ErrorType.PERMISSION, ErrorCode.UPSTREAM_NOT_ALLOWED
+        )
 
     async def _refuse(self, request: web.BaseRequest, refusal: Refuse) -> web.StreamResponse:
         return await self._answer_and_drain(request, self._refusal_response(request, refusal))

@@ -29,7 +29,9 @@ from vacancyd.config.policies import (
 )
 from vacancyd.config.secrets import Secrets
 from vacancyd.config.zone import resolve_zone
+from vacancyd.control.accounting import Accounting
 from vacancyd.control.admission import Admission
+from vacancyd.control.borrowers import Borrowers, limits_of
 from vacancyd.control.owner import PAUSE_FILE, OwnerControls, OwnerControlsConfig
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.sharing import CardSharing, ExclusiveSettings
@@ -45,6 +47,7 @@ from vacancyd.core.sharing import UnloadTimeout
 from vacancyd.runtime import calibration, durable, learned
 from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
+from vacancyd.runtime.usage import USAGE_FILE, UsageStore
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator, Token, borrower_token
 from vacancyd.web.logins import Logins
@@ -277,6 +280,38 @@ class Collaborators:
     owner: OwnerControls
     #: each GPU's lending power limit (``lend_power_limit_w``), applied and restored
     power: PowerLimiter
+    #: the usage ledger (opened by the daemon's start)
+    usage: UsageStore
+    #: what each borrowed job used (the borrowers' quota counts, metrics, ledger rows)
+    accounting: Accounting
+
+
+def energy_reading(state: SharedState) -> Callable[[str], tuple[float, float] | None]:
+    """The newest (monotonic s, J) of a resource's GPU energy counter (None without one)."""
+
+    def read(resource: str) -> tuple[float, float] | None:
+        observed = state.capacity.get(resource)
+        if observed is None or observed.value is None or observed.observed_at is None:
+            return None
+        energy = observed.value.energy_j
+        return None if energy is None else (observed.observed_at, energy)
+
+    return read
+
+
+def accounting_for(
+    settings: Settings, state: SharedState, metrics: Metrics, usage: UsageStore
+) -> Accounting:
+    """The named borrowers' limits (``[[borrower]]``) and each job's accounting, written to
+    ``usage``."""
+    borrowers = Borrowers(
+        limits_of(
+            (b.name, b.upstreams, b.max_concurrent, b.daily_busy_s) for b in settings.borrower
+        )
+    )
+    return Accounting(
+        borrowers, metrics, record=usage.record, energy_of=energy_reading(state), clock=state.clock
+    )
 
 
 def power_limiter(settings: Settings, state: SharedState) -> PowerLimiter:
@@ -315,6 +350,10 @@ def build(settings: Settings) -> Collaborators:
     learner = learned.Learner(state, saver.mark)
     calls = UpstreamCalls(metrics)
     power = power_limiter(settings, state)
+    usage = UsageStore(
+        settings.state_dir / USAGE_FILE, retention_days=settings.usage_retention_days
+    )
+    accounting = accounting_for(settings, state, metrics, usage)
     work = Work(
         state,
         supervisor=supervisor,
@@ -324,6 +363,7 @@ def build(settings: Settings) -> Collaborators:
         # a holds.json that could not be read is never written: every resource refuses
         holds_writer=None if saver.holds_frozen else saver,
         after_release=learner.after_release,
+        accounting=accounting,
     )
     for up in settings.upstream:
         if up.busy == "wait":
@@ -357,4 +397,6 @@ def build(settings: Settings) -> Collaborators:
         reclaimer=reclaimer,
         owner=owner,
         power=power,
+        usage=usage,
+        accounting=accounting,
     )

@@ -39,7 +39,9 @@ from vacancyd.collectors import logind
 from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamSettings
 from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
+from vacancyd.control.accounting import Accounting
 from vacancyd.control.admission import Admission
+from vacancyd.control.borrowers import Borrowers
 from vacancyd.control.owner import OwnerControls
 from vacancyd.control.reclaim import Reclaimer
 from vacancyd.control.upstreamcalls import UpstreamCalls
@@ -85,7 +87,7 @@ from vacancyd.runtime.loops import (
 from vacancyd.runtime.powerlimit import PowerLimiter
 from vacancyd.runtime.tasks import Supervisor
 from vacancyd.runtime.telemetry import Tracing, start_tracing
-from vacancyd.runtime.usage import USAGE_FILE, UsageStore
+from vacancyd.runtime.usage import LedgerUnreadable, UsageStore
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
 from vacancyd.web.framing import lenient_parser_problem
@@ -161,6 +163,10 @@ class Daemon:
     #: The usage ledger: built here so what records into it can be handed ``usage.record``
     #: before the start; opened by :meth:`start`, closed at the end of :meth:`shutdown`.
     usage: UsageStore = field(init=False)
+    #: The named borrowers' limits and what each used today (docs/borrowers.md).
+    borrowers: Borrowers = field(init=False)
+    #: What each borrowed job used, written to the ledger when it ends.
+    accounting: Accounting = field(init=False)
     #: what their owners render for /status and /metrics (controllers, owner, publisher)
     views: StatusViews = field(init=False)
 
@@ -187,12 +193,11 @@ class Daemon:
             self.owner,
             self.reclaimer,
             learner=parts.learner,
-            sampled=parts.work.rooms.serve,
+            sampled=self._sampled,
         )
-        self.usage = UsageStore(
-            self.settings.state_dir / USAGE_FILE,
-            retention_days=self.settings.usage_retention_days,
-        )
+        self.usage = parts.usage
+        self.accounting = parts.accounting
+        self.borrowers = parts.accounting.borrowers
         usage = self.usage
         self.views = StatusViews(
             sleep=ControllerViews(self.calls, [u.name for u in self.settings.upstream]),
@@ -201,6 +206,12 @@ class Daemon:
             usage_error=lambda: usage.error,
         )
         attach_state(self.metrics, self.state, self.views)
+
+    def _sampled(self) -> None:
+        """After every capacity or server sample: the wait queues decide again, and the jobs
+        that waited for their last energy reading are written."""
+        self.work.rooms.serve()
+        self.accounting.sampled(self.state.capacity)
 
     @property
     def bound(self) -> dict[str, str]:
@@ -302,6 +313,15 @@ class Daemon:
         fatal), show its error in /status and run its hourly upkeep."""
         store = self.usage
         await store.open()
+        if any(b.daily_busy_s is not None for b in self.settings.borrower):
+            # A restart must not hand a borrower a fresh quota: today's busy time so far.
+            day = self.borrowers.day
+            try:
+                used = await store.busy_between(day.start, day.end)
+            except LedgerUnreadable as exc:
+                log.warning("daily quotas start from 0: the usage ledger cannot be read: %s", exc)
+            else:
+                self.borrowers.restore(used, day)
         self.supervisor.spawn(store.upkeep(), name="usage ledger upkeep", essential=False)
 
     def _extra_routes(
@@ -530,6 +550,7 @@ class Daemon:
             await self.tracing.shutdown()
         await self.loops.save_calibrations()
         await self._save_at_stop()
+        self.accounting.flush()  # the jobs that wait for their last energy sample
         await self.usage.close()  # after the listeners: every finished job is written
         await self.listeners.close_sessions()
         log.info("stopped %.3f s after the stop began", loop.time() - began)
