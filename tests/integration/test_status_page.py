@@ -231,6 +231,8 @@ async def test_page_says_busy_while_every_slot_is_taken(tmp_path: Path) -> None:
                 )
                 assert row[1] == "busy" and "1 of 1 taken" in row[3]
                 assert await page.evaluate("document.querySelector('#work tbody').rows.length") == 1
+                borrower = "document.querySelector('#work tbody tr').cells[1].textContent"
+                assert await page.evaluate(borrower) == "default"  # the shared borrow token
                 assert await page.evaluate("document.getElementById('nowork').hidden")
                 await page.screenshot(tmp_path / "busy.png")
                 held.release("a")

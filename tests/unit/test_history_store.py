@@ -16,6 +16,7 @@ import pytest
 from vacancyd.core import history as history_rules
 from vacancyd.core.history import HistorySample, ResourceSample
 from vacancyd.core.holds import Hold, HoldKind
+from vacancyd.core.ledger import Job
 from vacancyd.core.observations import CapacityReading
 from vacancyd.core.policy import ResourceKind, ResourcePolicy, UpstreamPolicy
 from vacancyd.runtime.history import HistoryRecorder, take_sample
@@ -156,11 +157,17 @@ def test_a_sample_reads_presence_lending_gpus_and_jobs() -> None:
     )
     state.record_capacity("ram", CapacityReading(free_mib=1, total_mib=2), 10.0)
     state.record_presence(OWNER, 10.0)
-    state.ledger.reserve("llm", ("gpu0",), 10.0)
+    job = state.ledger.reserve("llm", ("gpu0",), 10.0)
+    assert isinstance(job, Job)
     got = take_sample(state, NOW)
     assert got.owner_present and got.lending
     assert got.resources == {"gpu0": ResourceSample(2000.0, 8000.0, 64.0)}  # no "ram"
-    assert got.borrowers == {"": 1}  # the unnamed borrower until jobs carry their own
+    assert got.borrowers == {"": 1}  # a job nobody named: the unnamed borrower
+    state.note_job(job.id, "llm", "alice", "tiny")
+    assert take_sample(state, NOW).borrowers == {"alice": 1}
+    # jobs that started since the last sample count too (once, when still running)
+    since = {job.id: "alice", 98: "bob", 99: ""}
+    assert take_sample(state, NOW, since_last=since).borrowers == {"alice": 1, "bob": 1, "": 1}
 
     state.holds = (Hold(HoldKind.PAUSE, "paused by the owner"),)
     assert not take_sample(state, NOW).lending
@@ -223,6 +230,14 @@ async def test_the_recorder_samples_at_start_each_interval_and_each_edge() -> No
         out.fail = False
         await asyncio.sleep(0.4)
         assert out.samples[-1].lending
+        # a job that starts and ends between two samples is in the next one
+        before = len(out.samples)
+        state.note_job(7, "llm", "alice", "tiny")
+        state.note_job(7, "llm", "alice", "tiny", outcome="completed")
+        await asyncio.sleep(0.7)
+        assert len(out.samples) >= before + 2
+        assert out.samples[before].borrowers == {"alice": 1}
+        assert out.samples[-1].borrowers == {}  # and only in that one
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

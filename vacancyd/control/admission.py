@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vacancyd.control.job import JobHandle
-from vacancyd.control.work import REFRESH_WAIT_S, Work
+from vacancyd.control.work import Work
 from vacancyd.core import gate, pool
 from vacancyd.core.lifecycle import JobState
 from vacancyd.core.observations import SampleKey
@@ -39,6 +39,9 @@ from vacancyd.core.reasons import Admit, Decision, Reason, Refresh, Refuse
 from vacancyd.core.snapshot import RequestFacts, Snapshot
 from vacancyd.core.waiting import refresh_key, waits_on
 from vacancyd.state import SharedState
+
+#: How long a refusal that a fresh observation could change waits for one (seconds).
+REFRESH_WAIT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +180,7 @@ class Admission:
         job.
 
         A refusal that says a fresher sample could change it (``Refuse.refresh``) waits up
-        to :data:`~vacancyd.control.work.REFRESH_WAIT_S` seconds for one and decides once
+        to :data:`REFRESH_WAIT_S` seconds for one and decides once
         more; the second decision stands. The sample waited for is the one the refusal
         needs: after the last release for the post-completion rule (asked for by that
         release, so usually under way or done already), otherwise one taken after the
@@ -301,7 +304,8 @@ class Admission:
         except BaseException:
             self.work.drop(job)
             raise
-        edge = self.work.cut_by(job.id)
+        now = self.work.get(job.id)
+        edge = None if now is None else now.cut_by
         if refusal is None and edge is not None:
             # A reclaim cut the job while the card was being cleared: it never runs.
             refusal = Refuse.of(

@@ -6,30 +6,23 @@ reservation stays until its server is seen idle or an administrator releases it.
 hold is shown (``/status``, the ``job_hold`` event, the ledger's ``held`` phase, its log
 line) only once the writer says it is on disk, and until then the resources it holds lend
 nothing (``state_write_failed`` once a write failed). :class:`HoldBook` keeps that
-bookkeeping for :class:`vacancyd.control.work.Work`, which owns the jobs themselves;
-:func:`watch_idle` is the loop of the ``hold NAME job N`` task, which ends a hold (or the
-tracking of a disconnected borrower's request) once the server is seen idle.
+bookkeeping for :class:`vacancyd.control.work.Work`, which owns the jobs themselves (the
+tasks that watch a held job are :mod:`vacancyd.control.jobwatch`'s).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from typing import Protocol
 
+from vacancyd.control import jobwatch
 from vacancyd.core.ledger import Phase
-from vacancyd.core.lifecycle import HoldReason, JobPhase, JobState, ReleaseBy, Transition
-from vacancyd.core.observations import SampleKey
+from vacancyd.core.lifecycle import JobPhase, JobState
 from vacancyd.core.reasons import Reason
 from vacancyd.state import SharedState
 
 log = logging.getLogger("vacancyd.control.work")
-
-#: While a held or detached job waits for its server to be seen idle, the server is asked
-#: at most this often (seconds): quick enough to release soon after it stops, gentle on it.
-IDLE_POLL_S = 0.25
 
 
 class HeldJobs(Protocol):
@@ -102,7 +95,7 @@ class HoldBook:
             job = self._jobs.get(job_id)
             if job is not None and job.phase is JobPhase.HELD:
                 self._state.ledger.set_phase(job_id, Phase.HELD)
-                log_hold(job)
+                log.warning("%s", jobwatch.hold_line(job))
         self._show()
 
     def holds_unsaved(self, error: str) -> None:
@@ -185,111 +178,3 @@ class HoldBook:
                 unsaved[name] = self._write_error
         if unsaved != self._state.unsaved_holds:
             self._state.unsaved_holds = unsaved
-
-
-def log_hold(job: JobState) -> None:
-    """Log why held ``job`` keeps its reservation and what releases it (a warning)."""
-    hold = job.hold
-    assert hold is not None
-    until = (
-        "an observation shows the server idle"
-        if hold.release_by is ReleaseBy.SERVER_IDLE
-        else f"an administrator releases it (POST /admin/jobs/{job.id}/release)"
-    )
-    if hold.reason is HoldReason.TRACKING_LOST:
-        log.warning(
-            "%s: lost track of borrowed job %s (%s); holding its reservation until an "
-            "administrator releases job %d",
-            job.upstream,
-            job.key,
-            hold.detail,
-            job.id,
-        )
-    elif hold.reason is HoldReason.DETACHED_WORK:
-        log.warning(
-            "%s: job %d: %s; holding its reservation until %s",
-            job.upstream,
-            job.id,
-            hold.detail,
-            until,
-        )
-    elif hold.reason is HoldReason.UPSTREAM_SILENT:
-        log.warning(
-            "%s: job %d: %s; gave up on the exchange, but the server may still be "
-            "working on it: holding its reservation until %s",
-            job.upstream,
-            job.id,
-            hold.detail,
-            until,
-        )
-    else:
-        log.warning(
-            "%s: job %d was cut by a reclaim but the server may still be working on it; "
-            "holding its reservation until %s",
-            job.upstream,
-            job.id,
-            until,
-        )
-
-
-async def watch_idle(
-    state: SharedState,
-    jobs: Mapping[int, JobState],
-    job_id: int,
-    step: Callable[[int, Callable[[JobState], Transition]], None],
-    wait_s: float,
-) -> None:
-    """Watch job ``job_id`` (in ``jobs``) until a server observation taken after its hold or
-    its borrower's disconnect shows the server idle, then ``step`` it with
-    :meth:`JobState.server_seen_idle`; ``step`` detached work still busy at its
-    ``detached_until`` with :meth:`JobState.detached_timed_out`. Returns once the job is no
-    longer watched (ended, or no longer released by an observation). Waits at most
-    ``wait_s`` seconds for each fresh observation, asking the server at most every
-    :data:`IDLE_POLL_S` seconds."""
-    polled_at: float | None = None
-    while (watched := jobs.get(job_id)) is not None and (since := _idle_since(watched)) is not None:
-        name = watched.upstream
-        obs = state.servers.get(name)
-        if (
-            obs is not None
-            and obs.value is not None
-            and obs.observed_at is not None
-            and obs.observed_at > since
-            and obs.value.idle
-        ):
-            log.info(
-                "%s: server idle %s; releasing job %d",
-                name,
-                "after the cut"
-                if watched.phase is JobPhase.HELD
-                else "after the borrower disconnected",
-                job_id,
-            )
-            step(job_id, partial(JobState.server_seen_idle, observed_at=obs.observed_at))
-            continue
-        wait = wait_s
-        until = watched.detached_until if watched.phase is JobPhase.TRACKING else None
-        if until is not None:
-            now = state.clock()
-            if now >= until:
-                step(job_id, partial(JobState.detached_timed_out, now=now))
-                continue
-            wait = min(wait, until - now)
-        now = state.clock()
-        if polled_at is not None and now - polled_at < IDLE_POLL_S:
-            await asyncio.sleep(min(wait, IDLE_POLL_S - (now - polled_at)))
-            continue
-        polled_at = now
-        if not await state.samples.fresh(SampleKey.server(name), wait):
-            await asyncio.sleep(wait)
-
-
-def _idle_since(job: JobState) -> float | None:
-    """Monotonic s after which a server observation showing the server idle ends ``job``'s
-    hold or tracking; None when no observation can (the job is not watched)."""
-    hold = job.hold
-    if job.phase is JobPhase.HELD and hold is not None and hold.release_by is ReleaseBy.SERVER_IDLE:
-        return hold.since
-    if job.phase is JobPhase.TRACKING and job.detached_since is not None:
-        return job.detached_since
-    return None

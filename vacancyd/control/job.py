@@ -60,7 +60,8 @@ class JobHandle:
     @property
     def cut_by(self) -> Edge | None:
         """The reclaim edge that cut the job, or None."""
-        return self._work.cut_by(self.admitted.id)
+        job = self._work.get(self.admitted.id)
+        return None if job is None else job.cut_by
 
     def forwarding(self, key: str | None, exchange: Cuttable) -> None:
         """The exchange starts: ``key`` is the job key the upstream's controller tracks (None

@@ -36,9 +36,10 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from vacancyd.adapters.base import Controller, UpstreamError
+from vacancyd.adapters.base import Controller
+from vacancyd.control import jobwatch
 from vacancyd.control.accounting import Accounting
-from vacancyd.control.holds import HoldBook, HoldsWriter, log_hold, watch_idle
+from vacancyd.control.holds import HoldBook, HoldsWriter
 from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
@@ -74,9 +75,6 @@ from vacancyd.web.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-#: How long a refusal that a fresh observation could change waits for one (seconds).
-REFRESH_WAIT_S = 2.0
-
 
 @dataclass(frozen=True, slots=True)
 class CutResult:
@@ -101,11 +99,9 @@ class Work:
 
     ``holds_writer``: asked to write the held jobs whenever their set changes; with one, a
     new hold is shown (``/status``, the ``job_hold`` event, the log) only once
-    :meth:`HoldBook.holds_saved <vacancyd.control.holds.HoldBook.holds_saved>` says it is on
-    disk, and until then its resources lend nothing; the writer reads and tells
-    :attr:`holds`. None: holds are shown at once and never written.
-    ``after_release(job, now)``: told of every released reservation (monotonic ``now``), to
-    learn from it.
+    :meth:`holds_saved` says it is on disk, and until then its resources lend nothing.
+    None: holds are shown at once and never written. ``after_release(job, now)``: told of
+    every released reservation (monotonic ``now``), to learn from it.
     """
 
     def __init__(
@@ -316,11 +312,6 @@ class Work:
             return None
         return self._apply(job.reply_arrived(status)).cut_by
 
-    def cut_by(self, job_id: int) -> Edge | None:
-        """The reclaim edge that cut job ``job_id``, or None."""
-        job = self._jobs.get(job_id)
-        return None if job is None else job.cut_by
-
     def exchange_ended(self, job_id: int, ending: Ending) -> None:
         """The proxy is done with job ``job_id``'s exchange; ``ending`` says how."""
         job = self._jobs.get(job_id)
@@ -510,7 +501,7 @@ class Work:
                     continue  # shown (ledger phase, log) once on disk: HoldBook.holds_saved
                 self.state.ledger.set_phase(job.id, effect.phase)
                 if job.hold is not None:
-                    log_hold(job)
+                    log.warning("%s", jobwatch.hold_line(job))
                 elif job.detached_until is not None and job.detached_since is not None:
                     log.info(
                         "%s: the borrower of job %d disconnected; the server may go on "
@@ -623,38 +614,22 @@ class Work:
         """Keep a landed, tracked job reserved until the server finishes it."""
         controller = self._upstreams[job.upstream].controller
         assert controller is not None
-        job_id = job.id
-
-        async def follow() -> None:
-            try:
-                await controller.wait_done(key)
-            except UpstreamError as exc:
-                detail = str(exc)
-                self._step(job_id, lambda j: j.tracking_lost(detail, self.state.clock()))
-                return
-            except BaseException:
-                self._step(job_id, JobState.tracking_done)
-                raise
-            self._step(job_id, JobState.tracking_done)
-
-        self.supervisor.spawn(follow(), name=f"track {job.upstream} job {job_id}", essential=False)
+        self.supervisor.spawn(
+            jobwatch.follow(controller, key, job.id, self._step, self.state.clock),
+            name=f"track {job.upstream} job {job.id}",
+            essential=False,
+        )
 
     def _watch_idle(self, job: JobState) -> None:
         """Release a held job, or end the tracking of a disconnected borrower's request, once
         a server observation taken after the hold or the disconnect shows the server idle
-        (llama-server's slots); hold detached work that still looks busy at its
-        ``detached_until``. One task per job, for as long as either lasts."""
-        name = job.upstream
-        job_id = job.id
-        self._watched.add(job_id)
-
-        async def await_idle() -> None:
-            try:
-                await watch_idle(self.state, self._jobs, job_id, self._step, REFRESH_WAIT_S)
-            finally:
-                self._watched.discard(job_id)
-
-        self.supervisor.spawn(await_idle(), name=f"hold {name} job {job_id}", essential=False)
+        (:func:`vacancyd.control.jobwatch.await_idle`). One task per job."""
+        self._watched.add(job.id)
+        self.supervisor.spawn(
+            jobwatch.await_idle(job, self._jobs.get, self._step, self.state, self._watched),
+            name=f"hold {job.upstream} job {job.id}",
+            essential=False,
+        )
 
     def _step(self, job_id: int, step: Callable[[JobState], Transition]) -> None:
         job = self._jobs.get(job_id)

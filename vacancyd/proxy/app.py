@@ -14,8 +14,9 @@ Order for every request: authenticate (borrow scope) -> classify -> by class:
 * reclaim (docs/reclaim.md): while a reclaim is open on the upstream, work is refused
   before the body is read; a reclaim may cut an admitted job — before response headers the
   borrower gets 503 with the edge's reason, after them the connection is aborted so the
-  stream never ends cleanly. The forwarding runs on its own task so a cut closes the
-  upstream connection at once, even while the borrower is stalled.
+  stream never ends cleanly. A cut calls the job's exchange
+  (:class:`~vacancyd.proxy.forward.Exchange`), which closes the upstream connection at
+  once, and resets a stalled borrower's, without cancelling the handler's task.
 * pass-through and borrower results: forwarded unconditionally; a WebSocket upgrade is
   tunneled only on a route the adapter lists as a WebSocket (ComfyUI's ``/ws`` progress
   channel; :mod:`vacancyd.proxy.tunnel`) and refused (501) on every other route.

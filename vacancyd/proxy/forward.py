@@ -265,47 +265,61 @@ class Forwarding(ProxyBase):
                     # for is under way while the reply travels (the next back-to-back
                     # request needs one taken after this release).
                     self._end_exchange(exchange, Ending.COMPLETED)
-            await response.prepare(request)
-            stalled = self.limits.write_stall_timeout_s
-            try:
-                if complete is None and exchange is None:
-                    async for chunk in upstream_resp.iter_chunks():
-                        async with asyncio.timeout(stalled):
-                            await response.write(chunk)
-                elif complete is None:
-                    assert exchange is not None
-                    tap = exchange.tap
-                    async for chunk in upstream_resp.iter_chunks():
-                        async with asyncio.timeout(stalled):
-                            await response.write(chunk)
-                        exchange.bytes_out += len(chunk)
-                        if tap is not None:
-                            tap.feed(chunk)
-                async with asyncio.timeout(stalled):
-                    await response.write_eof()
-            except client.Cut:
-                assert exchange is not None and exchange.cut_edge is not None
-                return self._after_cut(request, exchange, exchange.cut_edge)
-            except ConnectionError:
-                # Writing to a borrower whose connection the cut reset (where the listener
-                # does not cancel the handler of a lost connection, aiohttp's default).
-                if exchange is None or exchange.cut_edge is None:
-                    raise
-                return self._after_cut(request, exchange, exchange.cut_edge)
-            except client.UpstreamSilent:
-                if exchange is None:
-                    return self._silent_passthrough(request, c, response)
-                return self._silent(request, exchange, c)
-            except TimeoutError:
-                return self._stalled(request, exchange, response, stalled)
-            except client.BrokenBody as exc:
-                return self._broken(request, exchange, response, exc)
-            return response
+            return await self._relay(request, c, upstream_resp, response, complete, exchange)
         finally:
             # A fully read response returns its connection to the pool; anything else
             # (cancelled by a client disconnect, cut, stalled) aborts it, which is what
             # tells the upstream to stop.
             upstream_resp.release()
+
+    async def _relay(
+        self,
+        request: web.BaseRequest,
+        c: Classification,
+        upstream_resp: client.Response,
+        response: web.StreamResponse,
+        complete: bytes | None,
+        exchange: Exchange | None,
+    ) -> web.StreamResponse:
+        """Send ``response`` and relay the upstream's body into it (``complete``: the whole
+        body, already in ``response``); a cut, the upstream's silence or break, or a borrower
+        that stops reading end it as each must (503 or aborted stream, 504 or reset, reset)."""
+        await response.prepare(request)
+        stalled = self.limits.write_stall_timeout_s
+        try:
+            if complete is None and exchange is None:
+                async for chunk in upstream_resp.iter_chunks():
+                    async with asyncio.timeout(stalled):
+                        await response.write(chunk)
+            elif complete is None:
+                assert exchange is not None
+                tap = exchange.tap
+                async for chunk in upstream_resp.iter_chunks():
+                    async with asyncio.timeout(stalled):
+                        await response.write(chunk)
+                    exchange.bytes_out += len(chunk)
+                    if tap is not None:
+                        tap.feed(chunk)
+            async with asyncio.timeout(stalled):
+                await response.write_eof()
+        except client.Cut:
+            assert exchange is not None and exchange.cut_edge is not None
+            return self._after_cut(request, exchange, exchange.cut_edge)
+        except ConnectionError:
+            # Writing to a borrower whose connection the cut reset (where the listener
+            # does not cancel the handler of a lost connection, aiohttp's default).
+            if exchange is None or exchange.cut_edge is None:
+                raise
+            return self._after_cut(request, exchange, exchange.cut_edge)
+        except client.UpstreamSilent:
+            if exchange is None:
+                return self._silent_passthrough(request, c, response)
+            return self._silent(request, exchange, c)
+        except TimeoutError:
+            return self._stalled(request, exchange, response, stalled)
+        except client.BrokenBody as exc:
+            return self._broken(request, exchange, response, exc)
+        return response
 
     def _forward_failed(
         self,

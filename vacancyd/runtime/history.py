@@ -15,10 +15,16 @@ import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from vacancyd.core.events import HoldChanged, LendingSwitched, StateEvent, VetoChanged
+from vacancyd.core.events import (
+    HoldChanged,
+    JobChanged,
+    LendingSwitched,
+    StateEvent,
+    VetoChanged,
+)
 from vacancyd.core.history import (
     SAMPLE_INTERVAL_S,
     UNNAMED,
@@ -34,6 +40,9 @@ log = logging.getLogger(__name__)
 
 #: The state transitions that are presence or lending edges: each gets a sample of its own.
 EDGES = (VetoChanged, LendingSwitched, HoldChanged)
+#: At most this many jobs started between two samples are remembered for the next one (a
+#: flood of short jobs cannot grow the recorder; the ones past it are not counted).
+MAX_STARTED = 10_000
 
 
 class HistoryStore(Protocol):
@@ -48,7 +57,12 @@ class HistoryStore(Protocol):
         ...
 
 
-def take_sample(state: SharedState, now_wall: float, now: float | None = None) -> HistorySample:
+def take_sample(
+    state: SharedState,
+    now_wall: float,
+    now: float | None = None,
+    since_last: Mapping[int, str] | None = None,
+) -> HistorySample:
     """The lender now, from the store (call on the event loop).
 
     ``now_wall``: the sample's wall time (s since the epoch); ``now``: the store's monotonic
@@ -57,7 +71,9 @@ def take_sample(state: SharedState, now_wall: float, now: float | None = None) -
     battery). Per GPU resource: memory used (the device's figure, else total - free) and
     temperature from its newest reading while that is not unknown (a stale one still
     counts, a failed one does not). Jobs: every borrowed job in the ledger (held and tracked
-    ones too), counted by its borrower.
+    ones too) and every job in ``since_last`` (job id -> borrower: the jobs that started
+    since the previous sample, so one shorter than the interval still shows), each counted
+    once by its borrower (``state.job_borrowers``; ``""`` for the unnamed one).
     """
     at = state.clock() if now is None else now
     resources: dict[str, ResourceSample] = {}
@@ -73,10 +89,11 @@ def take_sample(state: SharedState, now_wall: float, now: float | None = None) -
         if used is None and reading.total_mib is not None and reading.free_mib is not None:
             used = max(reading.total_mib - reading.free_mib, 0.0)
         resources[name] = ResourceSample(used, reading.total_mib, reading.temperature_c)
-    borrowers: dict[str, int] = {}
+    jobs = dict(since_last or {})
     for job in state.ledger.jobs():
-        who = getattr(job, "borrower", UNNAMED)
-        name = who if isinstance(who, str) else UNNAMED
+        jobs[job.id] = state.job_borrowers.get(job.id, jobs.get(job.id, UNNAMED))
+    borrowers: dict[str, int] = {}
+    for name in jobs.values():
         borrowers[name] = borrowers.get(name, 0) + 1
     return HistorySample(
         at_wall=now_wall,
@@ -90,8 +107,10 @@ def take_sample(state: SharedState, now_wall: float, now: float | None = None) -
 class HistoryRecorder:
     """Samples ``state`` into ``store``: at start, every ``interval_s`` seconds, and at each
     presence or lending edge (:data:`EDGES`; edges within ``MIN_GAP_S`` of the last sample
-    share the next one). ``wall_clock``: seconds since the epoch, for the samples' times;
-    the schedule runs on the store's monotonic clock."""
+    share the next one). Each sample also counts the jobs that started since the previous
+    one (``job`` events), so work shorter than the interval is not lost between samples.
+    ``wall_clock``: seconds since the epoch, for the samples' times; the schedule runs on
+    the store's monotonic clock."""
 
     def __init__(
         self,
@@ -110,10 +129,15 @@ class HistoryRecorder:
         self._edge = asyncio.Event()
         self._last_at: float | None = None
         self._failing = False
+        #: Jobs that started since the last sample (id -> borrower), kept until it is taken.
+        self._started: dict[int, str] = {}
 
     def _on_event(self, event: StateEvent) -> None:
         if isinstance(event, EDGES):
             self._edge.set()
+        elif isinstance(event, JobChanged) and event.change == "started":
+            if len(self._started) < MAX_STARTED:
+                self._started[event.job] = self.state.job_borrowers.get(event.job, UNNAMED)
 
     async def run(self) -> None:
         """Record until cancelled (a supervised task). Never raises otherwise."""
@@ -140,8 +164,9 @@ class HistoryRecorder:
     def record_now(self, now: float | None = None) -> None:
         """Take one sample and hand it to the store now; logs (once per run of failures)
         rather than raises."""
+        started, self._started = self._started, {}
         try:
-            sample = take_sample(self.state, self.wall_clock(), now)
+            sample = take_sample(self.state, self.wall_clock(), now, started)
             self.store.record_history(sample)
         except Exception:
             if not self._failing:
