@@ -203,6 +203,20 @@ def test_an_empty_ledger(tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture
     assert out == expected[fmt]
 
 
+def test_an_empty_csv_report_keeps_the_cost_columns_when_priced(
+    ledger: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A CSV consumer reads the same columns whether or not a job ended in the window.
+    code, out, _ = run(
+        ["usage", "--config", str(ledger), "--format", "csv", "--since", "9999-12-31"], capsys
+    )
+    assert code == 0
+    assert out == (
+        "borrower,requests,busy_s,prompt_tokens,completion_tokens,energy_j,energy_kwh,"
+        "cost,currency\n"
+    )
+
+
 def test_no_ledger_yet_is_empty_and_said(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -42,14 +42,15 @@ def cmd_usage(args: argparse.Namespace) -> int:
     """Print the report; 0, 1 when the ledger or the API cannot be read, 2 for a config or
     token that cannot be used."""
     online = any(getattr(args, k, None) for k in ("url", "token", "token_file", "ca_file"))
-    rows = _online(args) if online else _offline(args)
-    if isinstance(rows, int):
-        return rows
-    print(render(rows, args.by, args.format, args.since.text), end="")
+    answer = _online(args) if online else _offline(args)
+    if isinstance(answer, int):
+        return answer
+    rows, priced = answer
+    print(render(rows, args.by, args.format, args.since.text, priced=priced), end="")
     return 0
 
 
-def _offline(args: argparse.Namespace) -> list[dict[str, object]] | int:
+def _offline(args: argparse.Namespace) -> tuple[list[dict[str, object]], bool] | int:
     from vacancyd.config import ConfigError, load_config, load_default_config
     from vacancyd.runtime.usage import (
         USAGE_FILE,
@@ -80,15 +81,16 @@ def _offline(args: argparse.Namespace) -> list[dict[str, object]] | int:
         return 1
     if not exists:
         print(f"vacancyd usage: no usage ledger at {path} yet", file=sys.stderr)
-    return report_rows(
+    rows = report_rows(
         groups,
         args.by,
         price_per_kwh=settings.energy_price_per_kwh,
         currency=settings.energy_currency,
     )
+    return rows, settings.energy_price_per_kwh is not None
 
 
-def _online(args: argparse.Namespace) -> list[dict[str, object]] | int:
+def _online(args: argparse.Namespace) -> tuple[list[dict[str, object]], bool] | int:
     target = _target(args, "read", "usage")
     if isinstance(target, int):
         return target
@@ -114,7 +116,7 @@ def _online(args: argparse.Namespace) -> list[dict[str, object]] | int:
         print(_unreachable("usage", url, exc, "cannot read"), file=sys.stderr)
         return 1
     assert isinstance(rows, list)
-    return rows
+    return rows, data.get("energy_price_per_kwh") is not None
 
 
 COLUMNS = (
@@ -126,13 +128,18 @@ COLUMNS = (
 )
 
 
-def render(rows: list[dict[str, object]], by: str, fmt: str, since: str) -> str:
+def render(
+    rows: list[dict[str, object]], by: str, fmt: str, since: str, *, priced: bool | None = None
+) -> str:
     """``rows`` (:func:`~vacancyd.core.usage.report_rows`) as ``fmt``: ``json`` is exactly
     ``{"rows": rows}``; ``csv`` has a header line of the row keys; ``table`` aligned columns
-    with a total line, or a line saying there is nothing since ``since``."""
+    with a total line, or a line saying there is nothing since ``since``. ``priced``: whether
+    a price is set, so the CSV header has ``cost`` and ``currency`` even without rows (None:
+    whether a row has a cost)."""
     if fmt == "json":
         return json.dumps({"rows": rows}, indent=2) + "\n"
-    priced = any("cost" in r for r in rows)
+    if priced is None:
+        priced = any("cost" in r for r in rows)
     if fmt == "csv":
         keys = [by, *(k for k, _ in COLUMNS), "energy_j"]
         keys.insert(keys.index("energy_kwh"), keys.pop())
