@@ -35,17 +35,17 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from vacancyd.adapters.base import Controller
 from vacancyd.control import jobwatch
 from vacancyd.control.accounting import Accounting
+from vacancyd.control.holds import HoldBook, HoldsWriter
 from vacancyd.control.observe import JobObserver
 from vacancyd.control.sharing import CardSharing
 from vacancyd.control.spawn import Spawner
 from vacancyd.control.upstreamcalls import Outcome, UpstreamCalls
 from vacancyd.control.waiting import WaitRooms
-from vacancyd.core.ledger import Job, Phase
+from vacancyd.core.ledger import Job
 from vacancyd.core.lifecycle import (
     CancelExchange,
     CancelOnServer,
@@ -65,7 +65,7 @@ from vacancyd.core.lifecycle import (
     WatchIdle,
 )
 from vacancyd.core.observations import SampleKey
-from vacancyd.core.reasons import Admit, Reason, Refuse
+from vacancyd.core.reasons import Admit, Refuse
 from vacancyd.core.reclaim import Edge
 from vacancyd.core.reclaim import refusal as reclaim_refusal
 from vacancyd.core.sharing import serve_order
@@ -92,27 +92,6 @@ class _Upstream:
     controller: Controller | None = None
     #: The running exchanges of this upstream's jobs, by job id (a reclaim cuts them).
     exchanges: dict[int, Cuttable] = field(default_factory=dict)
-
-
-class HeldJobs(Protocol):
-    """What a :class:`HoldsWriter` reads and tells: the held jobs, and whether they are on
-    disk (:class:`Work` itself)."""
-
-    def held(self) -> list[JobState]: ...
-
-    def holds_saved(self, job_ids: frozenset[int]) -> None: ...
-
-    def holds_unsaved(self, error: str) -> None: ...
-
-
-class HoldsWriter(Protocol):
-    """Writes the held jobs to the state directory (the daemon's durable-state saver), so
-    a hold survives a restart."""
-
-    def write_holds(self, source: HeldJobs) -> None:
-        """Write ``source.held()`` soon (off the loop), then tell ``source`` which job ids
-        are on disk (``holds_saved``) or why the write failed (``holds_unsaved``)."""
-        ...
 
 
 class Work:
@@ -147,20 +126,12 @@ class Work:
         #: What each job used (busy time, tokens, energy; the borrowers' quota counts and the
         #: usage ledger), told of every job's start and end; None: nothing is counted.
         self.accounting = accounting
-        self._holds_writer = holds_writer
         self._after_release = after_release
-        self._held_ids: set[int] = set()
-        #: Held jobs not yet known to be on disk (only with a ``holds_writer``).
-        self._unsaved: set[int] = set()
-        #: Held jobs shown in /status and announced as ``job_hold`` events, by id.
-        self._shown: dict[int, JobState] = {}
-        #: Why the newest write of the held jobs failed; None when it did not.
-        self._write_error: str | None = None
-        #: The failure last logged: (error, unsaved job ids), so each is logged once.
-        self._logged_failure: tuple[str, frozenset[int]] | None = None
         self._watched: set[int] = set()
         self._upstreams: dict[str, _Upstream] = {}
         self._jobs: dict[int, JobState] = {}
+        #: The held jobs: which are on disk and shown (the ``holds_writer``'s source).
+        self.holds = HoldBook(state, self._jobs, holds_writer)
         #: Per upstream: set whenever one of its jobs changes phase (see :meth:`changes`).
         self._changes: dict[str, asyncio.Event] = {}
         #: Wait queues of upstreams with ``busy = "wait"`` (see :meth:`enable_wait`).
@@ -450,10 +421,6 @@ class Work:
                 self._changed(job.upstream)
         return held
 
-    def unsaved(self) -> list[int]:
-        """Ids of held jobs not yet known to be on disk, oldest first."""
-        return sorted(self._unsaved)
-
     # -- readers ---------------------------------------------------------------------------
 
     def get(self, job_id: int) -> JobState | None:
@@ -463,10 +430,6 @@ class Work:
         return iter(sorted(self._jobs.values(), key=lambda j: j.id))
 
     # -- carrying out transitions ------------------------------------------------------------
-
-    def held(self) -> list[JobState]:
-        """Jobs held for uncertain completion, oldest first."""
-        return [j for j in self if j.phase is JobPhase.HELD]
 
     def restore_hold(
         self,
@@ -497,16 +460,13 @@ class Work:
             hold=Hold(reason, now, release_by, detail),
         )
         self._jobs[job.id] = job
-        self._held_ids.add(job.id)
-        self._shown[job.id] = job  # it was on disk already: that is where it came from
-        assert job.hold is not None
-        self.state.job_holds = {**self.state.job_holds, job.id: job.hold}
+        self.holds.restored(job)  # it was on disk already: that is where it came from
         return job
 
     def watch_restored(self) -> None:
         """Once every upstream is declared: watch each restored hold that its server's
         observations can release, and turn the others into admin-only holds."""
-        for job in self.held():
+        for job in self.holds.held():
             hold = job.hold
             if hold is None or hold.release_by is not ReleaseBy.SERVER_IDLE:
                 continue
@@ -514,92 +474,18 @@ class Work:
             if up is None or not up.rules.idle_evidence:
                 job = replace(job, hold=replace(hold, release_by=ReleaseBy.ADMIN))
                 self._jobs[job.id] = job
-                assert job.hold is not None
-                self.state.job_holds = {**self.state.job_holds, job.id: job.hold}
+                self.holds.rehold(job)
             elif not self._watching(job.id):
                 self._watch_idle(job)
 
     def _watching(self, job_id: int) -> bool:
         return job_id in self._watched
 
-    def _holds_changed(self, job: JobState) -> None:
-        """After ``job``'s transition: when the set of held jobs changed, ask for it to be
-        written (``holds_writer``) and show what is on disk (:meth:`_show_holds`)."""
-        held = {j.id for j in self._jobs.values() if j.phase is JobPhase.HELD}
-        if held != self._held_ids:
-            self._held_ids = held
-            self._unsaved &= held  # a hold that ended before it was written is just gone
-            if self._holds_writer is not None:
-                self._holds_writer.write_holds(self)
-            self._show_holds()
-
-    def holds_saved(self, job_ids: frozenset[int]) -> None:
-        """The held jobs ``job_ids`` are on disk now (the durable writer calls this after
-        each successful write): show them, and let their resources lend again."""
-        saved = self._unsaved & job_ids
-        self._unsaved -= saved
-        if self._write_error is not None:
-            log.info("held jobs written to the state directory again")
-            self._write_error = None
-            self._logged_failure = None
-        for job_id in sorted(saved):
-            job = self._jobs.get(job_id)
-            if job is not None and job.phase is JobPhase.HELD:
-                self.state.ledger.set_phase(job_id, Phase.HELD)
-                log.warning("%s", jobwatch.hold_line(job))
-        self._show_holds()
-
-    def holds_unsaved(self, error: str) -> None:
-        """The newest write of the held jobs failed with ``error`` (it is retried): the
-        resources of every hold not yet on disk refuse ``state_write_failed``."""
-        failure = (error, frozenset(self._unsaved))
-        if self._unsaved and failure != self._logged_failure:
-            self._logged_failure = failure
-            resources = sorted(
-                {r for i in self._unsaved if (j := self._jobs.get(i)) for r in j.resources}
-            )
-            log.error(
-                "held job(s) %s cannot be written to the state directory (%s); borrowed work "
-                "on %s is refused (%s) until the write, retried, succeeds",
-                ", ".join(str(i) for i in sorted(self._unsaved)),
-                error,
-                ", ".join(resources),
-                Reason.STATE_WRITE_FAILED,
-            )
-        self._write_error = error
-        self._show_holds()
-
-    def _show_holds(self) -> None:
-        """Publish the held jobs that are on disk (``/status``, ``job_hold`` events) and
-        mark the resources of those that are not (the gate refuses them)."""
-        shown = {
-            j.id: j
-            for j in self._jobs.values()
-            if j.phase is JobPhase.HELD and j.id not in self._unsaved
-        }
-        before, self._shown = self._shown, shown
-        self.state.job_holds = {i: j.hold for i, j in shown.items() if j.hold is not None}
-        for job_id in sorted(shown.keys() - before.keys()):
-            job = shown[job_id]
-            assert job.hold is not None
-            self.state.note_job_hold(job_id, job.upstream, job.hold, held=True)
-        for job_id in sorted(before.keys() - shown.keys()):
-            job = before[job_id]
-            assert job.hold is not None
-            self.state.note_job_hold(job_id, job.upstream, job.hold, held=False)
-        unsaved: dict[str, str | None] = {}
-        for job_id in self._unsaved:
-            pending = self._jobs.get(job_id)
-            for name in pending.resources if pending is not None else ():
-                unsaved[name] = self._write_error
-        if unsaved != self.state.unsaved_holds:
-            self.state.unsaved_holds = unsaved
-
     def _apply(self, transition: Transition) -> JobState:
         try:
             return self._apply_effects(transition)
         finally:
-            self._holds_changed(transition.state)
+            self.holds.changed()
 
     def _apply_effects(self, transition: Transition) -> JobState:
         job = transition.state
@@ -611,10 +497,8 @@ class Work:
             if isinstance(effect, Release):
                 self._release(job.id)
             elif isinstance(effect, SetPhase):
-                if job.hold is not None and self._holds_writer is not None:
-                    # Shown (ledger phase, log) once on disk: holds_saved().
-                    self._unsaved.add(job.id)
-                    continue
+                if job.hold is not None and self.holds.defer(job):
+                    continue  # shown (ledger phase, log) once on disk: HoldBook.holds_saved
                 self.state.ledger.set_phase(job.id, effect.phase)
                 if job.hold is not None:
                     log.warning("%s", jobwatch.hold_line(job))

@@ -429,7 +429,7 @@ class Daemon:
         learned.restore_holds(self.work, self._saved_holds, self.state.resources)
         if self._saved_holds and not self.saver.holds_frozen:
             # the restored jobs have new ids, and a dropped hold leaves the file
-            self.saver.write_holds(self.work)
+            self.saver.write_holds(self.work.holds)
         self._saved_holds = []
 
     @property
@@ -612,7 +612,7 @@ class Daemon:
                 self.settings.state_dir,
                 SAVE_AT_STOP_S,
             )
-        unsaved = self.work.unsaved()
+        unsaved = self.work.holds.unsaved()
         if unsaved:
             log.error(
                 "held job(s) %s could not be written to the state directory before stopping; "

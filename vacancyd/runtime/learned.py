@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vacancyd.control.work import HeldJobs, Work
+from vacancyd.control.holds import HeldJobs
+from vacancyd.control.work import Work
 from vacancyd.core import footprint, residency
 from vacancyd.core.ledger import Job
 from vacancyd.core.lifecycle import HoldReason, JobState, ReleaseBy
