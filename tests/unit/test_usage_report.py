@@ -37,13 +37,13 @@ def test_bad_values_say_what_is_accepted(text: str) -> None:
     assert repr(text) in str(info.value)
 
 
-
 def test_a_duration_too_long_says_so() -> None:
     # 9999999w is a duration, only too long: not "neither a time back from now nor a date"
     with pytest.raises(ValueError, match="too far back") as info:
         parse_since("9999999w")
     assert "'9999999w'" in str(info.value)
     assert parse_since("999999w").seconds == 999999 * 7 * 86400
+
 
 GROUPS = [
     UsageGroup("", 2, 5.0, 20, 40, 7_200_000.0),
