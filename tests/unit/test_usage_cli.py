@@ -217,6 +217,21 @@ def test_an_empty_csv_report_keeps_the_cost_columns_when_priced(
     )
 
 
+def test_a_table_escapes_control_characters_in_a_borrowers_model_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the model name is whatever the borrower sent: it must not drive the owner's terminal
+    cfg = write_config(tmp_path)
+    fill(tmp_path, [job(1, "", "\x1b]0;pwned\x07\x1b[31mred\nx", 60), job(2, "", "ünï", 60)])
+    code, out, _ = run(["usage", "--config", str(cfg), "--by", "model"], capsys)
+    assert code == 0
+    assert "\x1b" not in out and "\x07" not in out
+    lines = out.splitlines()
+    assert len(lines) == 4  # header, two models, total: no line broken by the newline
+    assert "\\x1b]0;pwned\\x07\\x1b[31mred\\nx" in out
+    assert "ünï" in out
+
+
 def test_no_ledger_yet_is_empty_and_said(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

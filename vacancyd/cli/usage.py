@@ -192,7 +192,16 @@ def _cell(value: object, none: str = "-") -> str:
         return f"{value:.6f}".rstrip("0").rstrip(".") if value < 1 else f"{value:,.2f}"
     if isinstance(value, int):
         return f"{value:,}"
-    return str(value)
+    return _printable(str(value))
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character that is not printable (escape sequences, newlines: a
+    borrower names its model) written as a ``\\x1b``-style escape, so a table cannot act on
+    the owner's terminal or break its lines."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def add_usage(sub: Any) -> None:
