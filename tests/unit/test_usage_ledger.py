@@ -79,6 +79,56 @@ async def test_a_recorded_row_is_committed_at_once_in_a_wal_database(tmp_path: P
         await s.close()
 
 
+async def test_rows_recorded_while_the_thread_is_busy_are_committed_together(
+    tmp_path: Path,
+) -> None:
+    """Jobs that end while the store's thread is still writing are taken in one transaction
+    (one commit for the burst), and every one of them is on disk when its future is done."""
+    s = store(tmp_path)
+    await s.open()
+    busy = threading.Event()
+    blocker = s._executor.submit(busy.wait)  # the thread is busy with an earlier write
+    try:
+        futures = [s.record(row(i)) for i in range(1, 51)]
+        assert all(f is futures[0] for f in futures), "one pending write takes the burst"
+        assert not futures[0].done()
+        busy.set()
+        await asyncio.wrap_future(futures[0])
+        assert [r[0] for r in rows_on_disk(s.path)] == list(range(1, 51))
+        later = s.record(row(51))
+        assert later is not futures[0], "a row after the write is taken by a new one"
+        await asyncio.wrap_future(later)
+        assert len(rows_on_disk(s.path)) == 51
+        assert s.error is None
+    finally:
+        busy.set()
+        blocker.result()
+        await s.close()
+
+
+async def test_a_failing_batch_is_written_row_by_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row the database refuses (NOT NULL broken) fails the transaction of its burst; the
+    other rows are still written one by one, and only the bad one is dropped, named."""
+    s = store(tmp_path)
+    await s.open()
+    busy = threading.Event()
+    blocker = s._executor.submit(busy.wait)
+    try:
+        futures = [s.record(row(2)), s.record(row(9, borrower=None)), s.record(row(3))]
+        busy.set()
+        await asyncio.wrap_future(futures[-1])
+        assert [r[0] for r in rows_on_disk(s.path)] == [2, 3]
+        assert s.dropped == 1
+        assert "could not record job 9" in caplog.text
+        assert s.error is None, "the rows written after it clear the error"
+    finally:
+        busy.set()
+        blocker.result()
+        await s.close()
+
+
 async def test_every_column_round_trips_and_nulls_stay_null(tmp_path: Path) -> None:
     s = store(tmp_path)
     await s.open()

@@ -29,6 +29,7 @@ import datetime as dt
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -216,6 +217,11 @@ class UsageStore:
             max_workers=1, thread_name_prefix="vacancyd-usage"
         )
         self._closed = False
+        #: Rows recorded and not yet taken by the store's thread, and the one pending write
+        #: that will take them (None: none pending). Guarded by ``_pending_lock``.
+        self._pending: list[UsageRow] = []
+        self._batch: concurrent.futures.Future[None] | None = None
+        self._pending_lock = threading.Lock()
 
     @property
     def error(self) -> str | None:
@@ -259,7 +265,11 @@ class UsageStore:
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
             done.set_result(None)
             return done
-        return self._executor.submit(self._insert, row)
+        with self._pending_lock:
+            self._pending.append(row)
+            if self._batch is None:
+                self._batch = self._executor.submit(self._insert_pending)
+            return self._batch
 
     async def groups(self, since: Since | float, by: str) -> list[UsageGroup]:
         """The ledger grouped ``by`` borrower, day or model, for the jobs that ended since
@@ -393,25 +403,37 @@ class UsageStore:
             return None
         return aside, str(exc)
 
+    def _insert_pending(self) -> None:
+        """Write every row recorded since the last write: one row on its own, several (jobs
+        that ended while the thread was busy) in one transaction, so a burst of short jobs
+        costs one commit, not one each. A failed transaction is retried row by row."""
+        with self._pending_lock:
+            rows, self._pending = self._pending, []
+            self._batch = None
+        if len(rows) == 1:
+            self._insert(rows[0])
+            return
+        if self._db is None and not self._open_db():
+            self.dropped += len(rows)
+            return
+        assert self._db is not None
+        try:
+            self._db.execute("BEGIN")
+            self._db.executemany(_INSERT, [_values(row) for row in rows])
+            self._db.execute("COMMIT")
+            self._failure = None
+            return
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+        for row in rows:
+            self._insert(row)
+
     def _insert(self, row: UsageRow) -> None:
         if self._db is None and not self._open_db():
             self.dropped += 1
             return
-        values = (
-            row.job_id,
-            row.borrower,
-            row.upstream,
-            row.model,
-            row.resource,
-            row.started_at,
-            row.ended_at,
-            str(row.outcome),
-            row.prompt_tokens,
-            row.completion_tokens,
-            row.energy_j,
-            row.bytes_in,
-            row.bytes_out,
-        )
+        values = _values(row)
         for attempt in (1, 2):
             assert self._db is not None
             try:
@@ -526,3 +548,22 @@ class UsageStore:
         if message != self._failure:
             log.error("%s", message)
         self._failure = message
+
+
+def _values(row: UsageRow) -> tuple[object, ...]:
+    """``row`` as the parameters of the ledger's INSERT."""
+    return (
+        row.job_id,
+        row.borrower,
+        row.upstream,
+        row.model,
+        row.resource,
+        row.started_at,
+        row.ended_at,
+        str(row.outcome),
+        row.prompt_tokens,
+        row.completion_tokens,
+        row.energy_j,
+        row.bytes_in,
+        row.bytes_out,
+    )
