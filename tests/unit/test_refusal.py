@@ -13,7 +13,11 @@ from vacancyd.core.refusal import SDK_RETRYABLE, render_refusal, render_refusal_
 @pytest.mark.parametrize("reason", list(Reason))
 def test_only_short_refusals_may_be_retried_by_an_sdk(reason: Reason) -> None:
     _, headers, body = render_refusal(Refuse.of(reason, "why"), "up")
-    retryable = reason in (Reason.RESOURCE_BUSY, Reason.BODY_BUDGET_EXHAUSTED)
+    retryable = reason in (
+        Reason.RESOURCE_BUSY,
+        Reason.BODY_BUDGET_EXHAUSTED,
+        Reason.BORROWER_BUSY,  # its own jobs end soon: a retry in 2 s is the point
+    )
     assert ("x-should-retry" not in headers) is retryable
     if not retryable:
         assert headers["x-should-retry"] == "false"
