@@ -141,7 +141,7 @@ def llama_config(target: str, state_dir: Path) -> str:
     return daemon_toml(upstream("llama", target, adapter="llamacpp"), state_dir=state_dir)
 
 
-def saved_hold(state_dir: Path, release_by: str) -> None:
+def saved_hold(state_dir: Path, release_by: str, **extra: object) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     hold = {
         "job": 7,
@@ -153,6 +153,7 @@ def saved_hold(state_dir: Path, release_by: str) -> None:
         "release_by": release_by,
         "detail": "",
         "held_since": 1_800_000_000.0,
+        **extra,
     }
     (state_dir / "holds.json").write_text(json.dumps({"version": 1, "holds": [hold]}))
 
@@ -161,7 +162,7 @@ async def test_a_restored_hold_is_released_by_an_idle_observation_after_the_rest
     tmp_path: Path,
 ) -> None:
     state_dir = tmp_path / "state"
-    saved_hold(state_dir, "server_idle")
+    saved_hold(state_dir, "server_idle", borrower="friend")
     busy = {"slots": True}
 
     async def slots(_: web.Request) -> web.Response:
@@ -178,6 +179,8 @@ async def test_a_restored_hold_is_released_by_an_idle_observation_after_the_rest
         assert d.state.ledger.jobs()
         doc = await status(d)
         assert doc["upstreams"]["llama"]["active_work"][0]["hold"]["reason"] == "cut_uncertain"
+        # still its borrower's job: shown, and its row in the ledger names it
+        assert doc["upstreams"]["llama"]["active_work"][0]["borrower"] == "friend"
         busy["slots"] = False
         await d.wait_until(lambda: not d.state.ledger.jobs(), 5)
 

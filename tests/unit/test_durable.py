@@ -112,9 +112,13 @@ def test_holds_serialisation_and_malformed_entries() -> None:
         "m",
         phase=JobPhase.HELD,
         hold=Hold(HoldReason.CUT_UNCERTAIN, 90.0, ReleaseBy.ADMIN),
+        borrower="friend",
     )
     data = learned.holds_to_json([job], {3: 512}, mono_now=100.0, wall_now=1_000.0)
     (saved,) = learned.holds_from_json(json.loads(json.dumps(data)))
+    assert saved.borrower == "friend", "a held job is still its borrower's after a restart"
+    old = {k: v for k, v in data["holds"][0].items() if k != "borrower"}
+    assert learned.holds_from_json({"holds": [old]})[0].borrower == "", "files from before"
     assert saved.job == 3 and saved.resources == ("gpu0",) and saved.charged_mib == 512
     assert saved.reason is HoldReason.CUT_UNCERTAIN and saved.release_by is ReleaseBy.ADMIN
     assert saved.held_since == 990.0
@@ -123,6 +127,7 @@ def test_holds_serialisation_and_malformed_entries() -> None:
         ({"holds": [dict(data["holds"][0], resources=[])]}, "resources"),
         ({"holds": [dict(data["holds"][0], reason="gone")]}, "unknown reason"),
         ({"holds": [dict(data["holds"][0], upstream=None)]}, "upstream"),
+        ({"holds": [dict(data["holds"][0], borrower=7)]}, "borrower"),
     ):
         with pytest.raises(ValueError, match=why):
             learned.holds_from_json(bad)

@@ -441,12 +441,14 @@ class Work:
         reason: HoldReason,
         release_by: ReleaseBy,
         detail: str,
+        borrower: str = "",
     ) -> JobState:
         """Hold ``resources`` again for a job that was held when vacancyd last stopped.
 
         Call before any listener accepts work. The hold starts now: only a server
         observation taken after the restart (see :meth:`watch_restored`) or an administrator
-        releases it.
+        releases it. ``borrower``: whose job it was; it is that borrower's again (shown, and
+        counted from now: its busy time before the restart was not written anywhere).
         """
         now = self.state.clock()
         entry = self.state.ledger.restore_held(upstream, resources, now, model, charged_mib)
@@ -458,8 +460,10 @@ class Work:
             model,
             phase=JobPhase.HELD,
             hold=Hold(reason, now, release_by, detail),
+            borrower=borrower,
         )
         self._jobs[job.id] = job
+        self._account(job, None, now)
         self.holds.restored(job)  # it was on disk already: that is where it came from
         return job
 

@@ -19,7 +19,8 @@ Files (see :mod:`vacancyd.runtime.durable` for the atomic, versioned format):
                               "model": str | null, "charged_mib": int | null,
                               "reason": "cut_uncertain" | "tracking_lost",
                               "release_by": "server_idle" | "admin", "detail": str,
-                              "held_since": epoch seconds}]}
+                              "held_since": epoch seconds,
+                              "borrower": str ("" or absent: the unnamed borrower)}]}
 
   A ``holds.json`` that cannot be used refuses every resource: which ones were held is
   unknown.
@@ -101,6 +102,7 @@ def holds_to_json(
                 "release_by": hold.release_by.value,
                 "detail": hold.detail,
                 "held_since": wall_now - (mono_now - hold.since),
+                "borrower": job.borrower,
             }
         )
     return {"version": VERSION, "holds": out}
@@ -119,6 +121,8 @@ class SavedHold:
     release_by: ReleaseBy
     detail: str
     held_since: float
+    #: Whose job it was ("": the unnamed borrower; also for files written before borrowers).
+    borrower: str = ""
 
 
 def holds_from_json(data: Mapping[str, Any]) -> list[SavedHold]:
@@ -153,6 +157,9 @@ def holds_from_json(data: Mapping[str, Any]) -> list[SavedHold]:
         job, since, detail = entry.get("job"), entry.get("held_since"), entry.get("detail", "")
         if not isinstance(job, int) or not isinstance(since, int | float):
             raise ValueError(f"holds[{i}] lacks its job id or held_since")
+        borrower = entry.get("borrower", "")
+        if not isinstance(borrower, str):
+            raise ValueError(f"holds[{i}].borrower is not a string")
         try:
             reason = HoldReason(str(entry.get("reason")))
             release_by = ReleaseBy(str(entry.get("release_by")))
@@ -169,6 +176,7 @@ def holds_from_json(data: Mapping[str, Any]) -> list[SavedHold]:
                 release_by,
                 str(detail),
                 float(since),
+                borrower,
             )
         )
     return out
@@ -220,6 +228,7 @@ def restore_holds(work: Work, saved: list[SavedHold], declared: Collection[str])
             reason=hold.reason,
             release_by=hold.release_by,
             detail=hold.detail,
+            borrower=hold.borrower,
         )
         log.warning(
             "%s: job %d was held (%s) when vacancyd stopped; it is job %d now and holds %s "
