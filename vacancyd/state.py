@@ -213,11 +213,6 @@ class SharedState:
         self.state_errors: dict[str, str] = {}
         #: Per durable state file (or the directory), why its newest write failed.
         self.write_errors: dict[str, str] = {}
-        #: Held jobs (id -> their hold), kept current by vacancyd.control.work for /status;
-        #: only holds already written to the state directory are here.
-        self.job_holds: Mapping[int, JobHold] = {}
-        #: Each running borrowed job's borrower by job id ("": unnamed), for /status.
-        self.job_borrowers: dict[int, str] = {}
         #: Resources with a held job not yet on disk -> why its write failed (None: under
         #: way). Kept by vacancyd.control.work; such a resource lends nothing.
         self.unsaved_holds: dict[str, str | None] = {}
@@ -573,9 +568,12 @@ class SharedState:
             self.events.emit(HoldChanged(key, False, "", now))
         return tuple(raised)
 
-    def note_job_hold(self, job: int, upstream: str, hold: JobHold, *, held: bool) -> None:
+    def note_job_hold(
+        self, job: int, upstream: str, hold: JobHold, *, held: bool, borrower: str = UNNAMED
+    ) -> None:
         """Tell subscribers that borrowed job ``job`` of ``upstream`` was held under
-        ``hold`` (``held``) or that this hold ended (event ``job_hold``)."""
+        ``hold`` (``held``) or that this hold ended (event ``job_hold``). ``borrower``: the
+        job's borrower while it is still a live job ("": unnamed, also once it ended)."""
         self.events.emit(
             JobHoldChanged(
                 job,
@@ -585,7 +583,7 @@ class SharedState:
                 hold.release_by.value,
                 hold.detail,
                 self.clock(),
-                borrower_label(self.job_borrowers.get(job, UNNAMED)),
+                borrower_label(borrower),
             )
         )
 
@@ -599,11 +597,8 @@ class SharedState:
         outcome: str | None = None,
     ) -> None:
         """Borrowed job ``job`` of ``borrower`` ("": unnamed) started (``outcome`` None) or
-        ended with ``outcome``: kept for /status while it runs, and sent as a ``job`` event."""
-        if outcome is None:
-            self.job_borrowers[job] = borrower
-        else:
-            self.job_borrowers.pop(job, None)
+        ended with ``outcome``: sent as a ``job`` event (who borrows each running job is
+        read from its record, ``vacancyd.control.work.Work.borrowers``)."""
         change = "started" if outcome is None else "ended"
         label = borrower_label(borrower)
         self.events.emit(JobChanged(job, upstream, label, change, model, outcome, self.clock()))

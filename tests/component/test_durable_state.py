@@ -172,9 +172,9 @@ async def test_a_restored_hold_is_released_by_an_idle_observation_after_the_rest
     app.router.add_get("/slots", slots)
     async with serve_app(app) as target, running_daemon(llama_config(target, state_dir)) as d:
         (job,) = d.state.ledger.jobs()
-        assert job.phase.value == "held" and d.state.job_holds[job.id].release_by.value == (
-            "server_idle"
-        )
+        assert job.phase.value == "held" and d.daemon.work.holds.shown()[
+            job.id
+        ].release_by.value == ("server_idle")
         await asyncio.sleep(0.5)  # busy observations keep it held
         assert d.state.ledger.jobs()
         doc = await status(d)

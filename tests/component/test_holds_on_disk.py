@@ -133,7 +133,7 @@ async def test_a_hold_is_not_shown_before_it_is_on_disk_and_its_resource_lends_n
         )
 
         finish.set()
-        await d.wait_until(lambda: bool(d.state.job_holds))
+        await d.wait_until(lambda: bool(d.daemon.work.holds.shown()))
         ((held, written, job),) = seen
         assert held and written == [job]  # on disk before the event said so
         assert await asyncio.to_thread(saved_jobs, state_dir) == [job]
@@ -179,7 +179,7 @@ async def test_a_hold_that_cannot_be_written_refuses_its_resource_until_a_retry_
         assert any("state_write_failed" in m and "No space left" in m for m in logged)
 
         full.clear()  # space returns: the retry writes it, with nothing else changing
-        await d.wait_until(lambda: bool(d.state.job_holds), 15)
+        await d.wait_until(lambda: bool(d.daemon.work.holds.shown()), 15)
         ((held, written, job),) = seen
         assert held and written == [job]
         assert await asyncio.to_thread(saved_jobs, state_dir) == [job]

@@ -136,7 +136,7 @@ async def test_a_stream_that_goes_silent_is_cut_and_its_job_held() -> None:
         assert error is not None, "a silent stream must end in an error, never a clean end"
         await d.wait_until(lambda: [j.phase.value for j in d.state.ledger.jobs()] == ["held"])
         (job,) = d.state.ledger.jobs()
-        hold = d.state.job_holds[job.id]
+        hold = d.daemon.work.holds.shown()[job.id]
         assert hold.reason.value == "upstream_silent" and hold.release_by.value == "admin"
 
 
@@ -186,8 +186,8 @@ async def test_a_silent_llamacpp_job_is_held_until_its_slots_show_it_idle() -> N
                 assert fake.arrived.is_set()
                 assert (status, error["code"]) == (504, "upstream_timeout")
                 (job,) = d.state.ledger.jobs()
-                await d.wait_until(lambda: job.id in d.state.job_holds)  # once on disk
-                assert d.state.job_holds[job.id].release_by.value == "server_idle"
+                await d.wait_until(lambda: job.id in d.daemon.work.holds.shown())  # once on disk
+                assert d.daemon.work.holds.shown()[job.id].release_by.value == "server_idle"
                 # the server still works on it (its slot is busy): the hold outlasts polls
                 await asyncio.sleep(0.6)
                 assert [j.phase.value for j in d.state.ledger.jobs()] == ["held"]

@@ -163,11 +163,12 @@ def test_a_sample_reads_presence_lending_gpus_and_jobs() -> None:
     assert got.owner_present and got.lending
     assert got.resources == {"gpu0": ResourceSample(2000.0, 8000.0, 64.0)}  # no "ram"
     assert got.borrowers == {"": 1}  # a job nobody named: the unnamed borrower
-    state.note_job(job.id, "llm", "alice", "tiny")
-    assert take_sample(state, NOW).borrowers == {"alice": 1}
+    live = {job.id: "alice"}  # the job's record names its borrower
+    assert take_sample(state, NOW, borrowers=live).borrowers == {"alice": 1}
     # jobs that started since the last sample count too (once, when still running)
     since = {job.id: "alice", 98: "bob", 99: ""}
-    assert take_sample(state, NOW, since_last=since).borrowers == {"alice": 1, "bob": 1, "": 1}
+    got = take_sample(state, NOW, since_last=since, borrowers=live)
+    assert got.borrowers == {"alice": 1, "bob": 1, "": 1}
 
     state.holds = (Hold(HoldKind.PAUSE, "paused by the owner"),)
     assert not take_sample(state, NOW).lending
@@ -208,7 +209,14 @@ async def test_the_recorder_samples_at_start_each_interval_and_each_edge() -> No
     )
     out = Collect()
     walls = iter(range(1000, 2000))
-    rec = HistoryRecorder(state, out, interval_s=0.3, wall_clock=lambda: float(next(walls)))
+    live: dict[int, str] = {}  # the live jobs' borrowers, as Work.borrowers reads them
+    rec = HistoryRecorder(
+        state,
+        out,
+        interval_s=0.3,
+        wall_clock=lambda: float(next(walls)),
+        borrowers=lambda: live,
+    )
     task = asyncio.create_task(rec.run())
     try:
         await asyncio.sleep(0.05)
@@ -232,7 +240,9 @@ async def test_the_recorder_samples_at_start_each_interval_and_each_edge() -> No
         assert out.samples[-1].lending
         # a job that starts and ends between two samples is in the next one
         before = len(out.samples)
+        live[7] = "alice"
         state.note_job(7, "llm", "alice", "tiny")
+        del live[7]
         state.note_job(7, "llm", "alice", "tiny", outcome="completed")
         await asyncio.sleep(0.7)
         assert len(out.samples) >= before + 2

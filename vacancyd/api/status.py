@@ -95,6 +95,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vacancyd import __version__
+from vacancyd.core.lifecycle import Hold as JobHold
 from vacancyd.core.status import ListenerStatus, PublisherStatus, StatusDocument
 from vacancyd.core.statusbuild import PressureReadout, StatusInputs, build_status
 from vacancyd.state import SharedState
@@ -108,12 +109,18 @@ class StatusViews:
     """What their owners render for the status document, read at each status read (each
     optional): ``sleep``, each controller's view per upstream; ``owner``, the owner
     controls; ``kubernetes``, the host-side publisher's state (None when there is none);
-    ``usage_error``, why the usage ledger cannot be used (None: it can)."""
+    ``usage_error``, why the usage ledger cannot be used (None: it can); ``job_holds``, the
+    held jobs shown (job id -> hold; :meth:`vacancyd.control.holds.HoldBook.shown`);
+    ``job_borrowers``, each live job's borrower by job id ("": unnamed;
+    :meth:`vacancyd.control.work.Work.borrowers`). Without the last two no job is shown
+    held and every job is the unnamed borrower's."""
 
     sleep: SleepViews = field(default_factory=dict)
     owner: Callable[[], Mapping[str, object]] | None = None
     kubernetes: Callable[[], PublisherStatus | None] | None = None
     usage_error: Callable[[], str | None] | None = None
+    job_holds: Callable[[], Mapping[int, JobHold]] | None = None
+    job_borrowers: Callable[[], Mapping[int, str]] | None = None
 
 
 def gather_status_inputs(
@@ -169,8 +176,8 @@ def gather_status_inputs(
         },
         exposure=dict(state.target_exposure),
         unseen_gpu_work=dict(state.unseen_gpu_work),
-        job_holds=dict(state.job_holds),
-        job_borrowers=dict(state.job_borrowers),
+        job_holds={} if views.job_holds is None else dict(views.job_holds()),
+        job_borrowers={} if views.job_borrowers is None else dict(views.job_borrowers()),
         reclaims=dict(state.reclaims),
         reach=dict(state.reach),
         reach_max_age_s=state.reach_max_age_s,

@@ -18,8 +18,9 @@ from typing import Protocol
 
 from vacancyd.control import jobwatch
 from vacancyd.core.ledger import Phase
-from vacancyd.core.lifecycle import JobPhase, JobState
+from vacancyd.core.lifecycle import Hold, JobPhase, JobState
 from vacancyd.core.reasons import Reason
+from vacancyd.core.usage import UNNAMED
 from vacancyd.state import SharedState
 
 log = logging.getLogger("vacancyd.control.work")
@@ -50,8 +51,9 @@ class HoldBook:
     """The held jobs among ``jobs`` (the live jobs by id, kept by ``Work``; read only here).
 
     ``writer``: asked to write the held jobs whenever their set changes; None: holds are
-    shown at once and never written. Publishes what is shown to ``state`` (``job_holds``,
-    ``unsaved_holds``, ``job_hold`` events) and the ledger's ``held`` phase.
+    shown at once and never written. What is shown is read from here (:meth:`shown`, for
+    /status); publishes to ``state`` the ``unsaved_holds``, ``job_hold`` events and the
+    ledger's ``held`` phase.
     """
 
     def __init__(
@@ -63,7 +65,8 @@ class HoldBook:
         self._held_ids: set[int] = set()
         #: Held jobs not yet known to be on disk (only with a ``writer``).
         self._unsaved: set[int] = set()
-        #: Held jobs shown in /status and announced as ``job_hold`` events, by id.
+        #: Held jobs shown in /status and announced as ``job_hold`` events, by id (each
+        #: job's record as it was last shown).
         self._shown: dict[int, JobState] = {}
         #: Why the newest write of the held jobs failed; None when it did not.
         self._write_error: str | None = None
@@ -77,6 +80,11 @@ class HoldBook:
         return sorted(
             (j for j in self._jobs.values() if j.phase is JobPhase.HELD), key=lambda j: j.id
         )
+
+    def shown(self) -> dict[int, Hold]:
+        """The holds shown in /status, by job id: held jobs whose hold is on disk (all held
+        jobs without a writer)."""
+        return {i: j.hold for i, j in self._shown.items() if j.hold is not None}
 
     def unsaved(self) -> list[int]:
         """Ids of held jobs not yet known to be on disk, oldest first."""
@@ -145,13 +153,13 @@ class HoldBook:
         assert job.hold is not None
         self._held_ids.add(job.id)
         self._shown[job.id] = job
-        self._state.job_holds = {**self._state.job_holds, job.id: job.hold}
 
     def rehold(self, job: JobState) -> None:
         """Restored ``job``'s hold changed how it is released (its server's observations
         cannot release it): show its new hold."""
         assert job.hold is not None
-        self._state.job_holds = {**self._state.job_holds, job.id: job.hold}
+        if job.id in self._shown:
+            self._shown[job.id] = job
 
     def _show(self) -> None:
         """Publish the held jobs that are on disk (``/status``, ``job_hold`` events) and
@@ -162,15 +170,18 @@ class HoldBook:
             if j.phase is JobPhase.HELD and j.id not in self._unsaved
         }
         before, self._shown = self._shown, shown
-        self._state.job_holds = {i: j.hold for i, j in shown.items() if j.hold is not None}
         for job_id in sorted(shown.keys() - before.keys()):
             job = shown[job_id]
             assert job.hold is not None
-            self._state.note_job_hold(job_id, job.upstream, job.hold, held=True)
+            self._state.note_job_hold(
+                job_id, job.upstream, job.hold, held=True, borrower=self._borrower(job_id)
+            )
         for job_id in sorted(before.keys() - shown.keys()):
             job = before[job_id]
             assert job.hold is not None
-            self._state.note_job_hold(job_id, job.upstream, job.hold, held=False)
+            self._state.note_job_hold(
+                job_id, job.upstream, job.hold, held=False, borrower=self._borrower(job_id)
+            )
         unsaved: dict[str, str | None] = {}
         for job_id in self._unsaved:
             pending = self._jobs.get(job_id)
@@ -178,3 +189,9 @@ class HoldBook:
                 unsaved[name] = self._write_error
         if unsaved != self._state.unsaved_holds:
             self._state.unsaved_holds = unsaved
+
+    def _borrower(self, job_id: int) -> str:
+        """Job ``job_id``'s borrower while it is a live job; the unnamed one ("") once it
+        left the jobs (a hold that ended with its job)."""
+        job = self._jobs.get(job_id)
+        return UNNAMED if job is None else job.borrower

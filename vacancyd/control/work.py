@@ -429,6 +429,12 @@ class Work:
     def __iter__(self) -> Iterator[JobState]:
         return iter(sorted(self._jobs.values(), key=lambda j: j.id))
 
+    def borrowers(self) -> dict[int, str]:
+        """Each live job's borrower by job id ("": the unnamed one), from its record: a job
+        is here from its admission (or restored hold) until it ends, also when an
+        administrator released its reservation while it still runs."""
+        return {i: j.borrower for i, j in self._jobs.items()}
+
     # -- carrying out transitions ------------------------------------------------------------
 
     def restore_hold(

@@ -204,6 +204,8 @@ class Daemon:
             owner=self.owner.view,
             kubernetes=lambda: None if self.kubernetes is None else self.kubernetes.status(),
             usage_error=lambda: usage.error,
+            job_holds=self.work.holds.shown,
+            job_borrowers=self.work.borrowers,
         )
         attach_state(self.metrics, self.state, self.views)
 
@@ -304,7 +306,7 @@ class Daemon:
         self.supervisor.spawn(
             warn_if_headless_at_a_desk(settings), name="headless check", essential=False
         )
-        recorder = HistoryRecorder(self.state, self.usage)
+        recorder = HistoryRecorder(self.state, self.usage, borrowers=self.work.borrowers)
         self.supervisor.spawn(recorder.run(), name="history recorder", essential=False)
         self._start_kubernetes(started_at)
 

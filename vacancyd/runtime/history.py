@@ -62,6 +62,7 @@ def take_sample(
     now_wall: float,
     now: float | None = None,
     since_last: Mapping[int, str] | None = None,
+    borrowers: Mapping[int, str] | None = None,
 ) -> HistorySample:
     """The lender now, from the store (call on the event loop).
 
@@ -73,7 +74,8 @@ def take_sample(
     counts, a failed one does not). Jobs: every borrowed job in the ledger (held and tracked
     ones too) and every job in ``since_last`` (job id -> borrower: the jobs that started
     since the previous sample, so one shorter than the interval still shows), each counted
-    once by its borrower (``state.job_borrowers``; ``""`` for the unnamed one).
+    once by its borrower (``borrowers``: each live job's borrower by job id, as
+    :meth:`vacancyd.control.work.Work.borrowers`; ``""`` for the unnamed one).
     """
     at = state.clock() if now is None else now
     resources: dict[str, ResourceSample] = {}
@@ -90,17 +92,18 @@ def take_sample(
             used = max(reading.total_mib - reading.free_mib, 0.0)
         resources[name] = ResourceSample(used, reading.total_mib, reading.temperature_c)
     jobs = dict(since_last or {})
+    live = borrowers or {}
     for job in state.ledger.jobs():
-        jobs[job.id] = state.job_borrowers.get(job.id, jobs.get(job.id, UNNAMED))
-    borrowers: dict[str, int] = {}
+        jobs[job.id] = live.get(job.id, jobs.get(job.id, UNNAMED))
+    per_borrower: dict[str, int] = {}
     for name in jobs.values():
-        borrowers[name] = borrowers.get(name, 0) + 1
+        per_borrower[name] = per_borrower.get(name, 0) + 1
     return HistorySample(
         at_wall=now_wall,
         owner_present=state.veto.engaged,
         lending=state.lending_enabled and not any(h.resources is None for h in state.holds),
         resources=resources,
-        borrowers=borrowers,
+        borrowers=per_borrower,
     )
 
 
@@ -110,7 +113,9 @@ class HistoryRecorder:
     share the next one). Each sample also counts the jobs that started since the previous
     one (``job`` events), so work shorter than the interval is not lost between samples.
     ``wall_clock``: seconds since the epoch, for the samples' times; the schedule runs on
-    the store's monotonic clock."""
+    the store's monotonic clock. ``borrowers``: each live job's borrower by job id, read at
+    each sample and each job's start (:meth:`vacancyd.control.work.Work.borrowers`; by
+    default none: every job is the unnamed borrower's)."""
 
     def __init__(
         self,
@@ -119,8 +124,10 @@ class HistoryRecorder:
         *,
         interval_s: float = SAMPLE_INTERVAL_S,
         wall_clock: Callable[[], float] = time.time,
+        borrowers: Callable[[], Mapping[int, str]] = dict,
     ) -> None:
         self.state = state
+        self.borrowers = borrowers
         self.store = store
         self.interval_s = interval_s
         self.wall_clock = wall_clock
@@ -137,7 +144,7 @@ class HistoryRecorder:
             self._edge.set()
         elif isinstance(event, JobChanged) and event.change == "started":
             if len(self._started) < MAX_STARTED:
-                self._started[event.job] = self.state.job_borrowers.get(event.job, UNNAMED)
+                self._started[event.job] = self.borrowers().get(event.job, UNNAMED)
 
     async def run(self) -> None:
         """Record until cancelled (a supervised task). Never raises otherwise."""
@@ -166,7 +173,7 @@ class HistoryRecorder:
         rather than raises."""
         started, self._started = self._started, {}
         try:
-            sample = take_sample(self.state, self.wall_clock(), now, started)
+            sample = take_sample(self.state, self.wall_clock(), now, started, self.borrowers())
             self.store.record_history(sample)
         except Exception:
             if not self._failing:
