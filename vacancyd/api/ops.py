@@ -50,6 +50,10 @@ Mutation = Callable[[Handler], Handler]
 MAX_DEBUG_MINUTES = 240
 #: State transitions kept for the diagnostics bundle.
 RECENT_EVENTS = 200
+#: Event kinds left out of those: one arrives per borrowed job, and a busy minute of them
+#: would leave no room for the presence, veto, reclaim and hold changes the bundle is for
+#: (``/events`` still streams them).
+PER_JOB_EVENTS = frozenset({"job"})
 REDACTED = "[redacted]"
 PACKAGES = ("aiohttp", "pydantic", "prometheus-client", "psutil", "nvidia-ml-py", "dbus-fast")
 
@@ -149,6 +153,8 @@ class Diagnostics:
         state.subscribe(self._record)
 
     def _record(self, event: StateEvent) -> None:
+        if event.kind in PER_JOB_EVENTS:
+            return  # one per borrowed request: they would push the lender's own changes out
         at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
         self.events.append({"at": at, "kind": event.kind, **event.payload()})
 

@@ -16,7 +16,7 @@ from vacancyd.config import ConfigError, Settings, load_config
 
 def cmd_run(args: argparse.Namespace) -> int:
     from vacancyd.runtime import eventloop
-    from vacancyd.runtime.daemon import run_daemon
+    from vacancyd.runtime.run import run_daemon
 
     if not _configure_logging(args):
         return 2

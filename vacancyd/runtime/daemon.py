@@ -18,10 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -36,7 +34,6 @@ from vacancyd.api.overview import Overview
 from vacancyd.api.status import StatusViews, read_status
 from vacancyd.api.usage import UsageReport
 from vacancyd.collectors import logind
-from vacancyd.config.load import ConfigError, load_config
 from vacancyd.config.model import FOLLOWED_SHUTDOWN_DELAY_S, Settings, UpstreamSettings
 from vacancyd.config.secrets import Secrets, credentials_directory, read_secrets
 from vacancyd.control.accounting import Accounting
@@ -53,7 +50,7 @@ from vacancyd.core.status import service_status_line
 from vacancyd.k8s.host import HostPublisher
 from vacancyd.proxy.app import Proxy, Upstream
 from vacancyd.proxy.probe import ProbeEndpoint
-from vacancyd.runtime import learned, lendability, memory, sdnotify
+from vacancyd.runtime import learned, lendability
 from vacancyd.runtime.build import (
     PAUSE_VERSION,
     Collaborators,
@@ -90,7 +87,6 @@ from vacancyd.runtime.telemetry import Tracing, start_tracing
 from vacancyd.runtime.usage import LedgerUnreadable, UsageStore
 from vacancyd.state import SharedState
 from vacancyd.web.auth import Authenticator
-from vacancyd.web.framing import lenient_parser_problem
 from vacancyd.web.metrics import Metrics
 
 __all__ = [
@@ -113,9 +109,7 @@ __all__ = [
     "capacity_probe",
     "owner_controls_config",
     "read_tokens",
-    "recheck_config",
     "reply_headers",
-    "run_daemon",
     "warn_if_headless_at_a_desk",
 ]
 
@@ -633,89 +627,3 @@ class Daemon:
         """Load renewed TLS files into the running context (SIGHUP). Returns False, logging
         why, when they cannot be loaded; the running certificate stays in use then."""
         return await self.listeners.reload_tls()
-
-
-async def recheck_config(path: Path | None) -> bool:
-    """SIGHUP: read and validate the configuration file again (secrets included) and log the
-    result. Returns whether it is valid. Never raises: the running configuration is kept
-    either way, because vacancyd applies a configuration only at start (listeners, budgets
-    and policies are built from it once); a restart applies a changed file."""
-    if path is None:
-        log.info("SIGHUP: running on the embedded default configuration; nothing to re-read")
-        return True
-
-    def check() -> None:
-        read_secrets(load_config(path), str(path), credentials_directory())
-
-    try:
-        await asyncio.to_thread(check)
-    except ConfigError as exc:
-        log.error("SIGHUP: %s\nthe running configuration is kept", exc)
-        return False
-    except Exception as exc:
-        log.error("SIGHUP: cannot check %s (%r); the running configuration is kept", path, exc)
-        return False
-    log.info(
-        "SIGHUP: %s is valid; configuration changes take effect when vacancyd is restarted "
-        "(systemctl restart vacancyd); the running configuration is kept",
-        path,
-    )
-    return True
-
-
-async def run_daemon(settings: Settings, config_path: Path | None = None) -> int:
-    """Run until SIGTERM/SIGINT. Returns the process exit code.
-
-    SIGHUP re-reads and validates ``config_path`` and logs the verdict
-    (:func:`recheck_config`); it never stops the daemon.
-    """
-    parser_problem = lenient_parser_problem()
-    if parser_problem is not None:
-        log.error("%s", parser_problem)
-        return EXIT_CONFIG
-    memory.pin_malloc_thresholds()  # request bodies' memory goes back after a storm
-    daemon = Daemon(settings)
-    loop = asyncio.get_running_loop()
-    # The first SIGTERM/SIGINT starts the drain; a second one (either) ends it now.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, daemon.request_stop)
-
-    async def hangup() -> bool:
-        await daemon.reload_tls()
-        return await recheck_config(config_path)
-
-    def on_hangup() -> None:
-        daemon.supervisor.spawn(hangup(), name="SIGHUP config check", essential=False)
-
-    loop.add_signal_handler(signal.SIGHUP, on_hangup)
-    try:
-        try:
-            await daemon.start()
-        except AddressBusyError as exc:
-            log.error("%s", exc)
-            return EXIT_ADDRESS_BUSY
-        except (StartupError, ConfigError) as exc:
-            log.error("%s", exc)
-            return EXIT_CONFIG
-        line = daemon.service_status()
-        sdnotify.notify(f"READY=1\nSTATUS={line}")
-        if sdnotify.enabled():
-            daemon.supervisor.spawn(
-                sdnotify.status_updates(daemon.service_status, sent=line),
-                name="service status",
-                essential=False,
-            )
-        ping_s = sdnotify.watchdog_interval_s()
-        if ping_s is not None:
-            daemon.supervisor.spawn(sdnotify.watchdog(ping_s), name="watchdog", essential=False)
-        code = await daemon.wait()
-        if code:
-            log.error("%s", daemon.supervisor.failure)
-        else:
-            log.info("stopping on signal")
-        return code
-    finally:
-        sdnotify.notify("STOPPING=1")
-        await daemon.shutdown()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
