@@ -102,17 +102,13 @@ def test_learning_serialisation_and_malformed_entries() -> None:
 
 
 def test_holds_serialisation_and_malformed_entries() -> None:
+    from vacancyd.core.ledger import Admitted
     from vacancyd.core.lifecycle import Hold, HoldReason, JobPhase, JobState, ReleaseBy
 
     job = JobState(
-        3,
-        "up",
-        ("gpu0",),
-        100.0,
-        "m",
+        Admitted(3, "up", ("gpu0",), 100.0, "m", borrower="friend"),
         phase=JobPhase.HELD,
         hold=Hold(HoldReason.CUT_UNCERTAIN, 90.0, ReleaseBy.ADMIN),
-        borrower="friend",
     )
     data = learned.holds_to_json([job], {3: 512}, mono_now=100.0, wall_now=1_000.0)
     (saved,) = learned.holds_from_json(json.loads(json.dumps(data)))

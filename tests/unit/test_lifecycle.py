@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from vacancyd.core.ledger import Phase
+from vacancyd.core.ledger import Admitted, Phase
 from vacancyd.core.lifecycle import (
     CancelExchange,
     CancelOnServer,
@@ -32,7 +32,7 @@ UNCERTAIN_BLIND = JobRules(cut_is_uncertain=True)
 
 
 def admitted() -> JobState:
-    return JobState(7, "up", ("gpu0",), admitted_at=1.0, model="m")
+    return JobState(Admitted(7, "up", ("gpu0",), admitted_at=1.0, model="m"))
 
 
 def test_an_untracked_job_is_released_when_its_exchange_ends() -> None:
@@ -355,10 +355,7 @@ def test_a_restored_hold_ends_with_the_outcome_its_reason_implies() -> None:
         (HoldReason.TRACKING_LOST, JobOutcome.COMPLETED),
     ]:
         job = JobState(
-            1,
-            "up",
-            ("gpu0",),
-            0.0,
+            Admitted(1, "up", ("gpu0",), 0.0),
             phase=JobPhase.HELD,
             hold=Hold(reason, 0.0, ReleaseBy.ADMIN),
         )

@@ -188,6 +188,7 @@ class Work:
             charged_mib=admit.charged_mib,
             credit=admit.credit,
             free_before_mib=self.state.free_mib(policy.resource),
+            borrower=borrower,
         )
         if isinstance(reserved, Refuse):
             return reserved
@@ -203,9 +204,7 @@ class Work:
                     admit.charged_mib,
                     credit.why,
                 )
-        job = JobState(
-            reserved.id, upstream, reserved.resources, now, reserved.model, borrower=borrower
-        )
+        job = JobState(reserved.admitted)
         self._jobs[job.id] = job
         self._tell(reserved, started=True)
         self._account(job, None, now)
@@ -457,16 +456,11 @@ class Work:
         counted from now: its busy time before the restart was not written anywhere).
         """
         now = self.state.clock()
-        entry = self.state.ledger.restore_held(upstream, resources, now, model, charged_mib)
+        entry = self.state.ledger.restore_held(
+            upstream, resources, now, model, charged_mib, borrower
+        )
         job = JobState(
-            entry.id,
-            upstream,
-            resources,
-            now,
-            model,
-            phase=JobPhase.HELD,
-            hold=Hold(reason, now, release_by, detail),
-            borrower=borrower,
+            entry.admitted, phase=JobPhase.HELD, hold=Hold(reason, now, release_by, detail)
         )
         self._jobs[job.id] = job
         self._account(job, None, now)

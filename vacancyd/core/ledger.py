@@ -38,20 +38,69 @@ class Phase(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Job:
-    """One admitted borrowed request. ``admitted_at`` is monotonic seconds.
+class Admitted:
+    """What admission fixed about one borrowed job, never changed after: the one record of
+    it that its ledger entry (:class:`Job`) and its lifecycle record
+    (:class:`vacancyd.core.lifecycle.JobState`) share, each living as long as it must.
 
-    ``charged_mib``: MiB the gate's per-model step charged against the primary resource
-    (None without byte capacity). ``facts``: what the gate decided on; ``credit``: the
-    residency proof's outcome, for /status.
+    ``id``: the ledger's job id; ``resources``: every resource it reserves, the primary
+    first; ``admitted_at``: monotonic seconds; ``model``: the model asked for (None: none
+    named); ``borrower``: who borrows it ("": the unnamed borrower of the single token).
     """
 
     id: int
     upstream: str
     resources: tuple[str, ...]
-    phase: Phase
     admitted_at: float
     model: str | None = None
+    borrower: str = ""
+
+
+class AdmittedFields:
+    """The :class:`Admitted` record's fields, read through ``admitted``."""
+
+    __slots__ = ()
+    admitted: Admitted
+
+    @property
+    def id(self) -> int:
+        return self.admitted.id
+
+    @property
+    def upstream(self) -> str:
+        return self.admitted.upstream
+
+    @property
+    def resources(self) -> tuple[str, ...]:
+        return self.admitted.resources
+
+    @property
+    def admitted_at(self) -> float:
+        """Monotonic seconds."""
+        return self.admitted.admitted_at
+
+    @property
+    def model(self) -> str | None:
+        return self.admitted.model
+
+    @property
+    def borrower(self) -> str:
+        return self.admitted.borrower
+
+
+@dataclass(frozen=True, slots=True)
+class Job(AdmittedFields):
+    """One admitted borrowed request's ledger entry: its :class:`Admitted` record (``id``,
+    ``upstream``, ``resources``, ``admitted_at``, ``model``, ``borrower`` read through) and
+    what the ledger changes of it.
+
+    ``phase``: as exported (:class:`Phase`). ``charged_mib``: MiB the gate's per-model step
+    charged against the primary resource (None without byte capacity). ``facts``: what the
+    gate decided on; ``credit``: the residency proof's outcome, for /status.
+    """
+
+    admitted: Admitted
+    phase: Phase
     charged_mib: int | None = None
     facts: RequestFacts | None = None
     credit: Credit | None = None
@@ -104,19 +153,16 @@ class Ledger:
         facts: RequestFacts | None = None,
         credit: Credit | None = None,
         free_before_mib: float | None = None,
+        borrower: str = "",
     ) -> Job | Refuse:
-        """Reserve every resource in ``resources`` for a new job, or refuse ``resource_busy``
-        when the sharing rule says it does not fit (see :meth:`fits`)."""
+        """Reserve every resource in ``resources`` for a new job of ``borrower``, or refuse
+        ``resource_busy`` when the sharing rule says it does not fit (see :meth:`fits`)."""
         refusal = self.fits(upstream, resources, waiting)
         if refusal is not None:
             return refusal
         job = Job(
-            next(self._ids),
-            upstream,
-            resources,
+            Admitted(next(self._ids), upstream, resources, now, model, borrower),
             Phase.FORWARDING,
-            now,
-            model,
             charged_mib,
             facts=facts,
             credit=credit,
@@ -134,10 +180,12 @@ class Ledger:
         now: float,
         model: str | None = None,
         charged_mib: int | None = None,
+        borrower: str = "",
     ) -> Job:
-        """Re-create a job held before a restart, in the ``held`` phase, whatever else holds
-        its resources (it was reserved before anything admitted since)."""
-        job = Job(next(self._ids), upstream, resources, Phase.HELD, now, model, charged_mib)
+        """Re-create ``borrower``'s job held before a restart, in the ``held`` phase,
+        whatever else holds its resources (it was reserved before anything admitted since)."""
+        admitted = Admitted(next(self._ids), upstream, resources, now, model, borrower)
+        job = Job(admitted, Phase.HELD, charged_mib)
         self._jobs[job.id] = job
         for name in resources:
             self._holders.setdefault(name, []).append(job.id)

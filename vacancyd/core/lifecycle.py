@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
-from vacancyd.core.ledger import Phase
+from vacancyd.core.ledger import Admitted, AdmittedFields, Phase
 from vacancyd.core.reasons import (  # re-exported; defined with the other codes
     HoldReason as HoldReason,
 )
@@ -133,8 +133,16 @@ class Hold:
 
 
 @dataclass(frozen=True, slots=True)
-class JobState:
-    """One borrowed job's record. Only :mod:`vacancyd.control.work` stores these.
+class JobState(AdmittedFields):
+    """One borrowed job's lifecycle record. Only :mod:`vacancyd.control.work` stores these.
+
+    ``admitted``: what admission fixed (``id``, ``upstream``, ``resources``,
+    ``admitted_at``, ``model``, ``borrower`` are read through it): the same record its
+    ledger entry has, so those fields live in one place. The two differ in their lifetimes
+    and phases: this one is ``HELD`` at once while the entry's phase becomes ``held`` only
+    once the hold is on disk; an administrator's release drops the entry while the job still
+    runs here; an exclusive upstream's entry is released only after its card is freed, after
+    this one ended.
 
     ``key``: the job key the upstream's controller tracks (a ComfyUI prompt id), if any.
     ``landed``: the upstream accepted a tracked submission (200), so it is in its queue.
@@ -149,11 +157,7 @@ class JobState:
     it, as admission was told ("": the unnamed borrower of the single borrow token).
     """
 
-    id: int
-    upstream: str
-    resources: tuple[str, ...]
-    admitted_at: float
-    model: str | None = None
+    admitted: Admitted
     phase: JobPhase = JobPhase.ADMITTED
     key: str | None = None
     landed: bool = False
@@ -165,7 +169,6 @@ class JobState:
     detached_since: float | None = None
     detached_until: float | None = None
     cut_at_stop: bool = False
-    borrower: str = ""
 
     @property
     def ledger_phase(self) -> Phase | None:
