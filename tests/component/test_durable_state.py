@@ -28,6 +28,7 @@ from tests.support.config import daemon_toml, upstream
 from tests.support.daemon import openai_like_app, running_daemon, serve_app
 from tests.support.fake_ollama import FakeOllama
 from tests.support.gpu import Gpu, Scenario
+from vacancyd.core.events import JobHoldChanged
 
 
 def gpu(nvml: Scenario) -> None:
@@ -181,8 +182,14 @@ async def test_a_restored_hold_is_released_by_an_idle_observation_after_the_rest
         assert doc["upstreams"]["llama"]["active_work"][0]["hold"]["reason"] == "cut_uncertain"
         # still its borrower's job: shown, and its row in the ledger names it
         assert doc["upstreams"]["llama"]["active_work"][0]["borrower"] == "friend"
+        ends: list[JobHoldChanged] = []
+        d.state.subscribe(
+            lambda e: ends.append(e) if isinstance(e, JobHoldChanged) and not e.held else None
+        )
         busy["slots"] = False
         await d.wait_until(lambda: not d.state.ledger.jobs(), 5)
+        await d.wait_until(lambda: bool(ends), 5)
+        assert [e.borrower for e in ends] == ["friend"], "the hold's end names its borrower"
 
 
 async def test_an_unusable_holds_file_refuses_every_resource(

@@ -20,7 +20,6 @@ from vacancyd.control import jobwatch
 from vacancyd.core.ledger import Phase
 from vacancyd.core.lifecycle import Hold, JobPhase, JobState
 from vacancyd.core.reasons import Reason
-from vacancyd.core.usage import UNNAMED
 from vacancyd.state import SharedState
 
 log = logging.getLogger("vacancyd.control.work")
@@ -174,13 +173,13 @@ class HoldBook:
             job = shown[job_id]
             assert job.hold is not None
             self._state.note_job_hold(
-                job_id, job.upstream, job.hold, held=True, borrower=self._borrower(job_id)
+                job_id, job.upstream, job.hold, held=True, borrower=job.borrower
             )
         for job_id in sorted(before.keys() - shown.keys()):
             job = before[job_id]
             assert job.hold is not None
             self._state.note_job_hold(
-                job_id, job.upstream, job.hold, held=False, borrower=self._borrower(job_id)
+                job_id, job.upstream, job.hold, held=False, borrower=job.borrower
             )
         unsaved: dict[str, str | None] = {}
         for job_id in self._unsaved:
@@ -189,9 +188,3 @@ class HoldBook:
                 unsaved[name] = self._write_error
         if unsaved != self._state.unsaved_holds:
             self._state.unsaved_holds = unsaved
-
-    def _borrower(self, job_id: int) -> str:
-        """Job ``job_id``'s borrower while it is a live job; the unnamed one ("") once it
-        left the jobs (a hold that ended with its job)."""
-        job = self._jobs.get(job_id)
-        return UNNAMED if job is None else job.borrower
