@@ -46,6 +46,11 @@ T = TypeVar("T")
 USAGE_FILE = "usage.sqlite3"
 #: Seconds between two retention passes.
 PRUNE_EVERY_S = 3600.0
+#: A recorded row waits at most this long for the rows of other jobs ending meanwhile, then
+#: they are committed together (seconds). A commit costs the lender about as much CPU as
+#: forwarding a request, so one per job would make the ledger the proxy's largest cost on a
+#: busy lender; a kill -9 may lose the rows of jobs that ended this long before it.
+COMMIT_DELAY_S = 0.2
 #: The schema's version (``PRAGMA user_version``).
 SCHEMA_VERSION = 1
 #: SQLite's primary result codes that mean the file is not a usable database.
@@ -201,11 +206,13 @@ class UsageStore:
         retention_days: float,
         clock: Callable[[], float] = time.time,
         prune_every_s: float = PRUNE_EVERY_S,
+        commit_delay_s: float = COMMIT_DELAY_S,
     ) -> None:
         self.path = path
         self.retention_s = retention_days * 86400.0
         self.clock = clock
         self.prune_every_s = prune_every_s
+        self.commit_delay_s = commit_delay_s
         #: That a corrupt ledger was set aside (kept until the daemon restarts).
         self._set_aside_note: str | None = None
         #: Why the ledger cannot be opened or written now (cleared by the next success).
@@ -222,6 +229,8 @@ class UsageStore:
         self._pending: list[UsageRow] = []
         self._batch: concurrent.futures.Future[None] | None = None
         self._pending_lock = threading.Lock()
+        #: The loop's timer that hands the pending rows to the thread (None: none set).
+        self._flush_timer: asyncio.TimerHandle | None = None
 
     @property
     def error(self) -> str | None:
@@ -252,14 +261,17 @@ class UsageStore:
         loop). Cancel :meth:`upkeep` first."""
         if not self._closed:
             self._closed = True
+            self._flush()  # the rows still waiting for their commit go first
             await self._run(self._close_db)  # runs after every row queued before it
             self._executor.shutdown(wait=False)  # nothing is left; never join on the loop
 
     def record(self, row: UsageRow) -> concurrent.futures.Future[None]:
-        """Write ``row`` and commit it, on the store's thread; returns at once (callable from
-        the event loop, never blocks it; also before :meth:`open`, the first row then opens
-        the ledger). The returned future is done once the row is committed (or dropped: the
-        error is then in :attr:`error`); it never raises."""
+        """Write ``row`` and commit it, on the store's thread, within
+        :attr:`commit_delay_s` seconds together with the rows recorded meanwhile (at once
+        when called outside an event loop, and at :meth:`close`); returns at once (never
+        blocks the loop; also before :meth:`open`, the first row then opens the ledger).
+        The returned future is done once the row is committed (or dropped: the error is
+        then in :attr:`error`); it never raises."""
         if self._closed:
             self.dropped += 1
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -267,9 +279,27 @@ class UsageStore:
             return done
         with self._pending_lock:
             self._pending.append(row)
-            if self._batch is None:
-                self._batch = self._executor.submit(self._insert_pending)
-            return self._batch
+            if self._batch is not None:
+                return self._batch
+            batch: concurrent.futures.Future[None] = concurrent.futures.Future()
+            self._batch = batch
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._executor.submit(self._insert_pending)
+        else:
+            self._flush_timer = loop.call_later(self.commit_delay_s, self._flush)
+        return batch
+
+    def _flush(self) -> None:
+        """Hand the rows waiting for their commit to the store's thread now."""
+        timer, self._flush_timer = self._flush_timer, None
+        if timer is not None:
+            timer.cancel()
+        with self._pending_lock:
+            waiting = self._batch is not None
+        if waiting:
+            self._executor.submit(self._insert_pending)
 
     async def groups(self, since: Since | float, by: str) -> list[UsageGroup]:
         """The ledger grouped ``by`` borrower, day or model, for the jobs that ended since
@@ -280,6 +310,7 @@ class UsageStore:
             raise LedgerUnreadable("the usage ledger is closed")
         if by not in GROUP_BY:
             raise ValueError(f"cannot group by {by!r}: choose one of {', '.join(GROUP_BY)}")
+        self._flush()  # a report includes every job recorded before it was asked for
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, self._query, float(start), by
         )
@@ -291,6 +322,7 @@ class UsageStore:
         :class:`LedgerUnreadable` when the ledger cannot be read now."""
         if self._closed:
             raise LedgerUnreadable("the usage ledger is closed")
+        self._flush()
         return await self._run(lambda: self._query_busy(start, end))
 
     def record_history(self, sample: HistorySample) -> concurrent.futures.Future[None]:
@@ -404,12 +436,21 @@ class UsageStore:
         return aside, str(exc)
 
     def _insert_pending(self) -> None:
-        """Write every row recorded since the last write: one row on its own, several (jobs
-        that ended while the thread was busy) in one transaction, so a burst of short jobs
-        costs one commit, not one each. A failed transaction is retried row by row."""
+        """Write every row recorded since the last write, then tell their recorders."""
         with self._pending_lock:
             rows, self._pending = self._pending, []
-            self._batch = None
+            batch, self._batch = self._batch, None
+        try:
+            if rows:
+                self._insert_rows(rows)
+        finally:
+            if batch is not None:
+                batch.set_result(None)
+
+    def _insert_rows(self, rows: list[UsageRow]) -> None:
+        """One row on its own, several (jobs that ended close together) in one transaction,
+        so a burst of short jobs costs one commit, not one each. A failed transaction is
+        retried row by row."""
         if len(rows) == 1:
             self._insert(rows[0])
             return
