@@ -374,3 +374,19 @@ async def test_a_followed_lender_is_published_not_ready_before_its_listener_clos
     assert published < closed, order
     assert order[published][2], order  # the listener still answered when it was published
     assert not order[-1][2]  # and it did close
+
+
+async def test_a_borrowed_jobs_events_do_not_make_the_follower_read_status_again() -> None:
+    """A job's start and end say nothing of lendability; a read after each would catch the
+    lender between a release and its fresh sample (and, published, hold it back for
+    ``lendable_stable_s`` after every job it serves). Every other change reads again."""
+    async with aiohttp.ClientSession() as session:
+        (follower,) = comp.make_followers(
+            parse_companion_config(companion_toml("http://127.0.0.1:9"), "<test>"),
+            session,
+            FakeKube().connect,
+        )
+        follower._on_event("job", '{"job": 1, "change": "ended"}')
+        assert not follower._refresh.is_set()
+        follower._on_event("reclaim", '{"upstream": "chat"}')
+        assert follower._refresh.is_set()

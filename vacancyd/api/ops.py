@@ -36,7 +36,7 @@ from vacancyd import __version__
 from vacancyd.api.app import EXPECT_ADMIN
 from vacancyd.api.status import StatusViews, render_status
 from vacancyd.config.model import Settings
-from vacancyd.core.events import StateEvent
+from vacancyd.core.events import PER_JOB_EVENTS, StateEvent
 from vacancyd.core.reasons import ErrorCode, ErrorType
 from vacancyd.core.refusal import error_body
 from vacancyd.state import SharedState
@@ -50,10 +50,6 @@ Mutation = Callable[[Handler], Handler]
 MAX_DEBUG_MINUTES = 240
 #: State transitions kept for the diagnostics bundle.
 RECENT_EVENTS = 200
-#: Event kinds left out of those: one arrives per borrowed job, and a busy minute of them
-#: would leave no room for the presence, veto, reclaim and hold changes the bundle is for
-#: (``/events`` still streams them).
-PER_JOB_EVENTS = frozenset({"job"})
 REDACTED = "[redacted]"
 PACKAGES = ("aiohttp", "pydantic", "prometheus-client", "psutil", "nvidia-ml-py", "dbus-fast")
 
@@ -154,7 +150,9 @@ class Diagnostics:
 
     def _record(self, event: StateEvent) -> None:
         if event.kind in PER_JOB_EVENTS:
-            return  # one per borrowed request: they would push the lender's own changes out
+            # one per borrowed request: a busy minute of them would leave no room for the
+            # presence, veto, reclaim and hold changes the bundle is for (/events has them)
+            return
         at = dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
         self.events.append({"at": at, "kind": event.kind, **event.payload()})
 

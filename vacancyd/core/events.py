@@ -232,6 +232,12 @@ class JobChanged:
         }
 
 
+#: Event kinds sent once per borrowed job (its start and its end): a busy lender sends them
+#: by the hundred a second and none of them says whether it can lend, so the readers that
+#: act on lender changes (the Kubernetes publishers, the diagnostics bundle) pass them by.
+PER_JOB_EVENTS: frozenset[str] = frozenset({JobChanged.kind})
+
+
 @dataclass(frozen=True, slots=True)
 class ReclaimChanged:
     """An upstream's reclaim moved to ``phase``."""

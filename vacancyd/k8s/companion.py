@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from vacancyd.config.model import CompanionSettings, LenderSettings, split_listen
+from vacancyd.core.events import PER_JOB_EVENTS
 from vacancyd.core.lender import LenderState, Phase, StatusFormatError, lender_from_status
 from vacancyd.k8s.api import K8sApiError, KubeApi
 from vacancyd.k8s.publisher import Publisher, PublishTarget, services_for, watch_uninstall
@@ -317,7 +318,9 @@ class LenderFollower:
                 self._keepalive_s = float(hello.get("keepalive_s", self._keepalive_s))
             except (TypeError, ValueError, AttributeError):
                 pass
-        else:
+        elif event not in PER_JOB_EVENTS:
+            # a borrowed job's start or end says nothing of lendability, and reading /status
+            # after each would catch the lender between a release and its fresh sample
             self._refresh.set()
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from vacancyd.config.model import KubernetesSettings
 from vacancyd.core import endpoints
+from vacancyd.core.events import PER_JOB_EVENTS, StateEvent
 from vacancyd.core.lender import LenderState, lender_from_document
 from vacancyd.core.status import PublisherStatus, StatusDocument
 from vacancyd.k8s.api import KubeApi
@@ -95,13 +96,21 @@ class HostPublisher:
         state the companion reads from that document's ``/status`` JSON."""
         return lender_from_document(self._build())
 
+    def _on_event(self, event: StateEvent) -> None:
+        """Publish again on a change of the lender's state. A borrowed job's start or end is
+        not one: it lands between a release and the fresh sample the release asks for, so
+        reading then would publish "waiting for a sample" and hold the lender back for
+        ``lendable_stable_s`` after every job it serves."""
+        if event.kind not in PER_JOB_EVENTS:
+            self._poke.set()
+
     def start(self, spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task[Any]]) -> None:
         """Start the feeder and the publisher with ``spawn(coro, name)`` (non-essential)."""
         target = self.publisher.target
         if target.node is None and target.address is None:
             log.warning("[kubernetes] sets neither node nor address: nothing to publish")
             return
-        self._unsubscribe = self._state.subscribe(lambda _event: self._poke.set())
+        self._unsubscribe = self._state.subscribe(self._on_event)
         self._tasks = [
             spawn(self._feed(), "kubernetes feeder"),
             spawn(self.publisher.run(), "kubernetes publisher"),
