@@ -120,6 +120,7 @@ async def test_listeners_answer_through_the_grace_then_cut_what_is_left(tmp_path
         follower = loop.create_task(follow_events(d.api_url, events))
         await d.wait_until(lambda: bool(events), 5)  # hello: the stream is open
         http = aiohttp.ClientSession()
+        stream: aiohttp.ClientResponse | None = None
         try:
             stream = await http.post(d.proxy_url("chat") + "/v1/chat/completions", json=CHAT)
             assert stream.status == 200
@@ -162,6 +163,8 @@ async def test_listeners_answer_through_the_grace_then_cut_what_is_left(tmp_path
             assert grace - 0.1 <= took < grace + 4, took
             await asyncio.wait_for(follower, 5)  # the /events stream ended
         finally:
+            if stream is not None:
+                stream.close()  # cut mid-body: its connection is given up, not left to GC
             await http.close()
     names = [name for name, _ in events]
     assert names[0] == "hello"
