@@ -31,7 +31,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -471,25 +471,31 @@ class UsageStore:
             self._insert(row)
 
     def _insert(self, row: UsageRow) -> None:
-        if self._db is None and not self._open_db():
+        if self._write(_INSERT, _values(row), f"job {row.job_id} in the usage ledger"):
+            self._failure = None
+        else:
             self.dropped += 1
-            return
-        values = _values(row)
+
+    def _write(self, sql: str, params: Sequence[object], what: str) -> bool:
+        """Execute one autocommitted write (committed when it returns); a ledger found
+        corrupt is set aside and the write tried once more on a fresh one. Returns whether
+        it was written; when not, why is in :attr:`error` (``what`` names it)."""
+        if self._db is None and not self._open_db():
+            return False
         for attempt in (1, 2):
             assert self._db is not None
             try:
-                self._db.execute(_INSERT, values)  # autocommit: committed when it returns
-                self._failure = None
-                return
+                self._db.execute(sql, params)
+                return True
             except sqlite3.Error as exc:
                 if attempt == 1 and is_corruption(exc):
                     self._close_db()
                     if self._open_db():
                         continue
                 else:
-                    self._fail(f"could not record job {row.job_id} in the usage ledger: {exc}")
-                self.dropped += 1
-                return
+                    self._fail(f"could not record {what}: {exc}")
+                return False
+        return False
 
     def _query(self, since: float, by: str) -> list[UsageGroup]:
         if self._db is None and not self._open_db():
@@ -528,22 +534,7 @@ class UsageStore:
         return cursor.rowcount
 
     def _insert_history(self, sample: HistorySample) -> None:
-        if self._db is None and not self._open_db():
-            return
-        row = history_rules.to_row(sample)
-        for attempt in (1, 2):
-            assert self._db is not None
-            try:
-                self._db.execute(_INSERT_HISTORY, row)  # autocommit
-                return
-            except sqlite3.Error as exc:
-                if attempt == 1 and is_corruption(exc):
-                    self._close_db()
-                    if self._open_db():
-                        continue
-                else:
-                    self._fail(f"could not record the lender's history: {exc}")
-                return
+        self._write(_INSERT_HISTORY, history_rules.to_row(sample), "the lender's history")
 
     def _query_history(self, since: float) -> list[HistorySample]:
         if self._db is None and not self._open_db():
